@@ -1,0 +1,107 @@
+"""Typed settings with laptop defaults; every field can be overridden by an environment variable.
+
+Variables are named ``TOKENTRAIL_<SECTION>__<FIELD>``, e.g. ``TOKENTRAIL_KAFKA__BOOTSTRAP_SERVERS``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class KafkaSettings(BaseModel):
+    bootstrap_servers: str = "127.0.0.1:9092"
+    controller_port: int = 9093
+    # Where the local broker keeps its data and logs (``tokentrail kafka start``).
+    data_dir: Path = REPO_ROOT / "var" / "kafka"
+    lib_dir: Path = REPO_ROOT / "deploy" / "kafka" / "lib"
+    heap: str = "1G"
+    # Raised together on broker, topics, producer and consumer (128k-token prompts fit easily).
+    max_message_bytes: int = 16 * 1024 * 1024
+    compression: str = "zstd"
+    partitions: int = 6
+    # Security pass-through: any librdkafka settings (e.g. sasl.mechanism, ssl.ca.location)
+    # applied to every client this project creates.
+    security_protocol: str = "PLAINTEXT"
+    extra_client_config: dict[str, str] = Field(default_factory=dict)
+    # Empty: Avro single-object encoding resolved against schemas/. Set: Confluent wire format.
+    schema_registry_url: str = ""
+
+    def client_config(self) -> dict[str, str]:
+        conf = {"bootstrap.servers": self.bootstrap_servers, "security.protocol": self.security_protocol}
+        conf.update(self.extra_client_config)
+        return conf
+
+
+class ClickHouseSettings(BaseModel):
+    # chdb:///abs/path (embedded, default) or http(s)://host:8123 (server).
+    dsn: str = f"chdb://{REPO_ROOT / 'var' / 'clickhouse'}"
+    database: str = "tokentrail"
+    username: str = "default"
+    password: str = ""
+    readonly_user: str = "tokentrail_dashboards"
+
+
+class ModelSettings(BaseModel):
+    # The embedded reference model (built locally, random weights; `tokentrail model build`).
+    dir: Path = REPO_ROOT / "var" / "models" / "tiny-chat"
+    name: str = "tokentrail-tiny"
+
+
+class GatewaySettings(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = 8400
+    # "embedded" or a vLLM base URL list, comma separated (rollout-sticky routing).
+    upstream: str = "embedded"
+    spool_dir: Path = REPO_ROOT / "var" / "spool"
+    # "record": calls with no rollout are recorded as unattributed; "refuse": 400.
+    unattributed: str = "record"
+    # "splice": reuse exact sampled ids of earlier outputs; "retokenize": render history from text.
+    prefix_mode: str = "splice"
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_tokens_limit: int = 4096
+    admin_key: str = ""
+    require_auth: bool = False
+    delivery_timeout_s: float = 5.0
+
+
+class ProcessorSettings(BaseModel):
+    app_id: str = "tokentrail-processors"
+    attempt_timeout_s: float = 120.0
+    group_window_s: float = 60.0
+    group_grace_s: float = 10.0
+    reward_config: Path = REPO_ROOT / "deploy" / "config" / "reward.yaml"
+    credit_config: Path = REPO_ROOT / "deploy" / "config" / "credit.yaml"
+    sample_config: Path = REPO_ROOT / "deploy" / "config" / "sample.yaml"
+    verifiers: list[str] = Field(default_factory=lambda: ["processors.verifiers.answer_match:AnswerMatch"])
+    state_dir: Path = REPO_ROOT / "var" / "processors"
+
+
+class TrainerSettings(BaseModel):
+    group_id: str = "tokentrail-trainer"
+    checkpoint_dir: Path = REPO_ROOT / "var" / "policies"
+    max_staleness: int = 4
+    steps_per_version: int = 1
+    learning_rate: float = 1e-3
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TOKENTRAIL_", env_nested_delimiter="__", extra="ignore")
+
+    var_dir: Path = REPO_ROOT / "var"
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    processors: ProcessorSettings = Field(default_factory=ProcessorSettings)
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
