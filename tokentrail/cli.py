@@ -11,6 +11,7 @@ import importlib
 import sys
 
 COMMAND_MODULES: list[str] = [
+    "schemas.fixtures",
 ]
 
 

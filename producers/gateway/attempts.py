@@ -1,0 +1,232 @@
+"""In-memory registry of rollouts and attempts: ids, per-rollout API keys, call and event counters.
+
+The gateway assigns each call its index within the attempt and each environment event its index, so
+the finish event can state exact counts. The counters live in this process, hence several gateway
+replicas need rollout-sticky routing (by the path prefix, the X-Rollout-Id header or the API key).
+A call or event that reaches a replica which never started its attempt (wrong route, or a restart) is
+refused with a 404 rather than given an index that could collide with one issued elsewhere: a
+colliding deterministic call id would be silently deduplicated downstream.
+
+Memory is bounded: finished attempts keep only a small tombstone (for "after finish" and "duplicate
+finish" errors); active attempts beyond ``max_active`` or idle longer than ``idle_ttl_s`` are evicted
+(oldest first) and their later calls are refused; per attempt only the last few delivered token
+sequences are kept as delta bases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+import uuid
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from producers.gateway.errors import conflict, not_found
+from schemas.tokens import IDS_DTYPE, IdArray
+
+UNATTRIBUTED = "unattributed"
+API_KEY_PREFIX = "tt-"
+
+
+@dataclass(frozen=True)
+class SampledOutput:
+    """One earlier call's exact sampled ids and what the harness was told they say (for splicing)."""
+
+    call_id: str
+    output_ids: tuple[int, ...]
+    message: dict[str, Any]  # the assistant message in the internal (OpenAI-style) chat form
+
+
+@dataclass
+class AttemptState:
+    rollout_id: str
+    attempt_id: str
+    attempt_number: int = 1
+    api_key: str = ""
+    started: bool = True  # False for the pseudo-attempts that hold unattributed calls
+    next_call_index: int = 0
+    next_event_index: int = 0
+    finished: bool = False
+    last_seen: float = field(default_factory=time.monotonic)
+    # Delivered calls' (call_id, prompt ‖ output ids), newest last: candidate delta bases.
+    bases: deque[tuple[str, IdArray]] = field(default_factory=lambda: deque(maxlen=2))
+    outputs: list[SampledOutput] = field(default_factory=list)
+    in_flight: int = 0
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self._idle.set()
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.rollout_id, self.attempt_id)
+
+    def begin_call(self) -> int:
+        index = self.next_call_index
+        self.next_call_index += 1
+        self.in_flight += 1
+        self._idle.clear()
+        self.last_seen = time.monotonic()
+        return index
+
+    def end_call(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait for in-flight calls to finish delivering; False on timeout."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def remember(self, call_id: str, prompt_ids: IdArray, output_ids: IdArray,
+                 output: SampledOutput | None) -> None:
+        """A call was delivered: keep its sequence as a delta base and its output for splicing."""
+        self.bases.append((call_id, np.concatenate([prompt_ids, output_ids]).astype(IDS_DTYPE, copy=False)))
+        if output is not None and self.started:
+            self.outputs.append(output)
+
+    def best_base(self, prompt_ids: IdArray) -> tuple[str | None, IdArray | None]:
+        """The kept base sharing the longest prefix with ``prompt_ids`` (ties: the newest)."""
+        best: tuple[str | None, IdArray | None] = (None, None)
+        best_len = -1
+        for call_id, seq in reversed(self.bases):
+            n = min(len(seq), len(prompt_ids))
+            diff = np.flatnonzero(seq[:n] != prompt_ids[:n])
+            shared = int(diff[0]) if diff.size else n
+            if shared > best_len:
+                best, best_len = (call_id, seq), shared
+        return best
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    call_count: int
+    event_count: int
+    status: str
+
+
+class AttemptRegistry:
+    def __init__(self, *, max_active: int = 100_000, max_tombstones: int = 200_000,
+                 idle_ttl_s: float = 24 * 3600.0, max_sessions: int = 10_000) -> None:
+        self.replica_id = uuid.uuid4().hex[:12]
+        self._active: OrderedDict[tuple[str, str], AttemptState] = OrderedDict()
+        self._latest_attempt: dict[str, tuple[str, int]] = {}  # rollout -> (attempt id, number)
+        self._keys: dict[str, tuple[str, str]] = {}
+        self._finished: OrderedDict[tuple[str, str], Tombstone] = OrderedDict()
+        self._sessions: OrderedDict[str, AttemptState] = OrderedDict()
+        self.max_active, self.max_tombstones = max_active, max_tombstones
+        self.idle_ttl_s, self.max_sessions = idle_ttl_s, max_sessions
+        self._session_serial = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self, rollout_id: str | None = None) -> AttemptState:
+        """A new rollout (fresh id unless given) or, for a known rollout id, its next attempt."""
+        rid = rollout_id or uuid.uuid4().hex
+        previous = self._latest_attempt.get(rid)
+        if previous is not None and (rid, previous[0]) in self._active:
+            raise conflict(f"rollout {rid} already has an unfinished attempt {previous[0]}; finish it first",
+                           code="attempt_in_progress")
+        number = previous[1] + 1 if previous else 1
+        state = AttemptState(rollout_id=rid, attempt_id=uuid.uuid4().hex, attempt_number=number,
+                             api_key=API_KEY_PREFIX + secrets.token_urlsafe(24))
+        self._evict_idle()
+        self._active[state.key] = state
+        self._latest_attempt[rid] = (state.attempt_id, number)
+        self._keys[state.api_key] = state.key
+        return state
+
+    def finish(self, rollout_id: str, attempt_id: str, status: str) -> AttemptState:
+        state = self.get_active(rollout_id, attempt_id, for_what="finish")
+        state.finished = True
+        del self._active[state.key]
+        self._keys.pop(state.api_key, None)
+        self._finished[state.key] = Tombstone(state.next_call_index, state.next_event_index, status)
+        while len(self._finished) > self.max_tombstones:
+            self._finished.popitem(last=False)
+        return state
+
+    def unfinish(self, state: AttemptState) -> None:
+        """Undo ``finish`` when its event could not be delivered, so the caller may retry it."""
+        self._finished.pop(state.key, None)
+        state.finished = False
+        self._active[state.key] = state
+        self._keys[state.api_key] = state.key
+
+    # -- lookups ---------------------------------------------------------------------------------
+
+    def get_active(self, rollout_id: str, attempt_id: str, *, for_what: str = "call") -> AttemptState:
+        key = (rollout_id, attempt_id)
+        state = self._active.get(key)
+        if state is not None:
+            state.last_seen = time.monotonic()
+            self._active.move_to_end(key)
+            return state
+        tomb = self._finished.get(key)
+        if tomb is not None:
+            if for_what == "finish":
+                raise conflict(f"attempt {attempt_id} of rollout {rollout_id} is already finished "
+                               f"({tomb.status})", code="attempt_finished")
+            raise conflict(f"attempt {attempt_id} of rollout {rollout_id} is finished ({tomb.status}); "
+                           f"no more {for_what}s are accepted", code="attempt_finished")
+        if rollout_id not in self._latest_attempt:
+            raise not_found(f"unknown rollout {rollout_id!r}: start it with POST /v1/rollouts on this "
+                            "gateway (replicas need rollout-sticky routing)", code="unknown_rollout")
+        raise not_found(f"unknown attempt {attempt_id!r} of rollout {rollout_id!r} (not started, or "
+                        "evicted after being idle)", code="unknown_attempt")
+
+    def latest_attempt_id(self, rollout_id: str) -> str:
+        latest = self._latest_attempt.get(rollout_id)
+        if latest is None:
+            raise not_found(f"unknown rollout {rollout_id!r}: start it with POST /v1/rollouts",
+                            code="unknown_rollout")
+        return latest[0]
+
+    def by_api_key(self, api_key: str) -> tuple[str, str] | None:
+        return self._keys.get(api_key)
+
+    def is_minted_key(self, api_key: str) -> bool:
+        return api_key.startswith(API_KEY_PREFIX)
+
+    def unattributed(self, session_id: str | None) -> AttemptState:
+        """The pseudo-attempt holding unattributed calls: one per harness session on this replica.
+
+        Its id carries the replica id and a creation number, so a session evicted and seen again,
+        a restart or another replica never reuses an attempt id (and so never a call id).
+        """
+        session = session_id or "no-session"
+        state = self._sessions.get(session)
+        if state is None:
+            self._session_serial += 1
+            state = AttemptState(rollout_id=UNATTRIBUTED, started=False,
+                                 attempt_id=f"{self.replica_id}/{self._session_serial}/{session}")
+            self._sessions[session] = state
+            while len(self._sessions) > self.max_sessions:
+                self._sessions.popitem(last=False)
+        else:
+            self._sessions.move_to_end(session)
+        return state
+
+    def counts(self) -> dict[str, int]:
+        return {"active": len(self._active), "finished": len(self._finished),
+                "sessions": len(self._sessions)}
+
+    def _evict_idle(self) -> None:
+        now = time.monotonic()
+        while self._active:
+            key, oldest = next(iter(self._active.items()))
+            if len(self._active) < self.max_active and now - oldest.last_seen < self.idle_ttl_s:
+                break
+            if oldest.in_flight:
+                break
+            del self._active[key]
+            self._keys.pop(oldest.api_key, None)
+

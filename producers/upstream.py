@@ -1,0 +1,79 @@
+"""The one interface every model upstream implements: token ids in, token ids + logprobs out.
+
+The gateway renders the conversation to prompt ids itself (pinned tokenizer and chat template), so
+every upstream — the embedded reference engine or a vLLM server — is asked to continue exact ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+LogprobKind = Literal["RAW", "PROCESSED"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    max_tokens: int = 256
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    prompt_ids: list[int]
+    sampling: Sampling
+    request_id: str
+    # Routing key: every call of a rollout goes to the same upstream replica (prefix-cache locality).
+    rollout_id: str = ""
+
+
+@dataclass
+class TokenChunk:
+    """Newly sampled ids (usually one) with their rollout logprobs, as they are produced."""
+
+    ids: list[int]
+    logprobs: list[float]
+
+
+@dataclass
+class GenerateResult:
+    prompt_ids: list[int]  # what the engine actually ran (must equal the request's for token-in)
+    output_ids: list[int]
+    output_logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+    logprob_kind: LogprobKind
+    policy_version: int
+    engine: str  # e.g. "embedded/0.1" or "vllm/0.33.0"
+    upstream: str  # URL or name of the replica that served it
+    queue_ms: float = 0.0
+    first_token_ms: float = 0.0
+    total_ms: float = 0.0
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class UpstreamError(Exception):
+    """The upstream refused or failed a request; ``status_code`` follows HTTP conventions."""
+
+    def __init__(self, message: str, status_code: int = 502, error_type: str = "upstream_error") -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.error_type = error_type
+
+
+class Upstream(Protocol):
+    name: str
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+    def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+        """Yields TokenChunk objects as tokens are sampled, then exactly one final GenerateResult."""
+        ...
+
+    async def policy_version(self) -> int: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,195 @@
+"""Avro encoding of every event, framed so a reader knows the writer schema.
+
+Default framing is Avro single-object encoding: ``C3 01`` + the writer schema's CRC-64-AVRO
+fingerprint (8 bytes, little-endian) + the schemaless body. Writer schemas are resolved against the
+schemas kept in this folder (current ones and ``history/`` for older versions), and the body is read
+into the current reader schema with fastavro's schema resolution. With a Schema Registry URL the
+Confluent wire format (``00`` + 4-byte schema id + body) is used instead.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import fastavro
+from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+
+SCHEMA_DIR = Path(__file__).resolve().parent
+SINGLE_OBJECT_MAGIC = b"\xc3\x01"
+CONFLUENT_MAGIC = b"\x00"
+HEADER_LEN = 10
+
+Record = dict[str, Any]
+
+
+class DecodeError(ValueError):
+    """A record that cannot be decoded; names where it came from so it can be dead-lettered."""
+
+    def __init__(self, reason: str, topic: str | None = None, partition: int | None = None,
+                 offset: int | None = None) -> None:
+        self.reason = reason
+        self.topic, self.partition, self.offset = topic, partition, offset
+        where = f" at {topic}[{partition}]@{offset}" if topic is not None else ""
+        super().__init__(f"{type(self).__name__}{where}: {reason}")
+
+
+class CorruptRecord(DecodeError):
+    pass
+
+
+class UnknownFingerprint(DecodeError):
+    pass
+
+
+class TruncatedPayload(DecodeError):
+    pass
+
+
+class SchemaMismatch(DecodeError):
+    """The writer schema is known but is not the one the caller expected on this topic."""
+
+
+@dataclass(frozen=True)
+class SchemaEntry:
+    name: str  # short record name, e.g. "CallRecord"
+    raw: dict[str, Any]
+    parsed: dict[str, Any]
+    canonical: str
+    fingerprint: bytes  # 8 bytes, little-endian CRC-64-AVRO
+
+
+def _entry(raw: dict[str, Any]) -> SchemaEntry:
+    parsed = parse_schema(raw)  # keeps the "parsed" hint: fastavro then skips re-parsing per call
+    canonical = to_parsing_canonical_form(raw)
+    fp = bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO"))
+    return SchemaEntry(raw["name"], raw, parsed, canonical, fp)
+
+
+class SchemaStore:
+    """Current schemas by name, and every known writer schema by fingerprint."""
+
+    def __init__(self, schema_dir: Path = SCHEMA_DIR) -> None:
+        self.current: dict[str, SchemaEntry] = {}
+        self.by_fingerprint: dict[bytes, SchemaEntry] = {}
+        for path in sorted(schema_dir.glob("*.avsc")):
+            entry = _entry(json.loads(path.read_text()))
+            self.current[entry.name] = entry
+            self.by_fingerprint[entry.fingerprint] = entry
+        for path in sorted((schema_dir / "history").glob("*.avsc")):
+            entry = _entry(json.loads(path.read_text()))
+            self.by_fingerprint.setdefault(entry.fingerprint, entry)
+
+    def schema(self, name: str) -> SchemaEntry:
+        try:
+            return self.current[name]
+        except KeyError:
+            raise KeyError(f"no schema named {name!r}; known: {sorted(self.current)}") from None
+
+
+@lru_cache(maxsize=1)
+def default_store() -> SchemaStore:
+    return SchemaStore()
+
+
+class Codec:
+    """Encode and decode events. One instance per process; thread-safe for reads."""
+
+    def __init__(self, store: SchemaStore | None = None, registry_url: str = "") -> None:
+        self.store = store or default_store()
+        self._registry = _ConfluentFraming(registry_url, self.store) if registry_url else None
+
+    def encode(self, name: str, record: Record) -> bytes:
+        entry = self.store.schema(name)
+        buf = io.BytesIO()
+        if self._registry is not None:
+            buf.write(self._registry.header(entry))
+        else:
+            buf.write(SINGLE_OBJECT_MAGIC)
+            buf.write(entry.fingerprint)
+        fastavro.schemaless_writer(buf, entry.parsed, record)
+        return buf.getvalue()
+
+    def decode(self, data: bytes, *, expect: str | tuple[str, ...] | None = None, topic: str | None = None,
+               partition: int | None = None, offset: int | None = None) -> tuple[str, Record]:
+        """Decode one framed record into the current schema of its name; returns (name, record)."""
+        where = {"topic": topic, "partition": partition, "offset": offset}
+        if data is None or len(data) < 1:
+            raise TruncatedPayload("empty payload", **where)
+        if data[:2] == SINGLE_OBJECT_MAGIC:
+            if len(data) < HEADER_LEN:
+                raise TruncatedPayload(f"{len(data)} bytes is shorter than the 10-byte header", **where)
+            writer = self.store.by_fingerprint.get(bytes(data[2:HEADER_LEN]))
+            if writer is None:
+                raise UnknownFingerprint(f"writer schema fingerprint {bytes(data[2:10]).hex()} is not "
+                                         "among the schemas in schemas/ or schemas/history/", **where)
+            body_start = HEADER_LEN
+        elif data[:1] == CONFLUENT_MAGIC and self._registry is not None:
+            if len(data) < 5:
+                raise TruncatedPayload("shorter than the 5-byte Confluent header", **where)
+            writer = self._registry.writer(int.from_bytes(data[1:5], "big"), where)
+            body_start = 5
+        else:
+            raise CorruptRecord(f"unknown framing (first bytes {bytes(data[:2]).hex()})", **where)
+        if expect is not None:
+            names = (expect,) if isinstance(expect, str) else expect
+            if writer.name not in names:
+                raise SchemaMismatch(f"expected {'/'.join(names)}, got {writer.name}", **where)
+        reader = self.store.current.get(writer.name, writer)
+        reader_schema = None if reader is writer else reader.parsed  # resolve only across versions
+        buf = io.BytesIO(data)
+        buf.seek(body_start)
+        try:
+            record = fastavro.schemaless_reader(buf, writer.parsed, reader_schema)
+        except (EOFError, StopIteration, IndexError) as exc:  # fastavro reads past the end
+            raise TruncatedPayload(f"body ends early while reading {writer.name}: {exc!r}", **where) from exc
+        except Exception as exc:  # fastavro raises assorted errors on garbage
+            raise CorruptRecord(f"cannot read {writer.name} body: {exc!r}", **where) from exc
+        if buf.tell() != len(data):
+            raise CorruptRecord(f"{len(data) - buf.tell()} trailing bytes after the {writer.name} body",
+                                **where)
+        return writer.name, record
+
+
+class _ConfluentFraming:
+    """Confluent wire format through a Schema Registry (``mock://`` works in-process for tests)."""
+
+    def __init__(self, url: str, store: SchemaStore) -> None:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        self.client = SchemaRegistryClient.new_client({"url": url})  # mock:// gives the in-process registry
+        self.store = store
+        self._ids: dict[str, int] = {}
+        self._writers: dict[int, SchemaEntry] = {}
+
+    def header(self, entry: SchemaEntry) -> bytes:
+        from confluent_kafka.schema_registry import Schema
+
+        schema_id = self._ids.get(entry.name)
+        if schema_id is None:
+            subject = f"dev.tokentrail.{entry.name}"
+            schema_id = self.client.register_schema(subject, Schema(entry.canonical, "AVRO"))
+            self._ids[entry.name] = schema_id
+            self._writers[schema_id] = entry
+        return CONFLUENT_MAGIC + schema_id.to_bytes(4, "big")
+
+    def writer(self, schema_id: int, where: dict[str, Any]) -> SchemaEntry:
+        entry = self._writers.get(schema_id)
+        if entry is None:
+            try:
+                schema = self.client.get_schema(schema_id)
+            except Exception as exc:
+                raise UnknownFingerprint(f"schema id {schema_id} unknown to the registry: {exc}",
+                                         **where) from exc
+            entry = _entry(json.loads(schema.schema_str))
+            self._writers[schema_id] = entry
+        return entry
+
+
+@lru_cache(maxsize=4)
+def get_codec(registry_url: str = "") -> Codec:
+    return Codec(registry_url=registry_url)

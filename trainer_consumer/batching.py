@@ -1,0 +1,193 @@
+"""The pure half of the sample stream: filter decoded samples and cut them into batches.
+
+No Kafka here. A filtered sample is never dropped silently: each filter returns a reason, the
+reasons are counted, and the counts travel with the next batch into its TrainerStep.filtered_json.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import orjson
+
+from trainer_consumer.sample_view import TrainSample, check_sample
+
+# A filter looks at one sample and the trainer's current policy version; it returns the reason to
+# drop the sample, or None to keep it.
+SampleFilter = Callable[[TrainSample, int], str | None]
+
+STALE = "stale"
+
+
+def staleness_filter(max_staleness: int) -> SampleFilter:
+    """Drop samples whose first policy version lags the current one by more than ``max_staleness``."""
+
+    def stale(sample: TrainSample, current_version: int) -> str | None:
+        return STALE if current_version - sample.policy_version_first > max_staleness else None
+
+    return stale
+
+
+def max_tokens_filter(max_tokens: int) -> SampleFilter:
+    def too_long(sample: TrainSample, current_version: int) -> str | None:
+        return "too_long" if sample.num_tokens > max_tokens else None
+
+    return too_long
+
+
+def zero_weight_filter() -> SampleFilter:
+    """Samples whose loss tokens carry no weight add nothing to the gradient, only cost."""
+
+    def zero_weight(sample: TrainSample, current_version: int) -> str | None:
+        mask = sample.loss_mask.astype(bool)
+        return "zero_weight" if not mask.any() or float(sample.weights[mask].sum()) == 0.0 else None
+
+    return zero_weight
+
+
+def zero_advantage_filter() -> SampleFilter:
+    """E.g. GRPO groups where every rollout scored the same: every advantage is zero."""
+
+    def zero_advantage(sample: TrainSample, current_version: int) -> str | None:
+        mask = sample.loss_mask.astype(bool)
+        return "zero_advantage" if not (sample.advantages[mask] != 0).any() else None
+
+    return zero_advantage
+
+
+def kind_filter(allowed: Sequence[str]) -> SampleFilter:
+    allowed_set = frozenset(allowed)
+
+    def kind(sample: TrainSample, current_version: int) -> str | None:
+        return f"kind:{sample.kind}" if sample.kind not in allowed_set else None
+
+    return kind
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    max_staleness: int = 4
+    max_tokens: int | None = None
+    drop_zero_weight: bool = True
+    drop_zero_advantage: bool = False
+    kinds: tuple[str, ...] | None = None  # None: every kind
+
+    def build(self) -> list[SampleFilter]:
+        filters: list[SampleFilter] = [staleness_filter(self.max_staleness)]
+        if self.max_tokens is not None:
+            filters.append(max_tokens_filter(self.max_tokens))
+        if self.drop_zero_weight:
+            filters.append(zero_weight_filter())
+        if self.drop_zero_advantage:
+            filters.append(zero_advantage_filter())
+        if self.kinds is not None:
+            filters.append(kind_filter(self.kinds))
+        return filters
+
+
+def filter_reason(sample: TrainSample, current_version: int, filters: Iterable[SampleFilter]) -> str | None:
+    """The first reason to drop ``sample``: malformed arrays first, then the configured filters."""
+    reason = check_sample(sample)
+    if reason is not None:
+        return reason
+    for f in filters:
+        reason = f(sample, current_version)
+        if reason is not None:
+            return reason
+    return None
+
+
+P = TypeVar("P")  # where an item came from (e.g. a Kafka (topic, partition, offset)); opaque here
+
+
+@dataclass
+class Batch(Generic[P]):
+    samples: list[TrainSample]
+    filtered: Counter[str]
+    # Positions of every item this batch accounts for: kept, filtered and undecodable alike, so
+    # committing them after the step covers everything consumed.
+    positions: list[P] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.samples)
+
+    @property
+    def sample_ids(self) -> list[str]:
+        return [s.sample_id for s in self.samples]
+
+    def filtered_json(self) -> str:
+        return orjson.dumps(dict(sorted(self.filtered.items()))).decode()
+
+
+class BatchBuilder(Generic[P]):
+    """Accumulates samples (and rejects) until a batch is full by sample count or token budget."""
+
+    def __init__(self, batch_size: int, max_batch_tokens: int | None = None,
+                 filters: Sequence[SampleFilter] = ()) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.batch_size = batch_size
+        self.max_batch_tokens = max_batch_tokens
+        self.filters = list(filters)
+        # (position, sample or None, reason or None) in arrival order.
+        self._entries: list[tuple[P, TrainSample | None, str | None]] = []
+        self._kept = 0
+        self._kept_tokens = 0
+
+    def add(self, sample: TrainSample, position: P, current_version: int) -> str | None:
+        """Adds a sample, or records why it was filtered (returned)."""
+        reason = filter_reason(sample, current_version, self.filters)
+        if reason is None:
+            self._entries.append((position, sample, None))
+            self._kept += 1
+            self._kept_tokens += sample.num_tokens
+        else:
+            self._entries.append((position, None, reason))
+        return reason
+
+    def reject(self, reason: str, position: P) -> None:
+        """Counts an item that never became a sample (e.g. undecodable)."""
+        self._entries.append((position, None, reason))
+
+    def full(self) -> bool:
+        if self._kept >= self.batch_size:
+            return True
+        return self.max_batch_tokens is not None and self._kept_tokens >= self.max_batch_tokens
+
+    def has_pending(self) -> bool:
+        return bool(self._entries)
+
+    def take(self) -> Batch[P]:
+        entries, self._entries = self._entries, []
+        self._kept = self._kept_tokens = 0
+        return Batch(
+            samples=[s for _, s, _ in entries if s is not None],
+            filtered=Counter(r for _, _, r in entries if r is not None),
+            positions=[pos for pos, _, _ in entries],
+        )
+
+    def retain(self, keep: Callable[[P], bool]) -> int:
+        """Forgets pending items whose position fails ``keep`` (e.g. their partition was revoked,
+        so another consumer will read them again); returns how many were forgotten."""
+        before = len(self._entries)
+        self._entries = [e for e in self._entries if keep(e[0])]
+        kept = [s for _, s, _ in self._entries if s is not None]
+        self._kept, self._kept_tokens = len(kept), sum(s.num_tokens for s in kept)
+        return before - len(self._entries)
+
+
+def batches_from_samples(samples: Iterable[tuple[TrainSample, P]], batch_size: int, current_version: int,
+                         filters: Sequence[SampleFilter] = (),
+                         max_batch_tokens: int | None = None) -> Iterator[Batch[P]]:
+    """Cuts an in-memory stream into batches (the last one may be partial); for tests and replay."""
+    builder: BatchBuilder[P] = BatchBuilder(batch_size, max_batch_tokens, filters)
+    for sample, position in samples:
+        builder.add(sample, position, current_version)
+        if builder.full():
+            yield builder.take()
+    if builder.has_pending():
+        yield builder.take()

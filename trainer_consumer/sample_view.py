@@ -1,0 +1,104 @@
+"""A decoded Sample record as the trainer sees it: zero-copy numpy views plus provenance.
+
+Token arrays stay views over the Avro ``bytes`` fields (``schemas.tokens``), so decoding a
+100k-token sample never walks a Python list. ``check_sample`` proves the arrays fit together
+before anything is collated; a sample that fails it is filtered with the reason, never trained on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from schemas.tokens import unpack_floats, unpack_ids, unpack_int32, unpack_mask
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    sample_id: str
+    kind: str
+    rollout_ids: tuple[str, ...]
+    group_ids: tuple[str, ...]
+    policy_version_first: int
+    policy_version_last: int
+    input_ids: npt.NDArray[np.uint32]
+    loss_mask: npt.NDArray[np.uint8]
+    rollout_logprobs: npt.NDArray[np.float32]  # NaN where the token was not sampled
+    advantages: npt.NDArray[np.float32]
+    weights: npt.NDArray[np.float32]
+    sequence_starts: npt.NDArray[np.int32]  # cu_seqlens without the end; [0] for one sequence
+    # Per packed sequence: the rollouts whose segments start inside it (from Sample.segments).
+    sequence_rollout_ids: tuple[tuple[str, ...], ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.sequence_starts.shape[0])
+
+    def sequence_lengths(self) -> npt.NDArray[np.int64]:
+        ends = np.append(self.sequence_starts[1:], self.num_tokens).astype(np.int64)
+        return ends - self.sequence_starts.astype(np.int64)
+
+
+def sample_from_record(rec: dict[str, Any]) -> TrainSample:
+    """Views over a decoded ``Sample`` record (no token data is copied)."""
+    starts = unpack_int32(rec["sequence_starts"])
+    if starts.shape[0] == 0:  # an empty list means one sequence starting at 0
+        starts = np.zeros(1, dtype=np.int32)
+    return TrainSample(
+        sample_id=rec["event_id"],
+        kind=rec["kind"],
+        rollout_ids=tuple(rec["rollout_ids"]),
+        group_ids=tuple(rec["group_ids"]),
+        policy_version_first=int(rec["policy_version_first"]),
+        policy_version_last=int(rec["policy_version_last"]),
+        input_ids=unpack_ids(rec["input_ids"]),
+        loss_mask=unpack_mask(rec["loss_mask"]),
+        rollout_logprobs=unpack_floats(rec["rollout_logprobs"]),
+        advantages=unpack_floats(rec["advantages"]),
+        weights=unpack_floats(rec["weights"]),
+        sequence_starts=starts,
+        sequence_rollout_ids=_sequence_rollouts(starts, rec.get("segments") or [], tuple(rec["rollout_ids"])),
+    )
+
+
+def _sequence_rollouts(starts: npt.NDArray[np.int32], segments: list[dict[str, Any]],
+                       fallback: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    if starts.shape[0] == 1:
+        return (fallback,)
+    per_seq: list[list[str]] = [[] for _ in range(starts.shape[0])]
+    for seg in segments:  # one entry per segment, not per token
+        seq = int(np.searchsorted(starts, seg["sample_start"], side="right")) - 1
+        if 0 <= seq < len(per_seq) and seg["rollout_id"] not in per_seq[seq]:
+            per_seq[seq].append(seg["rollout_id"])
+    return tuple(tuple(ids) if ids else fallback for ids in per_seq)
+
+
+def check_sample(s: TrainSample) -> str | None:
+    """Why a sample cannot be trained on (a short reason for the filtered counts), or None."""
+    n = s.num_tokens
+    if n == 0:
+        return "malformed:empty"
+    for name in ("loss_mask", "rollout_logprobs", "advantages", "weights"):
+        if getattr(s, name).shape[0] != n:
+            return f"malformed:{name}_length"
+    starts = s.sequence_starts
+    if starts[0] != 0 or (starts.shape[0] > 1 and not (np.diff(starts) > 0).all()) or starts[-1] >= n:
+        return "malformed:sequence_starts"
+    mask = s.loss_mask.astype(bool)
+    if mask[starts].any():
+        # The first token of a sequence has no context inside it: nothing conditions it.
+        return "malformed:loss_on_sequence_start"
+    if not np.isfinite(s.rollout_logprobs[mask]).all():
+        return "malformed:missing_rollout_logprob"
+    if not (np.isfinite(s.advantages[mask]).all() and np.isfinite(s.weights).all()):
+        return "malformed:non_finite_advantage_or_weight"
+    if (s.weights < 0).any():
+        return "malformed:negative_weight"
+    return None
