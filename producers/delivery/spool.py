@@ -279,7 +279,9 @@ class Spool:
 
     # ------------------------------------------------------------------ read
 
-    def read(self, from_seq: int, max_records: int = 1000, max_bytes: int = 8 * 1024 * 1024) -> list[SpoolRecord]:
+    def read(
+        self, from_seq: int, max_records: int = 1000, max_bytes: int = 8 * 1024 * 1024
+    ) -> list[SpoolRecord]:
         """Records with sequence >= ``from_seq`` in order (at least one if any), within the limits."""
         with self._lock:
             if from_seq < self._cursor:

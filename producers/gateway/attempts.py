@@ -106,6 +106,14 @@ class AttemptState:
         return best
 
 
+@dataclass
+class RolloutInfo:
+    latest_attempt_id: str
+    latest_number: int
+    start: dict[str, Any]  # what POST /v1/rollouts said (task input, group fields), reused by retries
+    previous: RolloutInfo | None = None  # restored if this attempt's start cannot be delivered
+
+
 @dataclass(frozen=True)
 class Tombstone:
     call_count: int
@@ -118,8 +126,9 @@ class AttemptRegistry:
                  idle_ttl_s: float = 24 * 3600.0, max_sessions: int = 10_000) -> None:
         self.replica_id = uuid.uuid4().hex[:12]
         self._active: OrderedDict[tuple[str, str], AttemptState] = OrderedDict()
-        self._latest_attempt: dict[str, tuple[str, int]] = {}  # rollout -> (attempt id, number)
-        self._keys: dict[str, tuple[str, str]] = {}
+        self._rollouts: OrderedDict[str, RolloutInfo] = OrderedDict()
+        # Keys of finished attempts stay resolvable (bounded) so their late calls get a clear 409.
+        self._keys: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._finished: OrderedDict[tuple[str, str], Tombstone] = OrderedDict()
         self._sessions: OrderedDict[str, AttemptState] = OrderedDict()
         self.max_active, self.max_tombstones = max_active, max_tombstones
@@ -128,30 +137,53 @@ class AttemptRegistry:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self, rollout_id: str | None = None) -> AttemptState:
+    def start(self, rollout_id: str | None, start: dict[str, Any]) -> AttemptState:
         """A new rollout (fresh id unless given) or, for a known rollout id, its next attempt."""
         rid = rollout_id or uuid.uuid4().hex
-        previous = self._latest_attempt.get(rid)
-        if previous is not None and (rid, previous[0]) in self._active:
-            raise conflict(f"rollout {rid} already has an unfinished attempt {previous[0]}; finish it first",
-                           code="attempt_in_progress")
-        number = previous[1] + 1 if previous else 1
+        previous = self._rollouts.get(rid)
+        if previous is not None and (rid, previous.latest_attempt_id) in self._active:
+            raise conflict(f"rollout {rid} already has an unfinished attempt {previous.latest_attempt_id}; "
+                           "finish it first", code="attempt_in_progress")
+        number = previous.latest_number + 1 if previous else 1
         state = AttemptState(rollout_id=rid, attempt_id=uuid.uuid4().hex, attempt_number=number,
                              api_key=API_KEY_PREFIX + secrets.token_urlsafe(24))
         self._evict_idle()
         self._active[state.key] = state
-        self._latest_attempt[rid] = (state.attempt_id, number)
+        before = RolloutInfo(previous.latest_attempt_id, previous.latest_number, previous.start) \
+            if previous else None
+        self._rollouts[rid] = RolloutInfo(state.attempt_id, number, start, before)
+        self._rollouts.move_to_end(rid)
+        while len(self._rollouts) > self.max_active + self.max_tombstones:
+            self._rollouts.popitem(last=False)
         self._keys[state.api_key] = state.key
         return state
+
+    def start_info(self, rollout_id: str) -> dict[str, Any]:
+        info = self._rollouts.get(rollout_id)
+        if info is None:
+            raise not_found(f"unknown rollout {rollout_id!r}", code="unknown_rollout")
+        return info.start
+
+    def abandon(self, state: AttemptState) -> None:
+        """Forget a just-started attempt whose start event could not be delivered."""
+        self._active.pop(state.key, None)
+        self._keys.pop(state.api_key, None)
+        info = self._rollouts.get(state.rollout_id)
+        if info is not None and info.latest_attempt_id == state.attempt_id:
+            if info.previous is None:
+                del self._rollouts[state.rollout_id]
+            else:
+                self._rollouts[state.rollout_id] = info.previous
 
     def finish(self, rollout_id: str, attempt_id: str, status: str) -> AttemptState:
         state = self.get_active(rollout_id, attempt_id, for_what="finish")
         state.finished = True
         del self._active[state.key]
-        self._keys.pop(state.api_key, None)
         self._finished[state.key] = Tombstone(state.next_call_index, state.next_event_index, status)
         while len(self._finished) > self.max_tombstones:
             self._finished.popitem(last=False)
+        while len(self._keys) > self.max_active + self.max_tombstones:
+            self._keys.popitem(last=False)
         return state
 
     def unfinish(self, state: AttemptState) -> None:
@@ -159,7 +191,6 @@ class AttemptRegistry:
         self._finished.pop(state.key, None)
         state.finished = False
         self._active[state.key] = state
-        self._keys[state.api_key] = state.key
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -177,18 +208,18 @@ class AttemptRegistry:
                                f"({tomb.status})", code="attempt_finished")
             raise conflict(f"attempt {attempt_id} of rollout {rollout_id} is finished ({tomb.status}); "
                            f"no more {for_what}s are accepted", code="attempt_finished")
-        if rollout_id not in self._latest_attempt:
+        if rollout_id not in self._rollouts:
             raise not_found(f"unknown rollout {rollout_id!r}: start it with POST /v1/rollouts on this "
                             "gateway (replicas need rollout-sticky routing)", code="unknown_rollout")
         raise not_found(f"unknown attempt {attempt_id!r} of rollout {rollout_id!r} (not started, or "
                         "evicted after being idle)", code="unknown_attempt")
 
     def latest_attempt_id(self, rollout_id: str) -> str:
-        latest = self._latest_attempt.get(rollout_id)
-        if latest is None:
+        info = self._rollouts.get(rollout_id)
+        if info is None:
             raise not_found(f"unknown rollout {rollout_id!r}: start it with POST /v1/rollouts",
                             code="unknown_rollout")
-        return latest[0]
+        return info.latest_attempt_id
 
     def by_api_key(self, api_key: str) -> tuple[str, str] | None:
         return self._keys.get(api_key)
@@ -228,5 +259,4 @@ class AttemptRegistry:
             if oldest.in_flight:
                 break
             del self._active[key]
-            self._keys.pop(oldest.api_key, None)
 

@@ -1,0 +1,40 @@
+# tokentrail — the two quick-start commands are `make demo` and `make test`.
+# Prerequisites: Python 3.11+, Java 17+, Maven. Everything else is fetched from PyPI and Maven Central.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+JARS   := deploy/kafka/lib/.fetched
+
+.PHONY: setup demo test lint bench clean-var
+
+setup: $(STAMP) $(JARS)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --progress-bar off -e '.[torch,dev]'
+	touch $(STAMP)
+
+$(JARS): deploy/kafka/pom.xml
+	mvn -q -B -f deploy/kafka/pom.xml dependency:copy-dependencies
+	touch $(JARS)
+
+# Sets everything up, then runs the main job: Kafka, embedded ClickHouse, gateway on the embedded
+# engine, processors, sink and trainer, with an agent workload trained online; ends with the audit.
+demo: setup
+	$(BIN)/tokentrail demo
+
+test: setup
+	$(BIN)/pytest
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: setup
+	for b in codec gateway processors sink trainer; do $(BIN)/python -m bench.$$b || exit 1; done
+
+clean-var:
+	-$(BIN)/tokentrail kafka stop
+	rm -rf var

@@ -1,0 +1,103 @@
+"""Exact (prompt, output) ids of calls, rebuilt from full or delta-encoded prompts and verified.
+
+Same contract as ``schemas.prompt_delta.reconstruct_prompt`` (length + sha256 checked, typed errors),
+but a delta's base is given as its (prompt, output) pair so the shared prefix is copied once instead
+of first materialising ``prompt ‖ output``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from processors.errors import CallTokensError
+from schemas.prompt_delta import DeltaBaseMissing, DeltaHashMismatch, PromptReconstructionError
+from schemas.tokens import IDS_DTYPE, IdArray, unpack_floats, unpack_ids
+
+Record = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CallTokens:
+    """One call's exact ids (numpy views where possible)."""
+
+    call_id: str
+    call_index: int
+    prompt: IdArray
+    output: IdArray
+
+
+def rebuild_prompt(prompt: Record, base: Callable[[str], tuple[IdArray, IdArray] | None]) -> IdArray:
+    """Full prompt ids; ``base(call_id)`` returns that call's (prompt, output) or None."""
+    if prompt.get("ids") is not None:
+        ids = unpack_ids(prompt["ids"])
+    else:
+        base_id = prompt.get("base_call_id")
+        if not base_id:
+            raise PromptReconstructionError("prompt has neither ids nor a delta base")
+        found = base(base_id)
+        if found is None:
+            raise DeltaBaseMissing(f"delta base call {base_id} is not available")
+        base_prompt, base_output = found
+        shared = int(prompt["base_prefix_len"])
+        if shared > len(base_prompt) + len(base_output):
+            raise DeltaHashMismatch(f"delta shares {shared} tokens but base call {base_id} has only "
+                                    f"{len(base_prompt) + len(base_output)}")
+        new = unpack_ids(prompt.get("new_ids") or b"")
+        from_prompt = min(shared, len(base_prompt))
+        ids = np.empty(shared + len(new), dtype=IDS_DTYPE)
+        ids[:from_prompt] = base_prompt[:from_prompt]
+        ids[from_prompt:shared] = base_output[:shared - from_prompt]
+        ids[shared:] = new
+    if len(ids) != prompt["length"]:
+        raise DeltaHashMismatch(f"prompt has {len(ids)} tokens, record says {prompt['length']}")
+    if hashlib.sha256(ids.data).hexdigest() != prompt["sha256"]:
+        raise DeltaHashMismatch("prompt ids do not match the recorded sha256")
+    return ids
+
+
+def rebuild_calls(calls: Iterable[Record]) -> tuple[list[CallTokens | None], list[CallTokensError]]:
+    """Rebuild calls in order; a delta may only refer to an earlier call of the same sequence.
+
+    Returns one entry per call (None where it failed) and the typed errors.
+    """
+    known: dict[str, tuple[IdArray, IdArray]] = {}
+    out: list[CallTokens | None] = []
+    errors: list[CallTokensError] = []
+    for call in calls:
+        try:
+            prompt = rebuild_prompt(call["prompt"], known.get)
+        except PromptReconstructionError as exc:
+            errors.append(CallTokensError(call["call_id"], int(call["call_index"]),
+                                          f"{type(exc).__name__}: {exc}"))
+            out.append(None)
+            continue
+        output = unpack_ids(call["output_ids"])
+        known[call["call_id"]] = (prompt, output)
+        out.append(CallTokens(call["call_id"], int(call["call_index"]), prompt, output))
+    return out, errors
+
+
+def rollout_call_tokens(rollout: Record) -> list[CallTokens]:
+    """Exact ids of every call embedded in a CompletedRollout; raises CallTokensError on any failure."""
+    tokens, errors = rebuild_calls(rollout["calls"])
+    if errors:
+        raise errors[0]
+    return [t for t in tokens if t is not None]
+
+
+def output_logprobs(call: Record) -> np.ndarray:
+    return unpack_floats(call["output_logprobs"])
+
+
+def is_sampled(call: Record) -> bool:
+    """Calls whose output trains: successful ones. A failed call's partial output is never trained on."""
+    return call["status"] == "OK"
+
+
+def sampled_token_count(rollout: Record) -> int:
+    return sum(len(c["output_ids"]) // 4 for c in rollout["calls"] if is_sampled(c))

@@ -1,0 +1,203 @@
+"""Builders of input events from token lists, for tests and benchmarks (no tokenizer needed).
+
+``attempt_events`` produces the AttemptStarted / CallRecord / EnvStep / AttemptFinished records one
+attempt emits, with prompts delta-encoded on the previous call as the gateway does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from schemas.ids import call_id, env_event_id, event_id
+from schemas.prompt_delta import encode_prompt, full_prompt
+from schemas.tokens import IDS_DTYPE, IdArray, pack_floats, pack_ids
+
+Record = dict[str, Any]
+Event = tuple[str, Record]
+
+T0_US = 1_700_000_000_000_000
+
+
+def _ids(values: Sequence[int] | np.ndarray) -> IdArray:
+    return np.asarray(values, dtype=IDS_DTYPE)
+
+
+def chat_response(text: str) -> str:
+    return orjson.dumps({"object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}).decode()
+
+
+def make_call(rollout_id: str, attempt_id: str, index: int, prompt: Sequence[int] | np.ndarray,
+              output: Sequence[int] | np.ndarray, *, logprobs: Sequence[float] | np.ndarray | None = None,
+              base: tuple[str, IdArray] | None = None, prompt_record: Record | None = None,
+              policy_version: int = 0, status: str = "OK", text: str = "", received_at_us: int | None = None,
+              total_ms: float = 5.0, response_json: str | None = None) -> Record:
+    """A CallRecord; ``base`` = (base call id, base prompt ‖ output) delta-encodes the prompt."""
+    prompt_arr, output_arr = _ids(prompt), _ids(output)
+    if logprobs is None:
+        logprobs = -((np.arange(len(output_arr), dtype=np.float32) % 7) + 1) / 8
+    if prompt_record is None:
+        prompt_record = encode_prompt(prompt_arr, base[0], base[1]) if base else full_prompt(prompt_arr)
+    cid = call_id(rollout_id, attempt_id, index)
+    return {
+        "event_id": cid, "call_id": cid, "rollout_id": rollout_id, "attempt_id": attempt_id,
+        "call_index": index, "session_id": None, "protocol": "openai.chat", "streamed": False,
+        "status": status,
+        "error": None if status == "OK" else {"type": "upstream_error", "message": "failed",
+                                              "status_code": 500},
+        "prompt": prompt_record, "output_ids": pack_ids(output_arr), "output_logprobs": pack_floats(logprobs),
+        "logprob_kind": "PROCESSED", "finish_reason": "stop" if status == "OK" else "error",
+        "versions": {"model": "tiny", "policy_version": policy_version, "tokenizer_fingerprint": "tok-1",
+                     "chat_template_fingerprint": "tpl-1", "adapter_version": "a1", "parser_version": "p1",
+                     "engine": "embedded/0.1", "upstream": "embedded"},
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_tokens": 256, "seed": None,
+                     "stop": [], "extra_json": "{}"},
+        "prefix_mode": "splice", "spliced_outputs": 0, "prefix_breaks": [],
+        "timings": {"received_at_us": received_at_us if received_at_us is not None else T0_US + 1000 * (
+                        index + 1), "queue_ms": 0.0, "first_token_ms": 1.0, "total_ms": total_ms},
+        "request_json": orjson.dumps({"messages": [{"role": "user", "content": "..."}]}).decode(),
+        "response_json": chat_response(text) if response_json is None else response_json,
+    }
+
+
+def make_started(rollout_id: str, attempt_id: str, *, task_input: Any = None, group_id: str | None = None,
+                 group_key: dict[str, str] | None = None, expected_group_size: int | None = None,
+                 attempt_number: int = 1, created_at_us: int = T0_US) -> Record:
+    return {"event_id": event_id("attempt_started", rollout_id, attempt_id), "rollout_id": rollout_id,
+            "attempt_id": attempt_id, "group_id": group_id, "group_key": dict(group_key or {}),
+            "expected_group_size": expected_group_size,
+            "task_input_json": orjson.dumps(task_input if task_input is not None else {},
+                                            option=orjson.OPT_SORT_KEYS).decode(),
+            "metadata_json": "{}", "attempt_number": attempt_number, "created_at_us": created_at_us}
+
+
+def make_env(rollout_id: str, attempt_id: str, index: int, *, kind: str = "TOOL_RESULT",
+             call: str | None = None, payload: Any = None, created_at_us: int | None = None) -> Record:
+    return {"event_id": env_event_id(rollout_id, attempt_id, kind, index), "rollout_id": rollout_id,
+            "attempt_id": attempt_id, "event_index": index, "kind": kind, "call_id": call, "name": "tool",
+            "payload_json": orjson.dumps(payload if payload is not None else {"index": index}).decode(),
+            "created_at_us": T0_US + 1000 * (index + 1) + 500 if created_at_us is None else created_at_us}
+
+
+def make_finished(rollout_id: str, attempt_id: str, call_count: int, event_count: int, *,
+                  status: str = "SUCCESS", final_artifacts: Any = None,
+                  created_at_us: int | None = None) -> Record:
+    return {"event_id": event_id("attempt_finished", rollout_id, attempt_id), "rollout_id": rollout_id,
+            "attempt_id": attempt_id, "status": status, "call_count": call_count, "event_count": event_count,
+            "final_artifacts_json": orjson.dumps({} if final_artifacts is None else final_artifacts).decode(),
+            "created_at_us": T0_US + 1000 * (call_count + 2) if created_at_us is None else created_at_us}
+
+
+@dataclass
+class Turn:
+    """One call: its exact prompt and sampled output ids (and optionally its text and policy version)."""
+
+    prompt: IdArray
+    output: IdArray
+    text: str = ""
+    policy_version: int = 0
+    status: str = "OK"
+    logprobs: np.ndarray | None = None
+
+
+@dataclass
+class AttemptSpec:
+    rollout_id: str
+    attempt_id: str
+    turns: list[Turn]
+    task_input: Any = None
+    group_id: str | None = None
+    group_key: dict[str, str] = field(default_factory=dict)
+    expected_group_size: int | None = None
+    attempt_number: int = 1
+    env_events: int = 0
+    finish_status: str = "SUCCESS"
+    delta: bool = True  # delta-encode prompts on the previous call, as the gateway does
+    t0_us: int = T0_US
+
+
+def attempt_events(spec: AttemptSpec) -> list[Event]:
+    """Start, calls, env events and finish of one attempt, in their natural order."""
+    r, a = spec.rollout_id, spec.attempt_id
+    events: list[Event] = [("AttemptStarted", make_started(
+        r, a, task_input=spec.task_input, group_id=spec.group_id, group_key=spec.group_key,
+        expected_group_size=spec.expected_group_size, attempt_number=spec.attempt_number,
+        created_at_us=spec.t0_us))]
+    prev: tuple[str, IdArray] | None = None
+    for i, turn in enumerate(spec.turns):
+        events.append(("CallRecord", make_call(
+            r, a, i, turn.prompt, turn.output, logprobs=turn.logprobs, base=prev if spec.delta else None,
+            policy_version=turn.policy_version, status=turn.status, text=turn.text,
+            received_at_us=spec.t0_us + 1000 * (i + 1))))
+        prev = (call_id(r, a, i), np.concatenate([turn.prompt, turn.output]))
+    for j in range(spec.env_events):
+        call = call_id(r, a, min(j, len(spec.turns) - 1)) if spec.turns else None
+        at = spec.t0_us + 1000 * (j + 1) + 500
+        events.append(("EnvStep", make_env(r, a, j, call=call, created_at_us=at)))
+    events.append(("AttemptFinished", make_finished(
+        r, a, len(spec.turns), spec.env_events, status=spec.finish_status,
+        created_at_us=spec.t0_us + 1000 * (len(spec.turns) + 2))))
+    return events
+
+
+def growing_turns(rng: np.random.Generator, n_calls: int, first_prompt: int, output_len: int,
+                  tool_len: int, vocab: int = 151_936, texts: Sequence[str] | None = None) -> list[Turn]:
+    """A multi-turn agent trace where every prompt extends the previous prompt ‖ output exactly."""
+    prompt = rng.integers(0, vocab, first_prompt, dtype=np.uint32)
+    turns = []
+    for i in range(n_calls):
+        output = rng.integers(0, vocab, output_len, dtype=np.uint32)
+        logprobs = -rng.random(output_len, dtype=np.float32) * 4
+        turns.append(Turn(prompt, output, text=texts[i] if texts else f"turn {i}", logprobs=logprobs))
+        tool = rng.integers(0, vocab, tool_len, dtype=np.uint32)
+        prompt = np.concatenate([prompt, output, tool])
+    return turns
+
+
+# ------------------------------------------------------------------------- chat-template simulations
+#
+# Real templates do not simply concatenate: they put control tokens at message boundaries and some
+# drop earlier reasoning. These tiny renderers produce token ids the way such templates do, so the
+# prefix logic can be tested on the shapes that break naive merging.
+
+IM_START, IM_END, THINK, END_THINK, NEWLINE = 151_644, 151_645, 151_667, 151_668, 198
+ROLE_IDS = {"system": 9125, "user": 872, "assistant": 77091, "tool": 14172}
+
+
+@dataclass
+class Message:
+    role: str
+    content: list[int]
+    reasoning: list[int] = field(default_factory=list)
+
+
+def render(messages: Sequence[Message], *, drop_past_reasoning: bool = False,
+           generation_prompt: bool = True) -> list[int]:
+    """ChatML-like rendering: <|im_start|>role\\n content <|im_end|>\\n per message.
+
+    With ``drop_past_reasoning`` (as Qwen3's template does) the reasoning of assistant messages
+    before the last user message is removed from the history.
+    """
+    last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
+    ids: list[int] = []
+    for i, m in enumerate(messages):
+        ids += [IM_START, ROLE_IDS[m.role], NEWLINE]
+        if m.role == "assistant" and m.reasoning and not (drop_past_reasoning and i < last_user):
+            ids += [THINK, *m.reasoning, END_THINK, NEWLINE]
+        ids += [*m.content, IM_END, NEWLINE]
+    if generation_prompt:
+        ids += [IM_START, ROLE_IDS["assistant"], NEWLINE]
+    return ids
+
+
+def sampled_output(content: list[int], reasoning: list[int] | None = None) -> list[int]:
+    """What the model samples after the generation prompt: [<think> r </think>\\n] content <|im_end|>."""
+    out: list[int] = []
+    if reasoning:
+        out += [THINK, *reasoning, END_THINK, NEWLINE]
+    return [*out, *content, IM_END]

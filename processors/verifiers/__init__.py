@@ -1,0 +1,15 @@
+"""Verifier plugins (``module:Class``), the runner that turns their outcomes into Score records, and
+the built-in verifiers: answer match, unit-test runner, group rank, majority vote."""
+
+from processors.verifiers.base import (
+    GroupVerifier,
+    RolloutVerifier,
+    RolloutView,
+    Verifier,
+    load_verifier,
+    load_verifiers,
+)
+from processors.verifiers.runner import VerifierRunner, prior_raw, score_record
+
+__all__ = ["GroupVerifier", "RolloutVerifier", "RolloutView", "Verifier", "VerifierRunner", "load_verifier",
+           "load_verifiers", "prior_raw", "score_record"]

@@ -1,0 +1,390 @@
+"""Durable delivery of records to Kafka, with a local write-ahead spool while Kafka is unreachable.
+
+``await sink.deliver(topic, key, value)`` returns only when the record is safe: acknowledged by Kafka
+(acks=all, idempotent producer) or appended and fsynced to the spool. Order per key is kept:
+
+* a record goes to Kafka directly only while the spool is empty, so a record never overtakes one
+  that was spooled before it;
+* a rollout's calls are sequential (the harness waits for call i before it makes call i+1, and the
+  gateway answers call i only after ``deliver`` returned), so per-key order follows from the above;
+* the drainer re-sends spooled records in sequence order through the same idempotent producer
+  (which keeps order per partition) and moves the spool cursor only past acknowledged records.
+
+A record whose delivery timed out may still have reached the broker (its acknowledgement lost) and
+is then sent again from the spool: Kafka can hold such a copy twice, with the same deterministic
+event id, and consumers deduplicate on it. The first copy of every record is always in order.
+
+Threads: one librdkafka poll thread (delivery callbacks are batched onto the event loop) and one
+spool I/O thread (group-committed appends, reads, cursor writes). No per-call threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from producers.delivery.spool import Spool
+
+log = logging.getLogger(__name__)
+
+
+class DeliveryFailed(RuntimeError):
+    """The record is neither on Kafka nor in the spool (e.g. the spool disk is full)."""
+
+
+class KafkaDeliveryError(RuntimeError):
+    """Kafka refused or timed out one record (internal: the record then goes to the spool)."""
+
+
+@dataclass(frozen=True)
+class DeliveryReceipt:
+    topic: str
+    spooled: bool  # True: in the local spool, to be drained to Kafka later
+    partition: int | None = None  # set when Kafka acknowledged directly
+    offset: int | None = None
+    spool_seq: int | None = None  # set when spooled
+    latency_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class SinkStats:
+    delivered_direct: int  # acknowledged by Kafka on the direct path
+    spooled: int  # appended to the spool (counted once each)
+    drained: int  # spooled records later acknowledged by Kafka
+    delivery_errors: int  # direct deliveries that failed or timed out, and failed drain batches
+    spool_depth: int  # records waiting in the spool (including appends in flight)
+    spool_bytes: int
+    kafka_reachable: bool
+
+
+# Settings the delivery guarantees depend on; they override whatever the base config says.
+REQUIRED_PRODUCER_CONFIG: dict[str, Any] = {
+    "acks": "all",
+    "enable.idempotence": True,
+    "compression.type": "zstd",
+}
+
+
+def sink_producer_config(base: dict[str, Any], delivery_timeout_s: float) -> dict[str, Any]:
+    """The producer config of the sink: ``base`` + the required guarantees + timeouts that match ours.
+
+    librdkafka gives up on a record at the same time the sink spools it, so a record stuck in
+    librdkafka's queue does not reach Kafka later as a second copy.
+    """
+    conf = dict(base)
+    conf.update(REQUIRED_PRODUCER_CONFIG)
+    conf["message.timeout.ms"] = max(1, int(delivery_timeout_s * 1000))
+    conf.setdefault("linger.ms", 1)  # low added latency per call; batches still form under load
+    conf.setdefault("reconnect.backoff.max.ms", 1000)  # notice a returning broker quickly
+    return conf
+
+
+Completion = tuple["asyncio.Future[tuple[int, int]]", "KafkaError | None", int, int]
+
+
+class KafkaCallSink:
+    """Kafka producer + write-ahead spool + drainer. Start with ``await start()``; ``await close()``."""
+
+    def __init__(
+        self,
+        producer_config: dict[str, Any],
+        spool_dir: Path | str,
+        delivery_timeout_s: float = 5.0,
+        *,
+        drain_batch_records: int = 500,
+        drain_batch_bytes: int = 8 * 1024 * 1024,
+        segment_bytes: int = 64 * 1024 * 1024,
+        producer_factory: Callable[[dict[str, Any]], Producer] = Producer,
+    ) -> None:
+        self.delivery_timeout_s = delivery_timeout_s
+        self._producer_config = sink_producer_config(producer_config, delivery_timeout_s)
+        self._producer_config["error_cb"] = self._on_client_error
+        self._producer_config.setdefault("logger", logging.getLogger("tokentrail.kafka.producer"))
+        self._producer_factory = producer_factory
+        self._spool_dir = Path(spool_dir)
+        self._segment_bytes = segment_bytes
+        self._drain_batch_records = drain_batch_records
+        self._drain_batch_bytes = drain_batch_bytes
+
+        self._producer: Producer | None = None
+        self._spool: Spool | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokentrail-spool")
+        self._poll_thread: threading.Thread | None = None
+        self._stop_polling = threading.Event()
+        self._drainer: asyncio.Task[None] | None = None
+        self._drain_wakeup = asyncio.Event()
+        self._closing = False
+
+        # Delivery callbacks arrive on the poll thread; they are handed to the loop in batches.
+        self._completions: deque[Completion] = deque()
+        self._completion_lock = threading.Lock()
+        self._wakeup_scheduled = False
+
+        # Group commit: appends queued while the previous fsync runs are written together.
+        self._append_queue: list[tuple[str, bytes, bytes, asyncio.Future[int]]] = []
+        self._appending = 0
+        self._flushing = False
+
+        self._kafka_down = False
+        self._delivered_direct = 0
+        self._spooled = 0
+        self._drained = 0
+        self._delivery_errors = 0
+
+    @classmethod
+    def from_settings(cls, settings: Any = None) -> KafkaCallSink:
+        from schemas.topics import producer_config
+
+        from tokentrail.settings import get_settings
+
+        settings = settings or get_settings()
+        return cls(
+            producer_config(settings),
+            settings.gateway.spool_dir,
+            settings.gateway.delivery_timeout_s,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._spool = await self._loop.run_in_executor(self._io, Spool, self._spool_dir, self._segment_bytes)
+        if self._spool.recovery.pending:
+            log.warning(
+                "spool %s holds %d undelivered records from an earlier run; draining them first",
+                self._spool_dir, self._spool.recovery.pending,
+            )
+        self._producer = self._producer_factory(self._producer_config)
+        self._poll_thread = threading.Thread(
+            target=self._poll_loop, name="tokentrail-kafka-poll", daemon=True
+        )
+        self._poll_thread.start()
+        self._drainer = asyncio.create_task(self._drain_loop(), name="tokentrail-spool-drainer")
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Stop draining, wait up to ``timeout_s`` for records in flight, release the spool."""
+        if self._closing:
+            return
+        self._closing = True
+        if self._drainer is not None:
+            self._drainer.cancel()
+            try:
+                await self._drainer
+            except asyncio.CancelledError:
+                pass
+        while self._flushing:  # spool appends in progress finish first
+            await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        if self._producer is not None:
+            await loop.run_in_executor(None, self._producer.flush, timeout_s)
+        self._stop_polling.set()
+        if self._poll_thread is not None:
+            await loop.run_in_executor(None, self._poll_thread.join)
+        self._resolve_completions()
+        if self._spool is not None:
+            await loop.run_in_executor(self._io, self._spool.close)
+        self._io.shutdown(wait=True)
+
+    async def __aenter__(self) -> KafkaCallSink:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ the one call
+
+    async def deliver(self, topic: str, key: bytes, value: bytes) -> DeliveryReceipt:
+        """Return once the record is acknowledged by Kafka or durably spooled; raise DeliveryFailed else."""
+        if self._producer is None or self._closing:
+            raise DeliveryFailed("the sink is not started (or already closed)")
+        began = time.perf_counter()
+        if not self._spool_is_empty() or self._kafka_down:
+            return await self._spool_record(topic, key, value, began)
+        try:
+            partition, offset = await self._produce(topic, key, value, self.delivery_timeout_s)
+        except (KafkaDeliveryError, TimeoutError) as exc:
+            self._delivery_errors += 1
+            log.warning("delivery to %s failed (%s); spooling", topic, exc or "timed out")
+            return await self._spool_record(topic, key, value, began)
+        self._delivered_direct += 1
+        return DeliveryReceipt(topic, False, partition, offset, None, (time.perf_counter() - began) * 1000)
+
+    def _spool_is_empty(self) -> bool:
+        assert self._spool is not None
+        return self._spool.pending == 0 and self._appending == 0
+
+    async def wait_drained(self, timeout_s: float) -> bool:
+        """True once the spool is empty (everything spooled reached Kafka) within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not self._spool_is_empty():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    # ------------------------------------------------------------------ metrics
+
+    @property
+    def spool_depth(self) -> int:
+        return (self._spool.pending if self._spool else 0) + self._appending
+
+    def stats(self) -> SinkStats:
+        return SinkStats(
+            delivered_direct=self._delivered_direct,
+            spooled=self._spooled,
+            drained=self._drained,
+            delivery_errors=self._delivery_errors,
+            spool_depth=self.spool_depth,
+            spool_bytes=self._spool.pending_bytes if self._spool else 0,
+            kafka_reachable=not self._kafka_down,
+        )
+
+    # ------------------------------------------------------------------ Kafka
+
+    async def _produce(self, topic: str, key: bytes, value: bytes, timeout_s: float) -> tuple[int, int]:
+        future = self._submit(topic, key, value)
+        async with asyncio.timeout(timeout_s):
+            return await future
+
+    def _submit(self, topic: str, key: bytes, value: bytes) -> asyncio.Future[tuple[int, int]]:
+        assert self._loop is not None and self._producer is not None
+        future: asyncio.Future[tuple[int, int]] = self._loop.create_future()
+        try:
+            self._producer.produce(
+                topic, value, key, on_delivery=lambda err, msg: self._on_delivery(future, err, msg)
+            )
+        except (BufferError, KafkaException) as exc:  # local queue full, unknown topic, too large...
+            future.set_exception(KafkaDeliveryError(str(exc)))
+        return future
+
+    def _on_delivery(
+        self, future: asyncio.Future[tuple[int, int]], err: KafkaError | None, msg: Message
+    ) -> None:
+        # Poll thread. Wake the loop once per batch of callbacks, not once per record.
+        self._completions.append((future, err, msg.partition() or 0, msg.offset() or 0))
+        with self._completion_lock:
+            if self._wakeup_scheduled:
+                return
+            self._wakeup_scheduled = True
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(self._resolve_completions)
+        except RuntimeError:  # loop closed during shutdown; nobody waits any more
+            pass
+
+    def _resolve_completions(self) -> None:
+        with self._completion_lock:
+            self._wakeup_scheduled = False  # cleared before draining, so no completion is stranded
+        while self._completions:
+            future, err, partition, offset = self._completions.popleft()
+            if future.done():  # timed out and cancelled meanwhile
+                continue
+            if err is None:
+                self._kafka_down = False
+                future.set_result((partition, offset))
+            else:
+                future.set_exception(KafkaDeliveryError(err.str()))
+
+    def _on_client_error(self, err: KafkaError) -> None:
+        # Poll thread. "All brokers down": spool at once instead of waiting out the timeout.
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._kafka_down = True
+        log.debug("kafka client error: %s", err)
+
+    def _poll_loop(self) -> None:
+        assert self._producer is not None
+        while not self._stop_polling.is_set():
+            self._producer.poll(0.05)
+
+    # ------------------------------------------------------------------ spool (group commit)
+
+    async def _spool_record(self, topic: str, key: bytes, value: bytes, began: float) -> DeliveryReceipt:
+        assert self._loop is not None
+        future: asyncio.Future[int] = self._loop.create_future()
+        self._append_queue.append((topic, key, value, future))
+        self._appending += 1
+        if not self._flushing:
+            self._flushing = True
+            self._loop.create_task(self._flush_appends())
+        seq = await future
+        self._spooled += 1
+        return DeliveryReceipt(topic, True, None, None, seq, (time.perf_counter() - began) * 1000)
+
+    async def _flush_appends(self) -> None:
+        assert self._loop is not None and self._spool is not None
+        try:
+            while self._append_queue:
+                batch, self._append_queue = self._append_queue, []
+                try:
+                    items = [(topic, key, value) for topic, key, value, _ in batch]
+                    seqs = await self._loop.run_in_executor(self._io, self._spool.append_batch, items)
+                except Exception as exc:
+                    log.error("spool append failed: %s", exc)
+                    failure = DeliveryFailed(f"Kafka unreachable and spool append failed: {exc}")
+                    for *_, future in batch:
+                        future.set_exception(failure)
+                else:
+                    for (*_, future), seq in zip(batch, seqs, strict=True):
+                        future.set_result(seq)
+                finally:
+                    self._appending -= len(batch)
+                self._drain_wakeup.set()
+        finally:
+            self._flushing = False
+
+    # ------------------------------------------------------------------ drainer
+
+    async def _drain_loop(self) -> None:
+        assert self._loop is not None and self._spool is not None
+        backoff = 0.1
+        while True:
+            if self._spool.pending == 0:
+                self._drain_wakeup.clear()
+                if self._spool.pending == 0:
+                    await self._drain_wakeup.wait()
+                    continue
+            records = await self._loop.run_in_executor(
+                self._io, self._spool.read, self._spool.cursor,
+                self._drain_batch_records, self._drain_batch_bytes,
+            )
+            if not records:
+                continue
+            # All of the batch goes into the producer at once, in order; the idempotent producer keeps
+            # that order per partition. The cursor moves past the acknowledged prefix only.
+            futures = [self._submit(r.topic, r.key, r.value) for r in records]
+            try:
+                async with asyncio.timeout(self.delivery_timeout_s + 1.0):
+                    await asyncio.wait(futures)
+            except TimeoutError:
+                pass
+            acked = 0
+            for future in futures:
+                if not future.done() or future.cancelled() or future.exception() is not None:
+                    break
+                acked += 1
+            for future in futures[acked:]:
+                if future.done() and not future.cancelled():
+                    future.exception()  # retrieved: a failed re-send is expected while Kafka is away
+                else:
+                    future.cancel()
+            if acked:
+                await self._loop.run_in_executor(self._io, self._spool.ack, records[acked - 1].seq + 1)
+                self._drained += acked
+            if acked < len(records):
+                self._delivery_errors += 1
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            else:
+                backoff = 0.1

@@ -1,0 +1,96 @@
+"""The one internal form every protocol adapter converts to, and the outcome they convert back from.
+
+Conversations are OpenAI-style messages and tools (what chat templates expect): roles system, user,
+assistant (``content``, ``reasoning_content``, ``tool_calls``) and tool (``tool_call_id``, ``content``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from producers.gateway.errors import bad_request
+from schemas.ids import event_id
+
+Message = dict[str, Any]
+Tool = dict[str, Any]
+
+
+@dataclass
+class SamplingSpec:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables
+    max_tokens: int = 256
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    # Fields the harness sent that the upstream does not apply; kept for the record only.
+    ignored: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class InternalCall:
+    protocol: str  # openai.chat | openai.completions | anthropic.messages
+    model: str
+    stream: bool
+    sampling: SamplingSpec
+    messages: list[Message] | None = None
+    tools: list[Tool] | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    prompt_text: str | None = None  # completions: a text prompt, tokenized as is
+    prompt_ids: list[int] | None = None  # completions: a token-id prompt, used as is
+
+
+@dataclass(frozen=True)
+class ToolCallOut:
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+@dataclass
+class CallOutcome:
+    """One finished call, in protocol-neutral terms."""
+
+    call_id: str
+    call_index: int
+    model: str
+    created: int  # unix seconds
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    text: str  # the whole visible output text (after a stop string cut)
+    content: str
+    reasoning: str | None
+    tool_calls: list[ToolCallOut]
+    finish_reason: str  # "stop" | "length"
+    stop_string: str | None = None
+
+    @property
+    def usage(self) -> tuple[int, int]:
+        return len(self.prompt_ids), len(self.output_ids)
+
+
+def tool_call_id(prefix: str, call_id: str, index: int) -> str:
+    """Deterministic tool-call ids, so a re-built response is identical."""
+    return f"{prefix}{event_id('tool_call', call_id, index)[:24]}"
+
+
+def resolve_max_tokens(requested: int | None, limit: int, param: str) -> int:
+    if requested is None:
+        return limit
+    if requested > limit:
+        raise bad_request(f"{param} is {requested}, above this gateway's limit of {limit}", param=param,
+                          code="max_tokens_exceeded")
+    return requested
+
+
+def stop_list(stop: str | list[str] | None, param: str = "stop", max_items: int = 16) -> list[str]:
+    if stop is None:
+        return []
+    items = [stop] if isinstance(stop, str) else list(stop)
+    if len(items) > max_items:
+        raise bad_request(f"at most {max_items} stop sequences are supported", param=param)
+    if any(not s for s in items):
+        raise bad_request("stop sequences must be non-empty strings", param=param)
+    return items

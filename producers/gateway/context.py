@@ -1,0 +1,54 @@
+"""What every gateway route shares: settings, the attempt registry, the sink, the codec and metrics."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from producers.gateway.attempts import AttemptRegistry
+from producers.gateway.errors import GatewayError
+from producers.gateway.metrics import GatewayMetrics
+from schemas.codec import Codec
+
+log = logging.getLogger("tokentrail.gateway")
+
+try:  # topic names live in one place (schemas/topics.py); these fallbacks match it
+    from schemas.topics import CALLS_TOPIC, ENV_TOPIC
+except ImportError:  # pragma: no cover - only while schemas/topics.py is being written
+    CALLS_TOPIC, ENV_TOPIC = "tokentrail.calls", "tokentrail.env"
+
+
+class CallSink(Protocol):
+    """Returns only once the record is on Kafka or fsynced to the local spool; raises otherwise."""
+
+    async def deliver(self, topic: str, key: bytes, value: bytes) -> Any: ...
+
+
+@dataclass
+class GatewayContext:
+    registry: AttemptRegistry
+    sink: CallSink
+    codec: Codec
+    metrics: GatewayMetrics
+    admin_key: str = ""
+    require_auth: bool = False
+    unattributed: str = "record"
+    max_body_bytes: int = 8 * 1024 * 1024
+    finish_wait_s: float = 30.0
+    calls_topic: str = CALLS_TOPIC
+    env_topic: str = ENV_TOPIC
+
+    async def deliver(self, topic: str, key: str, schema_name: str, record: dict[str, Any]) -> None:
+        """Encode and hand to the sink; a sink failure becomes a 503 in the caller's protocol."""
+        value = self.codec.encode(schema_name, record)
+        began = time.perf_counter()
+        try:
+            await self.sink.deliver(topic, key.encode(), value)
+        except Exception as exc:
+            self.metrics.delivery_errors.labels(topic).inc()
+            log.error("could not deliver %s %s to %s: %s", schema_name, record.get("event_id"), topic, exc)
+            raise GatewayError(503, f"the {schema_name} record could not be stored ({exc}); retry later",
+                               "unavailable", code="delivery_failed") from exc
+        self.metrics.delivery_seconds.observe(time.perf_counter() - began)

@@ -1,0 +1,237 @@
+"""Environment ingestion: start rollout attempts, post their environment events, finish them.
+
+``POST /v1/rollouts``                                   start a rollout (its first attempt)
+``POST /v1/rollouts/{rid}/attempts``                    start the rollout's next attempt (a retry)
+``GET  /v1/rollouts/{rid}/attempts/{aid}``              counters so far
+``POST /v1/rollouts/{rid}/attempts/{aid}/events``       tool results, observations, state, artifacts
+``POST /v1/rollouts/{rid}/attempts/{aid}/finish``       status and final artifacts
+
+Each event is on Kafka (or the spool) before the response. The finish states how many calls and
+events the attempt has; the gateway knows, because it assigned their indices.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from producers.gateway import records
+from producers.gateway.attempts import AttemptState
+from producers.gateway.body import read_json, read_model, validate
+from producers.gateway.context import GatewayContext
+from producers.gateway.errors import GatewayError, bad_request
+from producers.gateway.identity import is_admin, presented_key
+from schemas.ids import call_id as make_call_id
+from schemas.ids import env_event_id
+
+MAX_EVENTS_PER_REQUEST = 1000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RolloutStart(_Strict):
+    rollout_id: str | None = Field(default=None, min_length=1, max_length=200,
+                                   pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    task_input: Any = None
+    group_id: str | None = Field(default=None, min_length=1, max_length=200)
+    group_key: dict[str, str] = Field(default_factory=dict)
+    expected_group_size: int | None = Field(default=None, ge=1)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class AttemptRetry(_Strict):
+    metadata: dict[str, Any] | None = None
+
+
+EventKind = Literal["STEP", "TOOL_RESULT", "OBSERVATION", "STATE", "ARTIFACT"]
+
+
+class EnvEvent(_Strict):
+    kind: EventKind
+    payload: Any = None
+    name: str | None = None
+    call_id: str | None = None
+    call_index: int | None = Field(default=None, ge=0)
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+
+class EventBatch(_Strict):
+    events: list[EnvEvent] = Field(min_length=1, max_length=MAX_EVENTS_PER_REQUEST)
+
+
+class Finish(_Strict):
+    status: Literal["SUCCESS", "FAILURE", "ABORTED"] = "SUCCESS"
+    final_artifacts: Any = Field(default_factory=dict)
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+
+def _error(exc: GatewayError) -> JSONResponse:
+    return JSONResponse(exc.body("env"), status_code=exc.status)
+
+
+class EnvApi:
+    def __init__(self, ctx: GatewayContext) -> None:
+        self.ctx = ctx
+
+    def routes(self) -> list[Route]:
+        base = "/v1/rollouts"
+        return [
+            Route(base, self.start_rollout, methods=["POST"]),
+            Route(base + "/{rollout_id}/attempts", self.start_retry, methods=["POST"]),
+            Route(base + "/{rollout_id}/attempts/{attempt_id}", self.attempt_status, methods=["GET"]),
+            Route(base + "/{rollout_id}/attempts/{attempt_id}/events", self.post_events, methods=["POST"]),
+            Route(base + "/{rollout_id}/attempts/{attempt_id}/finish", self.finish, methods=["POST"]),
+        ]
+
+    # -- auth --------------------------------------------------------------------------------------
+
+    def _require_admin(self, request: Request) -> None:
+        if self.ctx.admin_key and not is_admin(presented_key(request.headers), self.ctx.admin_key):
+            raise GatewayError(401, "the environment API needs the gateway admin key", "authentication",
+                               code="invalid_api_key")
+
+    def _require_attempt_key(self, request: Request, state: AttemptState) -> None:
+        """Events and finish accept the admin key or the attempt's own key."""
+        if not self.ctx.admin_key:
+            return
+        key = presented_key(request.headers)
+        if key is not None and (key == state.api_key or is_admin(key, self.ctx.admin_key)):
+            return
+        raise GatewayError(401, "this attempt needs its own API key or the admin key", "authentication",
+                           code="invalid_api_key")
+
+    # -- routes ------------------------------------------------------------------------------------
+
+    async def start_rollout(self, request: Request) -> JSONResponse:
+        try:
+            self._require_admin(request)
+            body, _ = await read_model(request, RolloutStart, self.ctx.max_body_bytes)
+            start = body.model_dump(exclude={"rollout_id"})
+            state = self.ctx.registry.start(body.rollout_id, start)
+            return await self._announce(request, state, start, status_code=201)
+        except GatewayError as exc:
+            return _error(exc)
+
+    async def start_retry(self, request: Request) -> JSONResponse:
+        try:
+            self._require_admin(request)
+            raw = await read_json(request, self.ctx.max_body_bytes, allow_empty=True)
+            retry = validate(AttemptRetry, raw)
+            rid = request.path_params["rollout_id"]
+            start = dict(self.ctx.registry.start_info(rid))
+            if retry.metadata is not None:
+                start["metadata"] = retry.metadata
+            state = self.ctx.registry.start(rid, start)
+            return await self._announce(request, state, start, status_code=201)
+        except GatewayError as exc:
+            return _error(exc)
+
+    async def _announce(self, request: Request, state: AttemptState, start: dict[str, Any],
+                        status_code: int) -> JSONResponse:
+        record = records.attempt_started(
+            rollout_id=state.rollout_id, attempt_id=state.attempt_id, attempt_number=state.attempt_number,
+            group_id=start.get("group_id"), group_key=start.get("group_key") or {},
+            expected_group_size=start.get("expected_group_size"), task_input=start.get("task_input"),
+            metadata=start.get("metadata") or {})
+        try:
+            await self.ctx.deliver(self.ctx.env_topic, state.rollout_id, "AttemptStarted", record)
+        except GatewayError:
+            self.ctx.registry.abandon(state)
+            raise
+        root = str(request.base_url).rstrip("/")
+        prefix = f"{root}/rollouts/{state.rollout_id}/attempts/{state.attempt_id}"
+        return JSONResponse({
+            "rollout_id": state.rollout_id, "attempt_id": state.attempt_id,
+            "attempt_number": state.attempt_number, "api_key": state.api_key,
+            "event_id": record["event_id"],
+            # Hand one of these to a harness; each identifies the attempt on its own.
+            "openai_base_url": f"{prefix}/v1", "anthropic_base_url": prefix,
+            "gateway_url": root,
+            "headers": {"X-Rollout-Id": state.rollout_id, "X-Attempt-Id": state.attempt_id},
+        }, status_code=status_code)
+
+    async def attempt_status(self, request: Request) -> JSONResponse:
+        rid, aid = request.path_params["rollout_id"], request.path_params["attempt_id"]
+        try:
+            state = self.ctx.registry.get_active(rid, aid, for_what="status request")
+            self._require_attempt_key(request, state)
+        except GatewayError as exc:
+            if exc.code != "attempt_finished":
+                return _error(exc)
+            return JSONResponse({"rollout_id": rid, "attempt_id": aid, "finished": True})
+        return JSONResponse({"rollout_id": rid, "attempt_id": aid, "finished": False,
+                             "attempt_number": state.attempt_number, "calls": state.next_call_index,
+                             "events": state.next_event_index, "calls_in_flight": state.in_flight})
+
+    async def post_events(self, request: Request) -> JSONResponse:
+        rid, aid = request.path_params["rollout_id"], request.path_params["attempt_id"]
+        try:
+            state = self.ctx.registry.get_active(rid, aid, for_what="event")
+            self._require_attempt_key(request, state)
+            raw = await read_json(request, self.ctx.max_body_bytes)
+            events = validate(EventBatch, raw).events if "events" in raw else [validate(EnvEvent, raw)]
+            for event in events:
+                self._check_call_reference(state, event)
+            results = []
+            for event in events:  # indices in request order; each delivered before the next
+                index = state.next_event_index
+                state.next_event_index += 1
+                eid = env_event_id(rid, aid, event.kind, index)
+                cid = event.call_id if event.call_id is not None else (
+                    make_call_id(rid, aid, event.call_index) if event.call_index is not None else None)
+                record = records.env_step(event_id_=eid, rollout_id=rid, attempt_id=aid,
+                                          event_index=index, kind=event.kind, call_id=cid, name=event.name,
+                                          payload=event.payload)
+                await self.ctx.deliver(self.ctx.env_topic, rid, "EnvStep", record)
+                self.ctx.metrics.env_events.labels(event.kind).inc()
+                results.append({"event_id": eid, "event_index": index, "call_id": cid})
+        except GatewayError as exc:
+            return _error(exc)
+        return JSONResponse({"events": results}, status_code=201)
+
+    @staticmethod
+    def _check_call_reference(state: AttemptState, event: EnvEvent) -> None:
+        if event.call_id is not None and event.call_index is not None:
+            raise bad_request("give call_id or call_index, not both", param="call_index")
+        if event.call_index is not None and event.call_index >= state.next_call_index:
+            raise bad_request(f"call_index {event.call_index} does not exist yet: the attempt has "
+                              f"{state.next_call_index} calls", param="call_index")
+
+    async def finish(self, request: Request) -> JSONResponse:
+        rid, aid = request.path_params["rollout_id"], request.path_params["attempt_id"]
+        try:
+            state = self.ctx.registry.get_active(rid, aid, for_what="finish")
+            self._require_attempt_key(request, state)
+            body = validate(Finish, await read_json(request, self.ctx.max_body_bytes, allow_empty=True))
+            # Calls still delivering their records count: they have their indices already.
+            await state.wait_idle(self.ctx.finish_wait_s)
+            state = self.ctx.registry.finish(rid, aid, body.status)
+            record = records.attempt_finished(rollout_id=rid, attempt_id=aid, status=body.status,
+                                              call_count=state.next_call_index,
+                                              event_count=state.next_event_index,
+                                              final_artifacts=body.final_artifacts)
+            try:
+                await self.ctx.deliver(self.ctx.env_topic, rid, "AttemptFinished", record)
+            except GatewayError:
+                self.ctx.registry.unfinish(state)
+                raise
+        except GatewayError as exc:
+            return _error(exc)
+        return JSONResponse({"rollout_id": rid, "attempt_id": aid, "status": body.status,
+                             "call_count": record["call_count"], "event_count": record["event_count"],
+                             "event_id": record["event_id"]})
+

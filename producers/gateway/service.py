@@ -1,0 +1,264 @@
+"""One model call end to end: render -> index -> upstream -> parse -> record -> deliver.
+
+The harness's response is built from the same outcome that goes into the record, and it is released
+only after the sink has the record (Kafka ack or fsynced spool). Failed upstream calls are recorded
+too (status ERROR), so an attempt's call indices have no holes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from producers.gateway import records
+from producers.gateway.attempts import SampledOutput
+from producers.gateway.chat import CallOutcome, InternalCall, ToolCallOut, tool_call_id
+from producers.gateway.context import GatewayContext
+from producers.gateway.errors import GatewayError, bad_request
+from producers.gateway.generation import Generated, run_generation
+from producers.gateway.identity import CallIdentity
+from producers.gateway.ports import Rendered, TextSide
+from producers.upstream import GenerateRequest, Sampling, Upstream, UpstreamError
+from schemas.ids import call_id as make_call_id
+from schemas.prompt_delta import encode_prompt
+from schemas.tokens import IDS_DTYPE
+
+log = logging.getLogger("tokentrail.gateway")
+
+GATEWAY_VERSION = "0.1"
+
+
+@dataclass
+class PreparedCall:
+    identity: CallIdentity
+    call: InternalCall
+    rendered: Rendered
+    call_index: int
+    call_id: str
+    received_at_us: int
+    started: float  # perf_counter when the request arrived
+    request_json: str
+    adapter_version: str
+    tool_call_prefix: str
+
+
+ResponseBuilder = Callable[[CallOutcome], dict[str, Any]]
+TextListener = Callable[[str], Awaitable[None]]
+
+
+class CallService:
+    def __init__(self, ctx: GatewayContext, upstream: Upstream, text: TextSide, *, model_name: str,
+                 model_aliases: dict[str, str] | None = None, prefix_mode: str = "splice") -> None:
+        if prefix_mode not in ("splice", "retokenize"):
+            raise ValueError(f"prefix_mode must be 'splice' or 'retokenize', not {prefix_mode!r}")
+        self.ctx, self.upstream, self.text = ctx, upstream, text
+        self.model_name = model_name
+        self.model_aliases = dict(model_aliases or {})
+        self.prefix_mode = prefix_mode
+
+    # -- before a call gets its index: everything that can be refused as bad input -----------------
+
+    def check_model(self, requested: str) -> str:
+        if requested == self.model_name:
+            return requested
+        target = self.model_aliases.get(requested) or self.model_aliases.get("*")
+        if target == self.model_name:
+            return requested
+        raise GatewayError(404, f"the model {requested!r} does not exist on this gateway; it serves "
+                           f"{self.model_name!r}", "not_found", param="model", code="model_not_found")
+
+    def render(self, identity: CallIdentity, call: InternalCall) -> Rendered:
+        if call.prompt_ids is not None:
+            bad = [i for i in call.prompt_ids if i < 0 or i >= self.text.vocab_size]
+            if bad:
+                raise bad_request(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.text.vocab_size - 1})",
+                                  param="prompt", code="invalid_token_id")
+            return Rendered(list(call.prompt_ids))
+        if call.prompt_text is not None:
+            return Rendered(self.text.encode_text(call.prompt_text))
+        assert call.messages is not None
+        try:
+            return self.text.render_chat(call.messages, call.tools, prefix_mode=self.prefix_mode,
+                                         outputs=identity.state.outputs, template_kwargs=call.template_kwargs)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise bad_request(f"the conversation cannot be rendered by the chat template: {exc}",
+                              param="messages", code="template_error") from None
+
+    def prepare(self, identity: CallIdentity, call: InternalCall, *, received_at_us: int, started: float,
+                request_json: str, adapter_version: str, tool_call_prefix: str) -> PreparedCall:
+        """Render and assign the call its index. From here on the call is recorded whatever happens."""
+        rendered = self.render(identity, call)
+        if not rendered.prompt_ids:
+            raise bad_request("the prompt renders to no tokens", code="empty_prompt")
+        index = identity.state.begin_call()
+        return PreparedCall(identity, call, rendered, index,
+                            make_call_id(identity.rollout_id, identity.attempt_id, index), received_at_us,
+                            started, request_json, adapter_version, tool_call_prefix)
+
+    # -- the call --------------------------------------------------------------------------------
+
+    async def run(self, prep: PreparedCall, respond: ResponseBuilder, error_body: Callable[[GatewayError], dict],
+                  on_text: TextListener | None = None, abort: asyncio.Event | None = None) -> CallOutcome:
+        """Generate, record, deliver; returns the outcome or raises GatewayError (after recording it)."""
+        state = prep.identity.state
+        try:
+            return await self._run(prep, respond, error_body, on_text, abort)
+        finally:
+            state.end_call()
+
+    async def _run(self, prep: PreparedCall, respond: ResponseBuilder,
+                   error_body: Callable[[GatewayError], dict], on_text: TextListener | None,
+                   abort: asyncio.Event | None) -> CallOutcome:
+        call, s = prep.call, prep.call.sampling
+        request = GenerateRequest(
+            prompt_ids=prep.rendered.prompt_ids,
+            sampling=Sampling(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
+                              seed=s.seed, stop_token_ids=tuple(self.text.stop_token_ids)),
+            request_id=prep.call_id, rollout_id=prep.identity.rollout_id)
+        try:
+            generated = await run_generation(self.upstream, request, decode=self.text.decode, stop=s.stop,
+                                             on_text=on_text, abort=abort)
+        except UpstreamError as exc:
+            error = _upstream_error(exc)
+            await self._record_failure(prep, error, error_body(error), Generated())
+            raise error from exc
+        except Exception as exc:  # a bug or a crash upstream: still recorded, then a 500
+            log.exception("call %s failed", prep.call_id)
+            error = GatewayError(500, f"internal error while generating: {exc!r}", "internal")
+            await self._record_failure(prep, error, error_body(error), Generated())
+            raise error from exc
+
+        outcome = self._outcome(prep, generated)
+        if generated.aborted:
+            error = GatewayError(499, "the client closed the connection before the response was complete",
+                                 "internal", code="client_disconnected")
+            await self._record_failure(prep, error, error_body(error), generated, finish_reason="abort")
+            raise error
+        response = respond(outcome)
+        meta = await self._meta(generated)
+        record = self._record(prep, generated, meta, error=None, response=response,
+                              finish_reason=outcome.finish_reason)
+        await self.ctx.deliver(self.ctx.calls_topic, prep.identity.rollout_id, "CallRecord", record)
+        prep.identity.state.remember(
+            prep.call_id, np.asarray(prep.rendered.prompt_ids, dtype=IDS_DTYPE),
+            np.asarray(generated.output_ids, dtype=IDS_DTYPE),
+            SampledOutput(prep.call_id, tuple(generated.output_ids), _assistant_message(outcome)))
+        self._observe(prep, generated, "OK")
+        return outcome
+
+    def _outcome(self, prep: PreparedCall, generated: Generated) -> CallOutcome:
+        if prep.call.messages is None:  # a text completion: no parsing
+            content, reasoning, calls = generated.text, None, []
+        else:
+            parsed = self.text.parse(generated.text)
+            content, reasoning = parsed.content, parsed.reasoning
+            calls = [ToolCallOut(tool_call_id(prep.tool_call_prefix, prep.call_id, i), c.name, c.arguments)
+                     for i, c in enumerate(parsed.tool_calls)]
+        finish = generated.finish_reason if generated.finish_reason in ("stop", "length") else "stop"
+        return CallOutcome(call_id=prep.call_id, call_index=prep.call_index, model=prep.call.model,
+                           created=prep.received_at_us // 1_000_000, prompt_ids=prep.rendered.prompt_ids,
+                           output_ids=generated.output_ids, output_logprobs=generated.output_logprobs,
+                           text=generated.text, content=content, reasoning=reasoning, tool_calls=calls,
+                           finish_reason=finish, stop_string=generated.stop_string)
+
+    async def _meta(self, generated: Generated) -> dict[str, Any]:
+        res = generated.result
+        if res is not None:
+            return {"policy_version": res.policy_version, "engine": res.engine, "upstream": res.upstream,
+                    "logprob_kind": res.logprob_kind}
+        # Cut short by the gateway (stop string, abort, failure): no final result from the upstream.
+        try:
+            policy = await self.upstream.policy_version()
+        except Exception:  # the record must still be written
+            policy = -1
+        return {"policy_version": policy, "engine": str(getattr(self.upstream, "engine", self.upstream.name)),
+                "upstream": self.upstream.name,
+                "logprob_kind": str(getattr(self.upstream, "logprob_kind", "RAW"))}
+
+    def _record(self, prep: PreparedCall, generated: Generated, meta: dict[str, Any],
+                error: GatewayError | None, response: dict[str, Any], finish_reason: str) -> dict[str, Any]:
+        state, s = prep.identity.state, prep.call.sampling
+        prompt = np.asarray(prep.rendered.prompt_ids, dtype=IDS_DTYPE)
+        base_id, base_seq = state.best_base(prompt)
+        versions = records.Versions(
+            model=self.model_name, policy_version=int(meta["policy_version"]),
+            tokenizer_fingerprint=self.text.tokenizer_fingerprint,
+            chat_template_fingerprint=self.text.chat_template_fingerprint,
+            adapter_version=f"{prep.adapter_version} gateway/{GATEWAY_VERSION}",
+            parser_version=self.text.parser_version, engine=meta["engine"], upstream=meta["upstream"])
+        extra: dict[str, Any] = {"stop_token_ids": list(self.text.stop_token_ids)}
+        if s.ignored:
+            extra["ignored_by_upstream"] = s.ignored
+        return records.call_record(
+            call_id=prep.call_id, rollout_id=prep.identity.rollout_id, attempt_id=prep.identity.attempt_id,
+            call_index=prep.call_index, session_id=prep.identity.session_id, protocol=prep.call.protocol,
+            streamed=prep.call.stream,
+            error=None if error is None else {"type": error.code or error.kind, "message": error.message,
+                                              "status_code": error.status},
+            prompt=encode_prompt(prompt, base_id, base_seq), output_ids=generated.output_ids,
+            output_logprobs=generated.output_logprobs, logprob_kind=meta["logprob_kind"],
+            finish_reason=finish_reason, versions=versions,
+            sampling=records.sampling_record(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                                             max_tokens=s.max_tokens, seed=s.seed, stop=s.stop, extra=extra),
+            prefix_mode=self.prefix_mode if prep.call.messages is not None else "tokens",
+            spliced_outputs=prep.rendered.spliced_outputs, prefix_breaks=prep.rendered.prefix_breaks,
+            received_at_us=prep.received_at_us, queue_ms=generated.queue_ms,
+            first_token_ms=generated.first_token_ms,
+            total_ms=(time.perf_counter() - prep.started) * 1000,
+            request=prep.request_json, response=orjson.dumps(response).decode())
+
+    async def _record_failure(self, prep: PreparedCall, error: GatewayError, body: dict[str, Any],
+                              generated: Generated, finish_reason: str = "error") -> None:
+        meta = await self._meta(generated)
+        record = self._record(prep, generated, meta, error=error, response=body, finish_reason=finish_reason)
+        await self.ctx.deliver(self.ctx.calls_topic, prep.identity.rollout_id, "CallRecord", record)
+        prep.identity.state.remember(prep.call_id, np.asarray(prep.rendered.prompt_ids, dtype=IDS_DTYPE),
+                                     np.asarray(generated.output_ids, dtype=IDS_DTYPE), None)
+        self._observe(prep, generated, "ERROR")
+
+    def _observe(self, prep: PreparedCall, generated: Generated, status: str) -> None:
+        m = self.ctx.metrics
+        m.calls.labels(prep.call.protocol, status).inc()
+        m.prompt_tokens.inc(len(prep.rendered.prompt_ids))
+        m.output_tokens.inc(len(generated.output_ids))
+        m.call_seconds.labels(prep.call.protocol, str(prep.call.stream).lower()).observe(
+            time.perf_counter() - prep.started)
+        if generated.first_token_ms:
+            m.first_token_seconds.observe(generated.first_token_ms / 1000)
+
+    # -- count_tokens ----------------------------------------------------------------------------
+
+    def count_tokens(self, identity: CallIdentity, call: InternalCall) -> int:
+        return len(self.render(identity, call).prompt_ids)
+
+
+def _assistant_message(outcome: CallOutcome) -> dict[str, Any]:
+    """The assistant turn as the harness was told it (internal chat form), for splicing later."""
+    message: dict[str, Any] = {"role": "assistant", "content": outcome.content}
+    if outcome.reasoning:
+        message["reasoning_content"] = outcome.reasoning
+    if outcome.tool_calls:
+        message["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in outcome.tool_calls]
+    return message
+
+
+def _upstream_error(exc: UpstreamError) -> GatewayError:
+    status = exc.status_code
+    if 400 <= status < 500 and status != 429:
+        kind = "not_found" if status == 404 else "invalid_request"
+    elif status == 429:
+        kind = "rate_limit"
+    elif status == 503:
+        kind = "overloaded"
+    else:
+        kind, status = "upstream", status if status >= 500 else 502
+    return GatewayError(status, f"upstream error: {exc}", kind, code=exc.error_type)

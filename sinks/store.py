@@ -1,0 +1,213 @@
+"""Reading and writing events in ClickHouse: the small API the sink, audit, trace, report and replay share.
+
+Writes take decoded Avro records (``write_records``); reads give rows as dicts (``select_rows``) or
+Avro records again (``load_records``, ``load_rollouts``), deduplicated with FINAL.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from clickhouse_connect.driver.client import Client
+
+from schemas.prompt_delta import PromptReconstructionError, reconstruct_prompt
+from schemas.tokens import IdArray, unpack_ids
+from sinks.ddl import TABLE_NAMES
+from sinks.rows import (
+    RECORD_OF,
+    CallTokens,
+    Record,
+    Row,
+    Source,
+    column_formats,
+    from_row,
+    rollout_from_row,
+    to_row,
+)
+
+# Keep IN (...) lists and query sizes moderate.
+ID_CHUNK = 2000
+
+
+def insert_rows(client: Client, table: str, rows: Sequence[Row], dedup_token: str | None = None) -> None:
+    """Insert rows that all have the same columns; ``dedup_token`` makes a retried insert a no-op."""
+    if not rows:
+        return
+    if table not in TABLE_NAMES:
+        raise ValueError(f"unknown table {table!r}")
+    columns = list(rows[0])
+    data = [[row[c] for c in columns] for row in rows]
+    settings: dict[str, Any] = {}
+    if dedup_token:
+        settings["insert_deduplication_token"] = dedup_token
+    client.insert(table, data, column_names=columns, settings=settings)
+
+
+def group_rows(records: Iterable[tuple[str, Record]], source: Source | None = None) -> dict[str, list[Row]]:
+    by_table: dict[str, list[Row]] = defaultdict(list)
+    for name, record in records:
+        table, row = to_row(name, record, source)
+        by_table[table].append(row)
+    return by_table
+
+
+def write_records(client: Client, records: Iterable[tuple[str, Record]]) -> dict[str, int]:
+    """Insert (schema name, record) pairs, one insert per table; returns rows per table."""
+    counts = {}
+    for table, rows in group_rows(records).items():
+        # Rows of one table can differ in which optional columns they carry only if builders differ;
+        # they do not, so a single insert per table is safe.
+        insert_rows(client, table, rows)
+        counts[table] = len(rows)
+    return counts
+
+
+def select_rows(client: Client, table: str, where: str = "", parameters: dict[str, Any] | None = None,
+                columns: str = "*", order_by: str = "", final: bool = True) -> list[Row]:
+    sql = f"SELECT {columns} FROM {table}{' FINAL' if final else ''}"
+    if where:
+        sql += f" WHERE {where}"
+    if order_by:
+        sql += f" ORDER BY {order_by}"
+    result = client.query(sql, parameters=parameters or {}, column_formats=column_formats(table))
+    return list(result.named_results())
+
+
+def rows_by_ids(client: Client, table: str, ids: Iterable[str], id_column: str = "event_id",
+                columns: str = "*") -> list[Row]:
+    ids = sorted(set(ids))
+    out: list[Row] = []
+    for i in range(0, len(ids), ID_CHUNK):
+        out += select_rows(client, table, f"{id_column} IN {{ids:Array(String)}}", {"ids": ids[i:i + ID_CHUNK]},
+                           columns=columns)
+    return out
+
+
+def load_records(client: Client, table: str, where: str = "", parameters: dict[str, Any] | None = None,
+                 order_by: str = "") -> list[Record]:
+    """Avro records of a table (not rollouts: use ``load_rollouts``)."""
+    return [from_row(table, row) for row in select_rows(client, table, where, parameters, order_by=order_by)]
+
+
+def table_counts(client: Client) -> dict[str, int]:
+    out = {}
+    for table in TABLE_NAMES:
+        out[table] = int(client.query(f"SELECT count() FROM {table} FINAL").result_rows[0][0])
+    return out
+
+
+# ---- calls and their prompts ---------------------------------------------------------------------
+
+CALL_TOKEN_COLUMNS = ("call_id, attempt_id, prompt_length, prompt_sha256, prompt_ids, prompt_base_call_id, "
+                      "prompt_base_prefix_len, prompt_new_ids, output_ids, output_logprobs")
+
+
+class CallTokenCache:
+    """Calls' tokens with prompts rebuilt through their delta chains, fetched on demand in batches."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.rows: dict[str, Row] = {}
+        self.prompts: dict[str, IdArray] = {}
+        self.errors: dict[str, str] = {}
+
+    def fetch(self, call_ids: Iterable[str]) -> None:
+        """Load the given calls and, transitively, every delta base they need."""
+        wanted = {c for c in call_ids if c not in self.rows}
+        while wanted:
+            rows = rows_by_ids(self.client, "calls", wanted, "call_id", CALL_TOKEN_COLUMNS)
+            for row in rows:
+                self.rows[row["call_id"]] = row
+            bases = {r["prompt_base_call_id"] for r in rows if r["prompt_base_call_id"]}
+            # Remember unknown ids so the loop ends even if a base is missing.
+            for missing in wanted - {r["call_id"] for r in rows}:
+                self.rows.setdefault(missing, {})
+            wanted = {b for b in bases if b not in self.rows}
+
+    def has(self, call_id: str) -> bool:
+        self.fetch([call_id])
+        return bool(self.rows.get(call_id))
+
+    def prompt(self, call_id: str) -> IdArray:
+        """The call's full prompt ids; raises PromptReconstructionError (or KeyError when unknown)."""
+        if call_id in self.prompts:
+            return self.prompts[call_id]
+        if call_id in self.errors:
+            raise PromptReconstructionError(self.errors[call_id])
+        self.fetch([call_id])
+        row = self.rows.get(call_id)
+        if not row:
+            raise KeyError(f"call {call_id} is not in the calls table")
+        chain: list[str] = []  # walk down to a full prompt (or a cached one), then rebuild upwards
+        current: str | None = call_id
+        while current and current not in self.prompts:
+            if current in chain:
+                raise PromptReconstructionError(f"delta chain of call {call_id} loops at {current}")
+            chain.append(current)
+            current = (self.rows.get(current) or {}).get("prompt_base_call_id")
+        for cid in reversed(chain):
+            try:
+                self.prompts[cid] = reconstruct_prompt(self._prompt_record(cid), self._base_sequence)
+            except PromptReconstructionError as exc:
+                self.errors[cid] = f"call {cid}: {exc}"
+                raise PromptReconstructionError(self.errors[cid]) from exc
+        return self.prompts[call_id]
+
+    def _prompt_record(self, call_id: str) -> Record:
+        row = self.rows.get(call_id) or {}
+        if not row:
+            raise PromptReconstructionError(f"call {call_id} is not in the calls table")
+        return {"length": row["prompt_length"], "sha256": row["prompt_sha256"], "ids": row["prompt_ids"],
+                "base_call_id": row["prompt_base_call_id"], "base_prefix_len": row["prompt_base_prefix_len"],
+                "new_ids": row["prompt_new_ids"]}
+
+    def _base_sequence(self, call_id: str) -> IdArray | None:
+        row = self.rows.get(call_id)
+        if not row:
+            return None
+        prompt = self.prompts.get(call_id)
+        if prompt is None:
+            try:
+                prompt = self.prompt(call_id)
+            except PromptReconstructionError:
+                return None
+        return np.concatenate([prompt, unpack_ids(row["output_ids"])])
+
+    def output_ids(self, call_id: str) -> IdArray:
+        self.fetch([call_id])
+        row = self.rows.get(call_id)
+        if not row:
+            raise KeyError(f"call {call_id} is not in the calls table")
+        return unpack_ids(row["output_ids"])
+
+    def tokens(self, call_id: str) -> CallTokens | None:
+        if not self.has(call_id):
+            return None
+        row = self.rows[call_id]
+        return CallTokens(self.prompt(call_id), row["output_ids"], row["output_logprobs"])
+
+
+def load_rollouts(client: Client, where: str = "", parameters: dict[str, Any] | None = None,
+                  cache: CallTokenCache | None = None) -> list[Record]:
+    """CompletedRollout records rebuilt from the rollouts and calls tables (hashes checked)."""
+    rows = select_rows(client, "rollouts", where, parameters, order_by="rollout_id, attempt_id")
+    cache = cache or CallTokenCache(client)
+    cache.fetch(c for row in rows for c in row["c_call_id"])
+    return [rollout_from_row(row, cache.tokens) for row in rows]
+
+
+__all__ = [
+    "RECORD_OF",
+    "CallTokenCache",
+    "group_rows",
+    "insert_rows",
+    "load_records",
+    "load_rollouts",
+    "rows_by_ids",
+    "select_rows",
+    "table_counts",
+    "write_records",
+]

@@ -1,0 +1,152 @@
+"""Batches of samples from the samples topic: a Kafka consumer group with manual commits.
+
+The Kafka half is thin: it polls records, decodes them with the codec (token arrays stay zero-copy
+views), hands them to the pure ``BatchBuilder`` (filters, counts, batch cutting) and commits the
+offsets of a batch only when told to, after the training step. Undecodable records are sent to
+the dead-letter topic with their reason and counted like filtered samples.
+
+``SampleBatchDataset`` wraps the stream as a torch ``IterableDataset`` of ``Batch`` objects (use it
+with ``batch_size=None`` and ``num_workers=0``: commits must come from the consuming process).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from torch.utils.data import IterableDataset
+
+from schemas.codec import Codec, DecodeError, get_codec
+from trainer_consumer.batching import Batch, BatchBuilder
+from trainer_consumer.sample_view import sample_from_record
+
+Position = tuple[str, int, int]  # (topic, partition, offset)
+DeadLetterFn = Callable[[Message, DecodeError], None]
+
+DECODE_ERROR = "decode_error"
+
+
+def consumer_settings(base: dict[str, Any], group_id: str) -> dict[str, Any]:
+    """The trainer's consumer: its own group, manual commits, from the earliest uncommitted sample."""
+    conf = dict(base)
+    conf.update({
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+    })
+    return conf
+
+
+def commit_offsets(positions: list[Position]) -> list[TopicPartition]:
+    """Per partition, the offset after the highest consumed one (Kafka's "next to read")."""
+    highest: dict[tuple[str, int], int] = {}
+    for topic, partition, offset in positions:
+        key = (topic, partition)
+        if offset > highest.get(key, -1):
+            highest[key] = offset
+    return [TopicPartition(t, p, o + 1) for (t, p), o in sorted(highest.items())]
+
+
+class SampleStream:
+    """Polls the samples topic into batches; ``commit(batch)`` after the batch's step."""
+
+    def __init__(self, consumer_conf: dict[str, Any], topic: str, builder: BatchBuilder[Position],
+                 current_version: Callable[[], int], dead_letter: DeadLetterFn | None = None,
+                 codec: Codec | None = None) -> None:
+        self.topic = topic
+        self.builder = builder
+        self.current_version = current_version
+        self.dead_letter = dead_letter
+        self.codec = codec or get_codec()
+        self.consumer = Consumer(consumer_conf)
+        self._backlog: deque[Message] = deque()
+        self.consumer.subscribe([topic], on_revoke=self._on_revoke)
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Uncommitted records of a lost partition will be read again by its new owner: forget them.
+        lost = {(tp.topic, tp.partition) for tp in partitions}
+        self.builder.retain(lambda pos: (pos[0], pos[1]) not in lost)
+        self._backlog = deque(m for m in self._backlog if (m.topic(), m.partition()) not in lost)
+
+    def _take_message(self, msg: Message) -> None:
+        position: Position = (msg.topic(), msg.partition(), msg.offset())
+        try:
+            _, record = self.codec.decode(msg.value(), expect="Sample", topic=position[0],
+                                          partition=position[1], offset=position[2])
+        except DecodeError as exc:
+            if self.dead_letter is not None:
+                self.dead_letter(msg, exc)
+            self.builder.reject(f"{DECODE_ERROR}:{type(exc).__name__}", position)
+            return
+        self.builder.add(sample_from_record(record), position, self.current_version())
+
+    def next_batch(self, idle_timeout_s: float, flush_partial: bool) -> Batch[Position] | None:
+        """A full batch as soon as there is one. When no record arrives for ``idle_timeout_s``:
+        the partial batch if ``flush_partial`` (and anything is pending), else None (pending
+        records stay for the next call)."""
+        last_arrival = time.monotonic()
+        while True:
+            while self._backlog and not self.builder.full():
+                self._take_message(self._backlog.popleft())
+            if self.builder.full():
+                return self.builder.take()
+            remaining = last_arrival + idle_timeout_s - time.monotonic()
+            if remaining <= 0:
+                break
+            messages = self.consumer.consume(num_messages=max(1, self.builder.batch_size),
+                                             timeout=min(remaining, 0.5))
+            for msg in messages:
+                err = msg.error()
+                if err is None:
+                    self._backlog.append(msg)
+                elif err.code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(err)
+            if messages:
+                last_arrival = time.monotonic()
+        if flush_partial and self.builder.has_pending():
+            return self.builder.take()
+        return None
+
+    def commit(self, batch: Batch[Position]) -> list[TopicPartition]:
+        """Synchronously commits every record the batch accounts for (trained, filtered, dead)."""
+        offsets = commit_offsets(batch.positions)
+        if not offsets:
+            return []
+        committed = self.consumer.commit(offsets=offsets, asynchronous=False) or []
+        failed = [tp for tp in committed if tp.error is not None]
+        if failed:
+            raise KafkaException(failed[0].error)
+        return offsets
+
+    def committed(self) -> dict[int, int]:
+        """The group's committed offset per partition of the topic (partitions never committed are
+        left out)."""
+        meta = self.consumer.list_topics(self.topic, timeout=10).topics[self.topic]
+        parts = [TopicPartition(self.topic, p) for p in sorted(meta.partitions)]
+        return {tp.partition: tp.offset for tp in self.consumer.committed(parts, timeout=10)
+                if tp.offset != OFFSET_INVALID}
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class SampleBatchDataset(IterableDataset):
+    """Iterates ``Batch`` objects from a ``SampleStream``; stops after ``idle_timeout_s`` without
+    records when ``until_idle``. Commit each batch with ``dataset.stream.commit(batch)`` after its step."""
+
+    def __init__(self, stream: SampleStream, idle_timeout_s: float = 5.0, until_idle: bool = False) -> None:
+        self.stream = stream
+        self.idle_timeout_s = idle_timeout_s
+        self.until_idle = until_idle
+
+    def __iter__(self) -> Iterator[Batch[Position]]:
+        while True:
+            batch = self.stream.next_batch(self.idle_timeout_s, flush_partial=self.until_idle)
+            if batch is not None:
+                yield batch
+            elif self.until_idle:
+                return

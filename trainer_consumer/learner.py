@@ -1,0 +1,96 @@
+"""One optimizer step on a list of samples: micro-batches, gradient accumulation, AdamW.
+
+No Kafka, no files: the learner owns a model and its optimizer and turns samples into an update.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trainer_consumer.collate import Layout, collate, split_micro_batches
+from trainer_consumer.losses import LossConfig, LossStats, loss_denominator, policy_loss, token_logprobs
+from trainer_consumer.sample_view import TrainSample
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    layout: Layout = "padded"
+    micro_batch_tokens: int | None = 8192  # None: the whole step in one forward pass
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float | None = 1.0
+    loss: LossConfig = field(default_factory=LossConfig)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    stats: LossStats
+    grad_norm: float
+    samples: int
+    tokens: int  # every token forwarded (prompt and output)
+    micro_batches: int
+    seconds: float
+
+
+class Learner:
+    def __init__(self, model: Any, cfg: LearnerConfig, pad_id: int = 0) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.pad_id = pad_id
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=cfg.learning_rate, betas=cfg.betas, weight_decay=cfg.weight_decay,
+        )
+
+    def accumulate_gradients(self, samples: Sequence[TrainSample]) -> tuple[LossStats, int]:
+        """Zeroes the gradients, then backwards every micro-batch's share of the step loss.
+
+        Returns the summed stats and the number of micro-batches."""
+        if not samples:
+            raise ValueError("a step needs at least one sample")
+        denominator = loss_denominator(samples, self.cfg.loss.normalization)
+        if denominator <= 0:
+            raise ValueError("the step's samples carry no loss weight (denominator 0)")
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = LossStats()
+        micro = split_micro_batches(samples, self.cfg.micro_batch_tokens)
+        for part in micro:
+            batch = collate(part, self.cfg.layout, pad_id=self.pad_id)
+            logp = token_logprobs(self.model, batch)
+            loss, part_stats = policy_loss(logp, batch, denominator, self.cfg.loss)
+            loss.backward()
+            stats.add(part_stats)
+        return stats, len(micro)
+
+    def step(self, samples: Sequence[TrainSample]) -> StepResult:
+        started = time.perf_counter()
+        stats, micro = self.accumulate_gradients(samples)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.cfg.max_grad_norm is not None:
+            norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
+        else:
+            norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
+        if not math.isfinite(norm):
+            # A non-finite gradient would poison the weights every later sample is judged against.
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"non-finite gradient norm {norm}; step skipped")
+        self.optimizer.step()
+        self.model.eval()
+        return StepResult(stats=stats, grad_norm=norm, samples=len(samples),
+                          tokens=sum(s.num_tokens for s in samples), micro_batches=micro,
+                          seconds=time.perf_counter() - started)
+
+    @torch.no_grad()
+    def sample_logprobs(self, samples: Sequence[TrainSample]) -> torch.Tensor:
+        """Flat per-token log probabilities of the samples under the current weights."""
+        self.model.eval()
+        batch = collate(samples, self.cfg.layout, pad_id=self.pad_id)
+        return batch.flat_tokens(token_logprobs(self.model, batch))
