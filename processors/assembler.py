@@ -53,6 +53,13 @@ def _codec() -> Codec:
     return get_codec()  # single-object encoding, resolved against schemas/ and schemas/history/
 
 
+def _encode(name: str, record: Record) -> bytes:
+    try:
+        return _codec().encode(name, record)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # fastavro's ways of saying "no"
+        raise InvalidEvent(f"{name} {record.get('event_id')} does not fit its schema: {exc!r}") from exc
+
+
 def _call_done_us(call: Record) -> int:
     timings = call["timings"]
     return int(timings["received_at_us"]) + round(float(timings.get("total_ms") or 0.0) * 1000)
@@ -156,21 +163,26 @@ class AttemptBuffer:
         Raises InvalidEvent for malformed events and ConflictingEvent when a different event claims
         an occupied slot.
         """
+        try:
+            return self._add(name, record)
+        except (KeyError, TypeError) as exc:  # a required field is missing or of the wrong type
+            raise InvalidEvent(f"{name} {record.get('event_id')} is malformed: {exc!r}") from exc
+
+    def _add(self, name: str, record: Record) -> bool:
         _check_identity(name, record, self.rollout_id, self.attempt_id)
         eid = record["event_id"]
-        codec = _codec()
         if name == "AttemptStarted":
             if self.started_id is not None:
                 return self._same(self.started_id, eid, "AttemptStarted")
             if int(record.get("attempt_number", 1)) < 1:
                 raise InvalidEvent(f"AttemptStarted {eid}: attempt_number must be >= 1")
-            self.started, self.started_id = codec.encode(name, record), eid
+            self.started, self.started_id = _encode(name, record), eid
             self.attempt_number = int(record.get("attempt_number", 1))
         elif name == "AttemptFinished":
             if self.finished_id is not None:
                 return self._same(self.finished_id, eid, "AttemptFinished")
             _check_finished(record)
-            self.finished, self.finished_id = codec.encode(name, record), eid
+            self.finished, self.finished_id = _encode(name, record), eid
             self.call_count, self.event_count = int(record["call_count"]), int(record["event_count"])
             self.finish_status = str(record["status"])
         elif name == "CallRecord":
@@ -178,9 +190,9 @@ class AttemptBuffer:
             if index in self.call_event_ids:
                 return self._same(self.call_event_ids[index], eid, f"call {index}")
             _check_call(record)
-            self.call_texts[index] = response_text(record.get("response_json") or "")
             slim = dict(record, request_json="", response_json="")  # bodies live on the calls topic
-            self.calls[index] = codec.encode(name, slim)
+            self.calls[index] = _encode(name, slim)
+            self.call_texts[index] = response_text(record.get("response_json") or "")
             self.call_event_ids[index] = eid
             self.call_ok[index] = record["status"] == "OK"
         elif name == "EnvStep":
@@ -189,7 +201,7 @@ class AttemptBuffer:
                 raise InvalidEvent(f"EnvStep {eid}: negative event_index")
             if index in self.env_event_ids:
                 return self._same(self.env_event_ids[index], eid, f"env event {index}")
-            self.env[index] = codec.encode(name, record)
+            self.env[index] = _encode(name, record)
             self.env_event_ids[index] = eid
         else:
             raise InvalidEvent(f"the assembler does not take {name} events")
@@ -236,34 +248,37 @@ class AttemptBuffer:
 
     # -- serialization
 
-    @classmethod
-    def from_blobs(cls, rollout_id: str, attempt_id: str, blobs: list[bytes],
-                   texts: dict[int, str]) -> AttemptBuffer:
-        """Rebuild a buffer from its encoded events (as written by ``to_bytes``)."""
-        buf = cls(rollout_id=rollout_id, attempt_id=attempt_id)
-        codec = _codec()
-        for blob in blobs:
-            name, rec = codec.decode(blob, expect=EVENT_NAMES)
-            buf._restore(name, rec, blob, texts)
-        return buf
+    def header(self) -> dict[str, Any]:
+        """The small facts of the buffer, so loading it never decodes the events."""
+        return {"r": self.rollout_id, "a": self.attempt_id, "s": self.started_id, "f": self.finished_id,
+                "an": self.attempt_number, "cc": self.call_count, "ec": self.event_count,
+                "fs": self.finish_status, "le": self.last_event_us,
+                "c": [[i, self.call_event_ids[i], self.call_ok[i], self.call_texts.get(i, ""),
+                       len(self.calls[i])] for i in sorted(self.calls)],
+                "e": [[i, self.env_event_ids[i], len(self.env[i])] for i in sorted(self.env)],
+                "sl": None if self.started is None else len(self.started),
+                "fl": None if self.finished is None else len(self.finished)}
 
-    def _restore(self, name: str, rec: Record, blob: bytes, texts: dict[int, str]) -> None:
-        eid = rec["event_id"]
-        if name == "AttemptStarted":
-            self.started, self.started_id = blob, eid
-            self.attempt_number = int(rec.get("attempt_number", 1))
-        elif name == "AttemptFinished":
-            self.finished, self.finished_id = blob, eid
-            self.call_count, self.event_count = int(rec["call_count"]), int(rec["event_count"])
-            self.finish_status = str(rec["status"])
-        elif name == "CallRecord":
-            i = int(rec["call_index"])
-            self.calls[i], self.call_event_ids[i], self.call_texts[i] = blob, eid, texts.get(i, "")
-            self.call_ok[i] = rec["status"] == "OK"
-        else:
-            i = int(rec["event_index"])
-            self.env[i], self.env_event_ids[i] = blob, eid
-        self.last_event_us = max(self.last_event_us, _event_time_us(name, rec))
+    def blobs(self) -> list[bytes]:
+        """The encoded events, in the order ``header`` lists their lengths."""
+        out = [b for b in (self.started, self.finished) if b is not None]
+        return out + [self.calls[i] for i in sorted(self.calls)] + [self.env[i] for i in sorted(self.env)]
+
+    @classmethod
+    def from_header(cls, header: dict[str, Any], take: Any) -> AttemptBuffer:
+        """Rebuild from ``header()`` and a ``take(n) -> bytes`` reader over the blobs that follow it."""
+        buf = cls(rollout_id=header["r"], attempt_id=header["a"], started_id=header["s"],
+                  finished_id=header["f"], attempt_number=header["an"], call_count=header["cc"],
+                  event_count=header["ec"], finish_status=header["fs"], last_event_us=int(header["le"]))
+        if header["sl"] is not None:
+            buf.started = take(header["sl"])
+        if header["fl"] is not None:
+            buf.finished = take(header["fl"])
+        for i, eid, ok, text, size in header["c"]:
+            buf.calls[i], buf.call_event_ids[i], buf.call_ok[i], buf.call_texts[i] = take(size), eid, ok, text
+        for i, eid, size in header["e"]:
+            buf.env[i], buf.env_event_ids[i] = take(size), eid
+        return buf
 
     def to_bytes(self) -> bytes:
         return _frame([self])
@@ -337,7 +352,10 @@ def build_rollout(buf: AttemptBuffer, *, counted: bool, missing: list[str] | Non
     envs = [codec.decode(buf.env[i], expect="EnvStep")[1] for i in sorted(buf.env)]
 
     tokens, errors = rebuild_calls(calls)
-    missing.extend(f"invalid {err}" for err in errors)
+    for err in errors:
+        # A delta on a call that is itself missing is a consequence, not a second fault.
+        absent_base = missing and "DeltaBaseMissing" in err.reason
+        missing.append(f"{'unverified' if absent_base else 'invalid'} {err}")
     status = "INCOMPLETE" if missing else "COMPLETE"
 
     rollout_calls: list[Record] = []
@@ -448,11 +466,10 @@ class RolloutAssembly:
             raise InvalidEvent(f"{name} {record['event_id']} has no attempt_id")
         if attempt_id in self.emitted:
             return Accepted(late=True)
-        buf = self.attempts.get(attempt_id)
-        if buf is None:
-            buf = self.attempts[attempt_id] = AttemptBuffer(self.rollout_id, attempt_id)
-        if not buf.add(name, record):
+        buf = self.attempts.get(attempt_id) or AttemptBuffer(self.rollout_id, attempt_id)
+        if not buf.add(name, record):  # raises on invalid events before the buffer is kept
             return Accepted(duplicate=True)
+        self.attempts[attempt_id] = buf
         self.last_event_us = max(self.last_event_us, buf.last_event_us)
         if name == "AttemptStarted":
             self.max_attempt_number = max(self.max_attempt_number, int(record.get("attempt_number", 1)))
@@ -519,7 +536,7 @@ class RolloutAssembly:
 # ---------------------------------------------------------------------------------------- framing
 #
 # magic(4) version(1) meta_len(u32) meta(orjson) n_attempts(u32), then per attempt:
-#   header_len(u32) header(orjson: ids, call texts, blob lengths) blobs...
+#   header_len(u32) header(orjson: event ids, counts, call texts, blob lengths) blobs...
 # Blobs are Avro single-object encoded events: self-describing and schema-evolution safe.
 
 
@@ -528,11 +545,8 @@ def _frame(attempts: list[AttemptBuffer], meta: dict[str, Any] | None = None) ->
     parts = [_STATE_MAGIC, bytes([_STATE_VERSION]), struct.pack("<I", len(meta_bytes)), meta_bytes,
              struct.pack("<I", len(attempts))]
     for buf in attempts:
-        blobs = [b for b in (buf.started, buf.finished) if b is not None]
-        blobs += [buf.calls[i] for i in sorted(buf.calls)] + [buf.env[i] for i in sorted(buf.env)]
-        header = orjson.dumps({"r": buf.rollout_id, "a": buf.attempt_id, "n": [len(b) for b in blobs],
-                               "t": {str(i): t for i, t in sorted(buf.call_texts.items())}})
-        parts += [struct.pack("<I", len(header)), header, *blobs]
+        header = orjson.dumps(buf.header())
+        parts += [struct.pack("<I", len(header)), header, *buf.blobs()]
     return b"".join(parts)
 
 
@@ -556,12 +570,7 @@ def _unframe(data: bytes) -> tuple[list[AttemptBuffer], dict[str, Any]]:
         return int(struct.unpack("<I", take(4))[0])
 
     meta = orjson.loads(take(take_u32()))
-    attempts = []
-    for _ in range(take_u32()):
-        header = orjson.loads(take(take_u32()))
-        blobs = [take(n) for n in header["n"]]
-        texts = {int(i): t for i, t in header["t"].items()}
-        attempts.append(AttemptBuffer.from_blobs(header["r"], header["a"], blobs, texts))
+    attempts = [AttemptBuffer.from_header(orjson.loads(take(take_u32())), take) for _ in range(take_u32())]
     if pos != len(view):
         raise InvalidEvent(f"{len(view) - pos} trailing bytes after assembler state")
     return attempts, meta

@@ -81,7 +81,11 @@ def group_id_for(rollout: Record, cfg: GroupingConfig) -> str:
 
 def group_record(group_id: str, key_json: str, status: str, expected: int | None,
                  members: list[Member], created_at_us: int) -> Record:
-    """A RolloutGroup record; its id is defined by the group, its status and its members."""
+    """A RolloutGroup record; its id is defined by the group, its status and its members.
+
+    Members are listed by rollout id, so the record does not depend on arrival order.
+    """
+    members = sorted(members, key=lambda m: (m.rollout_id, m.event_id))
     rollout_event_ids = [m.event_id for m in members]
     return {"event_id": event_id("group", group_id, status, sorted(rollout_event_ids)),
             "group_id": group_id, "group_key_json": key_json, "status": status, "expected_size": expected,
@@ -135,7 +139,8 @@ class GroupSlot:
     def _close(self, status: str, created_at_us: int) -> Emitted:
         record = group_record(self.group_id, self.key_json, status, self.expected_size, self.members,
                               created_at_us)
-        emitted = Emitted(record, [m.payload for m in self.members])
+        by_event = {m.event_id: m.payload for m in self.members}
+        emitted = Emitted(record, [by_event[e] for e in record["rollout_event_ids"]])
         self.closed_at_us = created_at_us
         self.members = []  # closed: only the tombstone remains
         return emitted

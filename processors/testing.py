@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import orjson
 
+from processors.verifiers.base import GroupVerifier, RolloutVerifier, RolloutView
 from schemas.ids import call_id, env_event_id, event_id
 from schemas.prompt_delta import encode_prompt, full_prompt
 from schemas.tokens import IDS_DTYPE, IdArray, pack_floats, pack_ids
@@ -159,6 +160,38 @@ def growing_turns(rng: np.random.Generator, n_calls: int, first_prompt: int, out
     return turns
 
 
+def assemble(spec: AttemptSpec) -> Record:
+    """The rollout the assembler emits for one attempt's events."""
+    from processors.assembler import RolloutAssembly
+
+    state = RolloutAssembly(spec.rollout_id)
+    emitted = [r for name, rec in attempt_events(spec) for r in state.accept(name, rec).rollouts]
+    if len(emitted) != 1:
+        raise AssertionError(f"expected one rollout, got {len(emitted)}")
+    return emitted[0]
+
+
+def full_group(rollouts: Sequence[Record], group_id: str = "g", status: str = "FULL") -> Record:
+    """A RolloutGroup record for these rollouts (as the grouper would close it)."""
+    from processors.grouper import Member, group_record
+
+    members = [Member(r["rollout_id"], r["event_id"], int(r["created_at_us"])) for r in rollouts]
+    return group_record(group_id, "{}", status, len(members), members,
+                        max(m.created_at_us for m in members))
+
+
+def constant_scores(group: Record, rollouts: Sequence[Record], values: Sequence[Any],
+                    verifier: str = "v") -> list[Record]:
+    """OK scores with the given raw values, one per rollout (for reward / credit / sample tests)."""
+    from processors.verifiers.runner import score_id
+
+    return [{"event_id": score_id(verifier, "1", "ROLLOUT", r["event_id"], group["event_id"]),
+             "rollout_id": r["rollout_id"], "rollout_event_id": r["event_id"], "group_id": group["group_id"],
+             "verifier_name": verifier, "verifier_version": "1", "scope": "ROLLOUT", "status": "OK",
+             "raw_json": orjson.dumps(v).decode(), "error": None, "duration_ms": 0.0,
+             "created_at_us": int(r["created_at_us"])} for r, v in zip(rollouts, values, strict=True)]
+
+
 # ------------------------------------------------------------------------- chat-template simulations
 #
 # Real templates do not simply concatenate: they put control tokens at message boundaries and some
@@ -201,3 +234,67 @@ def sampled_output(content: list[int], reasoning: list[int] | None = None) -> li
     if reasoning:
         out += [THINK, *reasoning, END_THINK, NEWLINE]
     return [*out, *content, IM_END]
+
+
+# ------------------------------------------------------------------------- misbehaving verifiers
+# Importable by "processors.testing:Name", so the runner's process isolation can load them too.
+
+
+class CrashingVerifier(RolloutVerifier):
+    name: ClassVar[str] = "crashes"
+    version: ClassVar[str] = "0"
+
+    def verify(self, view: RolloutView) -> Any:
+        raise RuntimeError(f"verifier bug on {view.rollout_id}")
+
+
+class SleepingVerifier(RolloutVerifier):
+    name: ClassVar[str] = "sleeps"
+    version: ClassVar[str] = "0"
+    default_timeout_s: ClassVar[float] = 0.2
+
+    def verify(self, view: RolloutView) -> Any:
+        import time
+
+        time.sleep(30)
+        return 1.0
+
+
+class ExitingVerifier(RolloutVerifier):
+    """Kills its own process (a segfaulting native extension looks the same to the runner)."""
+
+    name: ClassVar[str] = "exits"
+    version: ClassVar[str] = "0"
+
+    def verify(self, view: RolloutView) -> Any:
+        import os
+
+        os._exit(3)
+
+
+class NaNVerifier(RolloutVerifier):
+    name: ClassVar[str] = "nan"
+    version: ClassVar[str] = "0"
+
+    def verify(self, view: RolloutView) -> Any:
+        return {"score": float("nan")}
+
+
+class ConstantVerifier(RolloutVerifier):
+    """Returns the task input's ``score`` field (a number, a dict, anything JSON)."""
+
+    name: ClassVar[str] = "constant"
+    version: ClassVar[str] = "1"
+
+    def verify(self, view: RolloutView) -> Any:
+        return view.task_input.get("score")
+
+
+class PartialGroupVerifier(GroupVerifier):
+    """Answers for the first rollout of the group only."""
+
+    name: ClassVar[str] = "partial_group"
+    version: ClassVar[str] = "0"
+
+    def verify_group(self, views: list[RolloutView], prior: dict[str, dict[str, Any]]) -> Any:
+        return {views[0].rollout_id: {"seen": len(views)}}

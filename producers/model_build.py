@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -46,7 +47,7 @@ PAD_TOKEN = "<|endoftext|>"
 # Words a demo task can use; each is a single token wherever the task puts it (asserted at build time).
 TASK_KEYS = ("fox", "owl", "cat", "dog", "bee", "cow", "elk", "yak")
 TASK_VALUES = ("red", "blue", "green", "gold", "pink", "gray", "black", "white")
-TASK_SYSTEM_PROMPT = "Answer with one word. Use the lookup tool to find the value of a key."
+TASK_SYSTEM_PROMPT = "Answer in one word."
 LOOKUP_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
@@ -102,7 +103,8 @@ CHAT_TEMPLATE = r"""
 {%- macro text_of(content) -%}
   {%- if content is none or content is undefined -%}
   {%- elif content is string -%}{{- content -}}
-  {%- else -%}{%- for part in content -%}{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}{%- endfor -%}
+  {%- else -%}
+    {%- for part in content -%}{%- if part.type == 'text' -%}{{- part.text -}}{%- endif -%}{%- endfor -%}
   {%- endif -%}
 {%- endmacro -%}
 {%- set ns = namespace(last_assistant=-1) -%}
@@ -117,7 +119,7 @@ CHAT_TEMPLATE = r"""
     {%- if has_system -%}{{- '\n\n' -}}{%- endif -%}
     {{- '# Tools\n<tools>\n' -}}
     {%- for tool in tools -%}{{- tool | tojson -}}{{- '\n' -}}{%- endfor -%}
-    {{- '</tools>\nCall a tool with <tool_call>\n{"name": <name>, "arguments": <object>}\n</tool_call>' -}}
+    {{- '</tools>' -}}
   {%- endif -%}
   {{- '<|im_end|>\n' -}}
 {%- endif -%}
@@ -125,7 +127,12 @@ CHAT_TEMPLATE = r"""
   {%- if loop.first and message.role == 'system' -%}
   {%- elif message.role == 'assistant' -%}
     {{- '<|im_start|>assistant\n' -}}
-    {%- set reasoning = message.reasoning_content if message.reasoning_content is defined and message.reasoning_content else (message.reasoning if message.reasoning is defined and message.reasoning else '') -%}
+    {%- set reasoning = '' -%}
+    {%- if message.reasoning_content is defined and message.reasoning_content -%}
+      {%- set reasoning = message.reasoning_content -%}
+    {%- elif message.reasoning is defined and message.reasoning -%}
+      {%- set reasoning = message.reasoning -%}
+    {%- endif -%}
     {%- if loop.index0 == ns.last_assistant and reasoning -%}
       {{- '<think>\n' ~ reasoning ~ '\n</think>\n\n' -}}
     {%- endif -%}
@@ -159,17 +166,17 @@ CHAT_TEMPLATE = r"""
 class BuildSpec:
     """Everything that determines the built files; its digest names a build in the manifest."""
 
-    vocab_size: int = 768  # BPE target (byte alphabet + specials + merges); markers come on top
+    vocab_size: int = 512  # BPE target (byte alphabet + specials + merges); markers come on top
     hidden_size: int = 128
-    intermediate_size: int = 384
-    num_layers: int = 3
+    intermediate_size: int = 256
+    num_layers: int = 2
     num_heads: int = 4  # head_dim = hidden / heads = 32 (vLLM's CPU attention needs >= 32)
     max_positions: int = 8192
     seed: int = 0
-    corpus_dialogues: int = 6000
-    corpus_sentences: int = 6000
-    warmup_steps: int = 250
-    warmup_batch: int = 16
+    corpus_dialogues: int = 1500
+    corpus_sentences: int = 1500
+    warmup_steps: int = 200
+    warmup_batch: int = 8
     warmup_lr: float = 3e-3
 
     def digest(self) -> str:
@@ -187,13 +194,14 @@ def _quiet(_: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------- corpus
-_FILLER_WORDS = (
+_FILLER_TEXT = (
     "the a an and or but if then so of to in on at by for with from as is are was be it this that "
     "you we they I he she what which who how why when where yes no not please thank thanks hello "
     "world user assistant system tool call function answer question value key word one two three "
     "name arguments result lookup find look up data model token policy reward agent run test code "
     "python json string number object type properties required description true false null"
-).split()
+)
+_FILLER_WORDS = _FILLER_TEXT.split()
 
 
 def _random_sentence(rng: random.Random) -> str:
@@ -233,11 +241,16 @@ def _corpus(spec: BuildSpec, render: Callable[[list[dict[str, Any]], list[dict[s
 def _jinja_render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
     """Render the template outside transformers (the tokenizer does not exist yet while its training
     corpus is made); the filters match transformers' chat-template environment."""
+    return _compiled_template().render(messages=messages, tools=tools, add_generation_prompt=False)
+
+
+@functools.cache
+def _compiled_template() -> Any:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = lambda value: json.dumps(value, ensure_ascii=False)
-    return env.from_string(CHAT_TEMPLATE).render(messages=messages, tools=tools, add_generation_prompt=False)
+    return env.from_string(CHAT_TEMPLATE)
 
 
 # ---------------------------------------------------------------------------------------- tokenizer
@@ -271,10 +284,10 @@ def _train_tokenizer(spec: BuildSpec) -> Any:
 
 
 def _check_task_tokens(tokenizer: Any) -> None:
-    """Task words must be single tokens where the task puts them (line start, after a quote or space),
+    """Task words must be single tokens where the task puts them (at a line start and inside quotes),
     so answers are one sampled token and copying is token identity."""
     for word in TASK_KEYS + TASK_VALUES + ("lookup",):
-        for text, expected in ((word, 1), (f'"{word}"', 3), (f" {word}", 1)):
+        for text, expected in ((word, 1), (f'"{word}"', 3)):
             ids = tokenizer.encode(text, add_special_tokens=False)
             if len(ids) != expected:
                 pieces = tokenizer.convert_ids_to_tokens(ids)
@@ -371,7 +384,7 @@ def _warm_up(spec: BuildSpec, model: Any, tokenizer: Any, progress: Progress) ->
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            loss_value = float(loss)
+            loss_value = float(loss.detach())
             if step % 50 == 0 or step == spec.warmup_steps - 1:
                 progress(f"  warm-up step {step + 1}/{spec.warmup_steps}  loss {loss_value:.3f}")
     finally:
@@ -471,7 +484,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("model", help="build and inspect the embedded reference model")
     sub = parser.add_subparsers(dest="model_command", metavar="ACTION")
     build = sub.add_parser("build", help="build the tokenizer, chat template and tiny model (cached)")
-    build.add_argument("--dir", type=Path, default=None, help="output directory (default: settings model.dir)")
+    build.add_argument("--dir", type=Path, default=None,
+                       help="output directory (default: settings model.dir)")
     build.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
     build.add_argument("--warmup-steps", type=int, default=DEFAULT_SPEC.warmup_steps,
                        help="format warm-up steps (0: plain random weights)")

@@ -65,8 +65,15 @@ class CheckResult:
         return sorted({f.id for f in self.failures})
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "title": self.title, "passed": self.passed, "checked": self.checked,
-                "failed": self.failed_count, "failures": [asdict(f) for f in self.failures], "notes": self.notes}
+        return {
+            "key": self.key,
+            "title": self.title,
+            "passed": self.passed,
+            "checked": self.checked,
+            "failed": self.failed_count,
+            "failures": [asdict(f) for f in self.failures],
+            "notes": self.notes,
+        }
 
 
 def _rows(client: Client, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
@@ -96,25 +103,37 @@ WHERE NOT (c.found = 1 AND in_range AND equal)
 # Per sample: loss tokens in total vs loss tokens inside OUTPUT segments (must be equal).
 SQL_MASK_COVERAGE = """
 SELECT event_id, loss_tokens,
-       arraySum(arrayMap((src, st, ln) -> if(src = 'OUTPUT',
-                                             length(replaceAll(substring(loss_mask, st + 1, ln), '\\0', '')), 0),
-                         seg_source, seg_sample_start, seg_length)) AS covered
+       arraySum(arrayMap(
+           (src, st, ln) -> if(src = 'OUTPUT',
+                               length(replaceAll(substring(loss_mask, st + 1, ln), '\\0', '')), 0),
+           seg_source, seg_sample_start, seg_length)) AS covered
 FROM samples FINAL
 """
 
 
 def check_token_traceability(client: Client, page: int = SAMPLE_PAGE) -> CheckResult:
-    result = CheckResult("token_traceability", "every loss token traces to the call that sampled it and its prompt")
+    result = CheckResult(
+        "token_traceability", "every loss token traces to the call that sampled it and its prompt"
+    )
     coverage = _rows(client, SQL_MASK_COVERAGE)
     result.checked = len(coverage)
     bad_samples: set[str] = set()
     for sample_id, loss_tokens, covered in coverage:
         if loss_tokens != covered:
             bad_samples.add(sample_id)
-            result.fail(sample_id, "Sample", f"{loss_tokens} loss tokens but {covered} lie in OUTPUT segments "
-                                             "(a loss token with no sampling call, or overlapping segments)")
-    for sample_id, call_id, s_start, c_start, length, found, in_range, equal in _rows(client, SQL_OUTPUT_SEGMENTS):
-        where = f"segment at sample[{s_start}:{s_start + length}] <- call {call_id} output[{c_start}:{c_start + length}]"
+            result.fail(
+                sample_id,
+                "Sample",
+                f"{loss_tokens} loss tokens but {covered} lie in OUTPUT segments "
+                "(a loss token with no sampling call, or overlapping segments)",
+            )
+    for sample_id, call_id, s_start, c_start, length, found, in_range, _equal in _rows(
+        client, SQL_OUTPUT_SEGMENTS
+    ):
+        where = (
+            f"segment at sample[{s_start}:{s_start + length}] <- call {call_id} "
+            f"output[{c_start}:{c_start + length}]"
+        )
         if not found:
             reason = f"{where}: call not in the calls table"
         elif not in_range:
@@ -126,8 +145,12 @@ def check_token_traceability(client: Client, page: int = SAMPLE_PAGE) -> CheckRe
     cache = CallTokenCache(client)
     calls_checked: set[str] = set()
     for batch in _sample_pages(client, page):
-        cache.fetch(c for row in batch for c, src in zip(row["seg_call_id"], row["seg_source"], strict=True)
-                    if src == "OUTPUT")
+        cache.fetch(
+            c
+            for row in batch
+            for c, src in zip(row["seg_call_id"], row["seg_source"], strict=True)
+            if src == "OUTPUT"
+        )
         for row in batch:
             for reason in _conditioning_problems(row, cache, calls_checked):
                 result.fail(row["event_id"], "Sample", reason)
@@ -139,12 +162,16 @@ def _sample_pages(client: Client, page: int) -> Iterator[list[dict[str, Any]]]:
     """Samples in pages by sorting key (keyset pagination: no OFFSET rescans)."""
     last = ("", "")
     while True:
-        rows = select_rows(client, "samples",
-                           "(rollout_id, event_id) > ({r:String}, {e:String})", {"r": last[0], "e": last[1]},
-                           columns="rollout_id, event_id, input_ids, loss_mask, weights, sequence_starts, "
-                                   "seg_rollout_id, seg_call_id, seg_source, seg_sample_start, seg_call_start, "
-                                   "seg_length, seg_weight, weight_total",
-                           order_by=f"rollout_id, event_id LIMIT {int(page)}")
+        rows = select_rows(
+            client,
+            "samples",
+            "(rollout_id, event_id) > ({r:String}, {e:String})",
+            {"r": last[0], "e": last[1]},
+            columns="rollout_id, event_id, input_ids, loss_mask, weights, sequence_starts, "
+            "seg_rollout_id, seg_call_id, seg_source, seg_sample_start, seg_call_start, "
+            "seg_length, seg_weight, weight_total",
+            order_by=f"rollout_id, event_id LIMIT {int(page)}",
+        )
         if not rows:
             return
         yield rows
@@ -162,7 +189,7 @@ def _conditioning_problems(row: dict[str, Any], cache: CallTokenCache, calls_che
         if row["seg_source"][i] != "OUTPUT":
             continue
         s_start, c_start, length = row["seg_sample_start"][i], row["seg_call_start"][i], row["seg_length"][i]
-        if not mask[s_start:s_start + length].any() or not cache.has(call_id):
+        if not mask[s_start : s_start + length].any() or not cache.has(call_id):
             continue  # no loss here, or already reported by SQL as a missing call
         calls_checked.add(call_id)
         try:
@@ -177,9 +204,11 @@ def _conditioning_problems(row: dict[str, Any], cache: CallTokenCache, calls_che
             n = min(len(context), len(expected))
             diff = np.flatnonzero(context[:n] != expected[:n])
             at = int(diff[0]) if diff.size else n
-            problems.append(f"segment at sample[{s_start}:{s_start + length}] <- call {call_id}: the "
-                            f"{len(context)} tokens conditioning it are not the call's prompt ‖ output[:{c_start}] "
-                            f"({len(expected)} tokens; first difference at {at})")
+            problems.append(
+                f"segment at sample[{s_start}:{s_start + length}] <- call {call_id}: the "
+                f"{len(context)} tokens conditioning it are not the call's prompt ‖ output[:{c_start}] "
+                f"({len(expected)} tokens; first difference at {at})"
+            )
     return problems
 
 
@@ -208,7 +237,8 @@ SQL_ROLLOUT_CALLS = """
 SELECT r.event_id, r.call_id, c.found, c.policy_version, has(r.policy_versions, c.policy_version)
 FROM (SELECT event_id, policy_versions, call_id FROM rollouts FINAL ARRAY JOIN call_ids AS call_id
       WHERE status = 'COMPLETE' AND counted) AS r
-LEFT JOIN (SELECT call_id, any(policy_version) AS policy_version, 1 AS found FROM calls FINAL GROUP BY call_id) AS c
+LEFT JOIN (SELECT call_id, any(policy_version) AS policy_version, 1 AS found
+           FROM calls FINAL GROUP BY call_id) AS c
     ON r.call_id = c.call_id
 WHERE NOT (c.found = 1 AND has(r.policy_versions, c.policy_version))
 """
@@ -233,17 +263,24 @@ LEFT JOIN (SELECT DISTINCT rollout_id, attempt_id, 1 AS found FROM attempt_finis
 
 
 def check_rollout_traceability(client: Client) -> CheckResult:
-    result = CheckResult("rollout_traceability", "every rollout names its group, policy version and env evidence")
+    result = CheckResult(
+        "rollout_traceability", "every rollout names its group, policy version and env evidence"
+    )
     groups = _rows(client, SQL_ROLLOUTS_IN_GROUPS)
     result.checked = len(groups)
     for event_id, rollout_id, group_id, group_ids in groups:
         if not group_ids:
             result.fail(event_id, "CompletedRollout", f"rollout {rollout_id} is in no group record")
         elif group_id is not None and group_id not in group_ids:
-            result.fail(event_id, "CompletedRollout",
-                        f"rollout {rollout_id} names group {group_id}, but only {sorted(group_ids)} contain it")
+            result.fail(
+                event_id,
+                "CompletedRollout",
+                f"rollout {rollout_id} names group {group_id}, but only {sorted(group_ids)} contain it",
+            )
     for (event_id,) in _rows(client, SQL_ROLLOUT_EVENT_IN_GROUP):
-        result.fail(event_id, "CompletedRollout", "its group lists other attempts of the rollout, not this one")
+        result.fail(
+            event_id, "CompletedRollout", "its group lists other attempts of the rollout, not this one"
+        )
     for event_id, found_start, found_finish, no_versions in _rows(client, SQL_ROLLOUT_START_FINISH):
         if no_versions:
             result.fail(event_id, "CompletedRollout", "names no policy version")
@@ -252,8 +289,11 @@ def check_rollout_traceability(client: Client) -> CheckResult:
         if found_finish != 1:
             result.fail(event_id, "CompletedRollout", "its AttemptFinished event is not stored")
     for event_id, call_id, found, version, _ in _rows(client, SQL_ROLLOUT_CALLS):
-        reason = (f"call {call_id} is not in the calls table" if found != 1 else
-                  f"call {call_id} ran policy version {version}, which the rollout does not name")
+        reason = (
+            f"call {call_id} is not in the calls table"
+            if found != 1
+            else f"call {call_id} ran policy version {version}, which the rollout does not name"
+        )
         result.fail(event_id, "CompletedRollout", reason)
     for event_id, env_id in _rows(client, SQL_ROLLOUT_ENV):
         result.fail(event_id, "CompletedRollout", f"environment event {env_id} is not stored")
@@ -274,7 +314,8 @@ GROUP BY w.event_id, w.rollout_id, w.reward_config_id, w.score_ids
 SQL_CREDIT_REWARDS = """
 SELECT c.event_id, c.reward_id, c.credit_config_id, w.found, w.rollout_id = c.rollout_id
 FROM (SELECT event_id, rollout_id, reward_id, credit_config_id FROM credits FINAL) AS c
-LEFT JOIN (SELECT event_id, any(rollout_id) AS rollout_id, 1 AS found FROM rewards FINAL GROUP BY event_id) AS w
+LEFT JOIN (SELECT event_id, any(rollout_id) AS rollout_id, 1 AS found
+           FROM rewards FINAL GROUP BY event_id) AS w
     ON c.reward_id = w.event_id
 """
 
@@ -287,13 +328,19 @@ HAVING versions > 1
 
 
 def check_score_reviewability(client: Client) -> CheckResult:
-    result = CheckResult("score_reviewability", "rewards and credits name raw scores and configs; scores unchanged")
+    result = CheckResult(
+        "score_reviewability", "rewards and credits name raw scores and configs; scores unchanged"
+    )
     rewards = _rows(client, SQL_REWARD_SCORES_JOIN)
     for event_id, rollout_id, config_id, n_scores, missing in rewards:
         if n_scores == 0:
             result.fail(event_id, "Reward", f"reward of rollout {rollout_id} names no raw score")
         elif missing:
-            result.fail(event_id, "Reward", f"reward of rollout {rollout_id} names scores not stored: {sorted(missing)}")
+            result.fail(
+                event_id,
+                "Reward",
+                f"reward of rollout {rollout_id} names scores not stored: {sorted(missing)}",
+            )
         if not config_id:
             result.fail(event_id, "Reward", "names no reward_config_id")
     credits = _rows(client, SQL_CREDIT_REWARDS)
@@ -306,7 +353,9 @@ def check_score_reviewability(client: Client) -> CheckResult:
             result.fail(event_id, "Credit", "names no credit_config_id")
     edited = _rows(client, SQL_EDITED_SCORES)
     for event_id, versions, _hashes in edited:
-        result.fail(event_id, "Score", f"raw score was rewritten: {versions} different contents under one event id")
+        result.fail(
+            event_id, "Score", f"raw score was rewritten: {versions} different contents under one event id"
+        )
     n_scores = _rows(client, "SELECT uniqExact(event_id) FROM scores FINAL")[0][0]
     result.checked = len(rewards) + len(credits) + int(n_scores)
     return result
@@ -321,14 +370,22 @@ FROM samples FINAL
 
 
 def check_packing_preserves_weight(client: Client, page: int = SAMPLE_PAGE) -> CheckResult:
-    result = CheckResult("packing_preserves_weight", "per rollout, sample weights sum to the credit's rollout_weight")
-    credits = {row[0]: (row[1], float(row[2])) for row in
-               _rows(client, "SELECT event_id, any(rollout_id), any(rollout_weight) FROM credits FINAL GROUP BY event_id")}
+    result = CheckResult(
+        "packing_preserves_weight", "per rollout, sample weights sum to the credit's rollout_weight"
+    )
+    credits = {
+        row[0]: (row[1], float(row[2]))
+        for row in _rows(
+            client,
+            "SELECT event_id, any(rollout_id), any(rollout_weight) FROM credits FINAL GROUP BY event_id",
+        )
+    }
     # (credit, sample config) -> weight summed over the samples naming that credit; and which samples.
     totals: dict[tuple[str, str], float] = defaultdict(float)
     members: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for sample_id, config_id, credit_ids, seg_rollouts, seg_weights, weight_total in _rows(client,
-                                                                                       SQL_SAMPLE_ROLLOUT_WEIGHTS):
+    for sample_id, config_id, credit_ids, seg_rollouts, seg_weights, weight_total in _rows(
+        client, SQL_SAMPLE_ROLLOUT_WEIGHTS
+    ):
         credit_of = {credits[c][0]: c for c in credit_ids if c in credits}
         for missing in (c for c in credit_ids if c not in credits):
             result.fail(sample_id, "Sample", f"names credit {missing}, which is not stored")
@@ -336,14 +393,22 @@ def check_packing_preserves_weight(client: Client, page: int = SAMPLE_PAGE) -> C
         for rollout_id, weight in zip(seg_rollouts, seg_weights, strict=True):
             per_rollout[rollout_id] += weight
         if not _close(sum(per_rollout.values()), weight_total):
-            result.fail(sample_id, "Sample", f"weight {weight_total:.6g} of which only "
-                                             f"{sum(per_rollout.values()):.6g} lies in segments (unattributed weight)")
+            result.fail(
+                sample_id,
+                "Sample",
+                f"weight {weight_total:.6g} of which only "
+                f"{sum(per_rollout.values()):.6g} lies in segments (unattributed weight)",
+            )
         for rollout_id, weight in per_rollout.items():
             credit_id = credit_of.get(rollout_id)
             if credit_id is None:
                 if weight != 0.0:
-                    result.fail(sample_id, "Sample", f"carries weight {weight:.6g} of rollout {rollout_id} but "
-                                                     "names no credit of that rollout")
+                    result.fail(
+                        sample_id,
+                        "Sample",
+                        f"carries weight {weight:.6g} of rollout {rollout_id} but "
+                        "names no credit of that rollout",
+                    )
                 continue
             totals[(credit_id, config_id)] += weight
             members[(credit_id, config_id)].append(sample_id)
@@ -351,9 +416,12 @@ def check_packing_preserves_weight(client: Client, page: int = SAMPLE_PAGE) -> C
     for (credit_id, config_id), weight in sorted(totals.items()):
         rollout_id, expected = credits[credit_id]
         if not _close(weight, expected):
-            result.fail(credit_id, "Credit",
-                        f"rollout {rollout_id}: samples of config {config_id} carry weight {weight:.6g}, credit "
-                        f"says {expected:.6g} (samples: {', '.join(sorted(set(members[(credit_id, config_id)])))})")
+            result.fail(
+                credit_id,
+                "Credit",
+                f"rollout {rollout_id}: samples of config {config_id} carry weight {weight:.6g}, credit "
+                f"says {expected:.6g} (samples: {', '.join(sorted(set(members[(credit_id, config_id)])))})",
+            )
     unsampled = [c for c, (_, w) in credits.items() if w != 0.0 and not any(k[0] == c for k in totals)]
     if unsampled:
         result.notes.append(f"{len(unsampled)} credit(s) with weight have no samples yet")
@@ -366,11 +434,14 @@ def _verify_derived_weights(client: Client, result: CheckResult, page: int) -> N
     for batch in _sample_pages(client, page):
         for row in batch:
             weights = unpack_floats(row["weights"]).astype(np.float64)
-            segments = [{"sample_start": s, "length": n}
-                        for s, n in zip(row["seg_sample_start"], row["seg_length"], strict=True)]
+            segments = [
+                {"sample_start": s, "length": n}
+                for s, n in zip(row["seg_sample_start"], row["seg_length"], strict=True)
+            ]
             recomputed = segment_weight_sums(weights, segments)
-            if not all(_close(a, b) for a, b in zip(recomputed, row["seg_weight"], strict=True)) or not _close(
-                    float(weights.sum()), row["weight_total"]):
+            if not all(
+                _close(a, b) for a, b in zip(recomputed, row["seg_weight"], strict=True)
+            ) or not _close(float(weights.sum()), row["weight_total"]):
                 result.fail(row["event_id"], "Sample", "stored segment weights differ from the weights bytes")
 
 
@@ -397,7 +468,9 @@ def format_table(results: list[CheckResult], max_ids: int = 10) -> str:
     for r in results:
         ids = r.failing_ids()
         shown = ", ".join(ids[:max_ids]) + (f" (+{len(ids) - max_ids} more)" if len(ids) > max_ids else "")
-        lines.append(f"{r.key:<26} {'PASS' if r.passed else 'FAIL':<6} {r.checked:>8} {r.failed_count:>7}  {shown}")
+        lines.append(
+            f"{r.key:<26} {'PASS' if r.passed else 'FAIL':<6} {r.checked:>8} {r.failed_count:>7}  {shown}"
+        )
     for r in results:
         for f in r.failures[:max_ids]:
             lines.append(f"  {r.key}: {f.kind} {f.id}: {f.reason}")

@@ -55,17 +55,25 @@ def parse_dsn(dsn: str, username: str = "default", password: str = "") -> Target
         if raw in ("memory", ":memory:"):
             return Target("chdb", chdb_path=":memory:")
         if not raw.startswith("/"):
-            raise ClickHouseConfigError(f"chDB DSN needs an absolute directory, e.g. chdb:///srv/ch; got {dsn!r}")
+            raise ClickHouseConfigError(
+                f"chDB DSN needs an absolute directory, e.g. chdb:///srv/ch; got {dsn!r}"
+            )
         return Target("chdb", chdb_path=str(Path(raw)))
     if url.scheme in ("http", "https"):
         if not url.hostname:
             raise ClickHouseConfigError(f"ClickHouse URL has no host: {dsn!r}")
         secure = url.scheme == "https"
-        return Target("http", host=url.hostname, port=url.port or (8443 if secure else 8123), secure=secure,
-                      username=unquote(url.username) if url.username else username,
-                      password=unquote(url.password) if url.password else password)
+        return Target(
+            "http",
+            host=url.hostname,
+            port=url.port or (8443 if secure else 8123),
+            secure=secure,
+            username=unquote(url.username) if url.username else username,
+            password=unquote(url.password) if url.password else password,
+        )
     raise ClickHouseConfigError(
-        f"unsupported ClickHouse DSN {dsn!r}: use chdb:///abs/dir (embedded) or http(s)://host:8123")
+        f"unsupported ClickHouse DSN {dsn!r}: use chdb:///abs/dir (embedded) or http(s)://host:8123"
+    )
 
 
 def check_database_name(name: str) -> str:
@@ -82,7 +90,8 @@ def _claim_chdb_path(path: str) -> None:
         elif _chdb_path != path:
             raise ClickHouseConfigError(
                 f"this process already runs chDB on {_chdb_path}; chDB allows one path per process, so "
-                f"{path} cannot be opened here (use the same DSN, or a separate process)")
+                f"{path} cannot be opened here (use the same DSN, or a separate process)"
+            )
 
 
 def chdb_path_in_use() -> str | None:
@@ -90,8 +99,13 @@ def chdb_path_in_use() -> str | None:
     return _chdb_path
 
 
-def connect(settings: ClickHouseSettings | None = None, *, dsn: str | None = None,
-            database: str | None = None, create_database: bool = False) -> Client:
+def connect(
+    settings: ClickHouseSettings | None = None,
+    *,
+    dsn: str | None = None,
+    database: str | None = None,
+    create_database: bool = False,
+) -> Client:
     """A client on ``database`` (default: settings.clickhouse.database).
 
     With ``create_database`` the database is created when missing (migrations do this); otherwise a
@@ -112,11 +126,17 @@ def connect(settings: ClickHouseSettings | None = None, *, dsn: str | None = Non
                 raise ClickHouseConfigError(
                     f"chDB directory {target.chdb_path} is in use by another process (one process per "
                     "directory); stop it (e.g. the running sink) or point a ClickHouse server URL at "
-                    "the data") from exc
+                    "the data"
+                ) from exc
             raise
     else:
-        client = clickhouse_connect.get_client(host=target.host, port=target.port, secure=target.secure,
-                                               username=target.username, password=target.password)
+        client = clickhouse_connect.get_client(
+            host=target.host,
+            port=target.port,
+            secure=target.secure,
+            username=target.username,
+            password=target.password,
+        )
     if create_database:
         client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
     elif not database_exists(client, db):
@@ -126,8 +146,9 @@ def connect(settings: ClickHouseSettings | None = None, *, dsn: str | None = Non
 
 
 def database_exists(client: Client, name: str) -> bool:
-    rows = client.query("SELECT count() FROM system.databases WHERE name = {n:String}",
-                        parameters={"n": name}).result_rows
+    rows = client.query(
+        "SELECT count() FROM system.databases WHERE name = {n:String}", parameters={"n": name}
+    ).result_rows
     return bool(rows[0][0])
 
 

@@ -28,46 +28,73 @@ class Panel:
 
 
 PANELS: tuple[Panel, ...] = (
-    Panel("Mean reward by policy version",
-          "SELECT toString(policy_version) AS policy_version, avg(raw_reward) AS mean_raw_reward,\n"
-          "       avg(reward) AS mean_reward, count() AS rollouts\n"
-          "FROM v_reward_by_policy WHERE $__timeFilter(time) AND NOT filtered\n"
-          "GROUP BY policy_version ORDER BY toInt64(policy_version)", kind="barchart",
-          description="Raw (pre-normalisation) and final reward of counted, complete rollouts."),
-    Panel("Raw reward over time, per policy version",
-          "SELECT $__timeInterval(time) AS time, concat('v', toString(policy_version)) AS version,\n"
-          "       avg(raw_reward) AS raw_reward\n"
-          "FROM v_reward_by_policy WHERE $__timeFilter(time) AND NOT filtered\n"
-          "GROUP BY time, version ORDER BY time"),
-    Panel("Groups closed (full / partial / late)",
-          "SELECT $__timeInterval(time) AS time, countIf(status = 'FULL') AS full,\n"
-          "       countIf(status = 'PARTIAL') AS partial, countIf(status = 'LATE') AS late\n"
-          "FROM v_group_completion WHERE $__timeFilter(time) GROUP BY time ORDER BY time"),
-    Panel("Partial and late groups",
-          "SELECT time, group_id, status, size, expected_size, round(fill, 3) AS fill\n"
-          "FROM v_group_completion WHERE status != 'FULL' AND $__timeFilter(time)\n"
-          "ORDER BY time DESC LIMIT 200", kind="table"),
-    Panel("Incomplete rollouts",
-          "SELECT $__timeInterval(time) AS time, count() AS incomplete\n"
-          "FROM v_incomplete_rollouts WHERE $__timeFilter(time) GROUP BY time ORDER BY time"),
-    Panel("Incomplete rollouts: what is missing",
-          "SELECT time, rollout_id, attempt_id, arrayStringConcat(missing, '; ') AS missing, finish_status, calls\n"
-          "FROM v_incomplete_rollouts WHERE $__timeFilter(time) ORDER BY time DESC LIMIT 200", kind="table"),
-    Panel("Prefix-merge rate (token-level prefix between adjacent calls)",
-          "SELECT $__timeInterval(time) AS time, avg(is_prefix) AS prefix_rate, count() AS call_pairs\n"
-          "FROM v_prefix_links WHERE $__timeFilter(time) GROUP BY time ORDER BY time",
-          description="Share of adjacent call pairs whose prompt_i || output_i is a token prefix of prompt_i+1."),
-    Panel("Staleness at training (policy versions behind)",
-          "SELECT $__timeInterval(time) AS time, avg(staleness) AS mean_staleness, max(staleness) AS max_staleness\n"
-          "FROM v_staleness WHERE $__timeFilter(time) GROUP BY time ORDER BY time"),
-    Panel("Tokens per second",
-          "SELECT $__timeInterval(time) AS time, sum(output_tokens) / $__interval_s AS sampled_tokens_per_s,\n"
-          "       sum(prompt_length) / $__interval_s AS prompt_tokens_per_s\n"
-          "FROM v_call_tokens WHERE $__timeFilter(time) GROUP BY time ORDER BY time"),
-    Panel("Dead letters by reason",
-          "SELECT source_topic, error_type, count() AS messages, any(reason) AS example_reason\n"
-          "FROM dead_letters FINAL WHERE $__timeFilter(event_time)\n"
-          "GROUP BY source_topic, error_type ORDER BY messages DESC", kind="table"),
+    Panel(
+        "Mean reward by policy version",
+        "SELECT toString(policy_version) AS policy_version, avg(raw_reward) AS mean_raw_reward,\n"
+        "       avg(reward) AS mean_reward, count() AS rollouts\n"
+        "FROM v_reward_by_policy WHERE $__timeFilter(time) AND NOT filtered\n"
+        "GROUP BY policy_version ORDER BY toInt64(policy_version)",
+        kind="barchart",
+        description="Raw (pre-normalisation) and final reward of counted, complete rollouts.",
+    ),
+    Panel(
+        "Raw reward over time, per policy version",
+        "SELECT $__timeInterval(time) AS time, concat('v', toString(policy_version)) AS version,\n"
+        "       avg(raw_reward) AS raw_reward\n"
+        "FROM v_reward_by_policy WHERE $__timeFilter(time) AND NOT filtered\n"
+        "GROUP BY time, version ORDER BY time",
+    ),
+    Panel(
+        "Groups closed (full / partial / late)",
+        "SELECT $__timeInterval(time) AS time, countIf(status = 'FULL') AS full,\n"
+        "       countIf(status = 'PARTIAL') AS partial, countIf(status = 'LATE') AS late\n"
+        "FROM v_group_completion WHERE $__timeFilter(time) GROUP BY time ORDER BY time",
+    ),
+    Panel(
+        "Partial and late groups",
+        "SELECT time, group_id, status, size, expected_size, round(fill, 3) AS fill\n"
+        "FROM v_group_completion WHERE status != 'FULL' AND $__timeFilter(time)\n"
+        "ORDER BY time DESC LIMIT 200",
+        kind="table",
+    ),
+    Panel(
+        "Incomplete rollouts",
+        "SELECT $__timeInterval(time) AS time, count() AS incomplete\n"
+        "FROM v_incomplete_rollouts WHERE $__timeFilter(time) GROUP BY time ORDER BY time",
+    ),
+    Panel(
+        "Incomplete rollouts: what is missing",
+        "SELECT time, rollout_id, attempt_id, arrayStringConcat(missing, '; ') AS missing,\n"
+        "       finish_status, calls\n"
+        "FROM v_incomplete_rollouts WHERE $__timeFilter(time) ORDER BY time DESC LIMIT 200",
+        kind="table",
+    ),
+    Panel(
+        "Prefix-merge rate (token-level prefix between adjacent calls)",
+        "SELECT $__timeInterval(time) AS time, avg(is_prefix) AS prefix_rate, count() AS call_pairs\n"
+        "FROM v_prefix_links WHERE $__timeFilter(time) GROUP BY time ORDER BY time",
+        description="Share of adjacent call pairs whose prompt_i || output_i is a token prefix of "
+        "prompt_i+1.",
+    ),
+    Panel(
+        "Staleness at training (policy versions behind)",
+        "SELECT $__timeInterval(time) AS time, avg(staleness) AS mean_staleness,\n"
+        "       max(staleness) AS max_staleness\n"
+        "FROM v_staleness WHERE $__timeFilter(time) GROUP BY time ORDER BY time",
+    ),
+    Panel(
+        "Tokens per second",
+        "SELECT $__timeInterval(time) AS time, sum(output_tokens) / $__interval_s AS sampled_tokens_per_s,\n"
+        "       sum(prompt_length) / $__interval_s AS prompt_tokens_per_s\n"
+        "FROM v_call_tokens WHERE $__timeFilter(time) GROUP BY time ORDER BY time",
+    ),
+    Panel(
+        "Dead letters by reason",
+        "SELECT source_topic, error_type, count() AS messages, any(reason) AS example_reason\n"
+        "FROM dead_letters FINAL WHERE $__timeFilter(event_time)\n"
+        "GROUP BY source_topic, error_type ORDER BY messages DESC",
+        kind="table",
+    ),
 )
 
 
@@ -80,11 +107,25 @@ def expand_macros(sql: str, interval_s: int = 60) -> str:
 
 def _panel_json(i: int, panel: Panel, x: int, y: int) -> dict[str, Any]:
     table_like = panel.kind in ("table", "barchart", "stat")
-    target = {"datasource": DATASOURCE, "editorType": "sql", "format": FORMAT_TABLE if table_like else FORMAT_TIMESERIES,
-              "queryType": "table" if table_like else "timeseries", "rawSql": panel.sql, "refId": "A"}
-    return {"id": i + 1, "type": panel.kind, "title": panel.title, "description": panel.description,
-            "datasource": DATASOURCE, "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
-            "targets": [target], "fieldConfig": {"defaults": {}, "overrides": []}, "options": {}}
+    target = {
+        "datasource": DATASOURCE,
+        "editorType": "sql",
+        "format": FORMAT_TABLE if table_like else FORMAT_TIMESERIES,
+        "queryType": "table" if table_like else "timeseries",
+        "rawSql": panel.sql,
+        "refId": "A",
+    }
+    return {
+        "id": i + 1,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": DATASOURCE,
+        "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
+        "targets": [target],
+        "fieldConfig": {"defaults": {}, "overrides": []},
+        "options": {},
+    }
 
 
 def dashboard(database: str = "tokentrail") -> dict[str, Any]:
@@ -95,14 +136,36 @@ def dashboard(database: str = "tokentrail") -> dict[str, Any]:
         panels.append(_panel_json(i, panel, x, y))
         x += panel.width
     return {
-        "__requires": [{"type": "datasource", "id": "grafana-clickhouse-datasource", "name": "ClickHouse",
-                        "version": "4.0.0"}],
-        "title": "tokentrail", "uid": "tokentrail-main", "tags": ["tokentrail", "rl"], "editable": True,
-        "schemaVersion": 39, "version": 1, "refresh": "30s", "time": {"from": "now-6h", "to": "now"},
+        "__requires": [
+            {
+                "type": "datasource",
+                "id": "grafana-clickhouse-datasource",
+                "name": "ClickHouse",
+                "version": "4.0.0",
+            }
+        ],
+        "title": "tokentrail",
+        "uid": "tokentrail-main",
+        "tags": ["tokentrail", "rl"],
+        "editable": True,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "30s",
+        "time": {"from": "now-6h", "to": "now"},
         "description": f"tokentrail event store (database {database}): rewards, groups, rollouts, prefix "
-                       "merges, staleness, throughput. Views are created by `tokentrail clickhouse migrate`.",
-        "templating": {"list": [{"name": "datasource", "label": "ClickHouse", "type": "datasource",
-                                 "query": "grafana-clickhouse-datasource", "current": {}, "hide": 0}]},
+        "merges, staleness, throughput. Views are created by `tokentrail clickhouse migrate`.",
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "ClickHouse",
+                    "type": "datasource",
+                    "query": "grafana-clickhouse-datasource",
+                    "current": {},
+                    "hide": 0,
+                }
+            ]
+        },
         "panels": panels,
     }
 

@@ -48,14 +48,18 @@ class Table:
 
     def create_sql(self, db: str) -> str:
         index_sql = "".join(f",\n    {ix}" for ix in self.indexes)
-        return (f"CREATE TABLE IF NOT EXISTS {db}.{self.name} (\n{self.columns.strip(chr(10))},\n    "
-                f"{EVENT_TIME.format(col=self.time_column)},{COMMON_COLUMNS}{index_sql}\n)\n"
-                f"ENGINE = ReplacingMergeTree\nPARTITION BY toDate(event_time)\n"
-                f"ORDER BY ({self.order_by})\n{TABLE_SETTINGS}")
+        return (
+            f"CREATE TABLE IF NOT EXISTS {db}.{self.name} (\n{self.columns.strip(chr(10))},\n    "
+            f"{EVENT_TIME.format(col=self.time_column)},{COMMON_COLUMNS}{index_sql}\n)\n"
+            f"ENGINE = ReplacingMergeTree\nPARTITION BY toDate(event_time)\n"
+            f"ORDER BY ({self.order_by})\n{TABLE_SETTINGS}"
+        )
 
 
 TABLES: tuple[Table, ...] = (
-    Table("calls", f"""
+    Table(
+        "calls",
+        f"""
     event_id String,
     call_id String,
     rollout_id String,
@@ -105,9 +109,13 @@ TABLES: tuple[Table, ...] = (
     output_tokens UInt32 MATERIALIZED intDiv(length(output_ids), 4),
     prompt_stored_tokens UInt32 MATERIALIZED
         intDiv(length(ifNull(prompt_ids, '')) + length(ifNull(prompt_new_ids, '')), 4)""",
-          "rollout_id, attempt_id, call_index, event_id", time_column="received_at_us",
-          indexes=("INDEX ix_call_id call_id TYPE bloom_filter GRANULARITY 4",)),
-    Table("attempt_starts", f"""
+        "rollout_id, attempt_id, call_index, event_id",
+        time_column="received_at_us",
+        indexes=("INDEX ix_call_id call_id TYPE bloom_filter GRANULARITY 4",),
+    ),
+    Table(
+        "attempt_starts",
+        f"""
     event_id String,
     rollout_id String,
     attempt_id String,
@@ -117,8 +125,12 @@ TABLES: tuple[Table, ...] = (
     task_input_json {TEXT},
     metadata_json {TEXT},
     attempt_number Int32,
-    created_at_us Int64""", "rollout_id, attempt_id, event_id"),
-    Table("env_steps", f"""
+    created_at_us Int64""",
+        "rollout_id, attempt_id, event_id",
+    ),
+    Table(
+        "env_steps",
+        f"""
     event_id String,
     rollout_id String,
     attempt_id String,
@@ -127,8 +139,12 @@ TABLES: tuple[Table, ...] = (
     call_id Nullable(String),
     name Nullable(String),
     payload_json {TEXT},
-    created_at_us Int64""", "rollout_id, attempt_id, event_index, event_id"),
-    Table("attempt_finishes", f"""
+    created_at_us Int64""",
+        "rollout_id, attempt_id, event_index, event_id",
+    ),
+    Table(
+        "attempt_finishes",
+        f"""
     event_id String,
     rollout_id String,
     attempt_id String,
@@ -136,8 +152,12 @@ TABLES: tuple[Table, ...] = (
     call_count Int32,
     event_count Int32,
     final_artifacts_json {TEXT},
-    created_at_us Int64""", "rollout_id, attempt_id, event_id"),
-    Table("rollouts", f"""
+    created_at_us Int64""",
+        "rollout_id, attempt_id, event_id",
+    ),
+    Table(
+        "rollouts",
+        f"""
     event_id String,
     rollout_id String,
     attempt_id String,
@@ -181,9 +201,13 @@ TABLES: tuple[Table, ...] = (
     policy_versions Array(Int64),
     call_ids Array(String),
     env_event_ids Array(String),
-    created_at_us Int64""", "rollout_id, attempt_id, event_id",
-          indexes=("INDEX ix_group_id group_id TYPE bloom_filter GRANULARITY 4",)),
-    Table("groups", f"""
+    created_at_us Int64""",
+        "rollout_id, attempt_id, event_id",
+        indexes=("INDEX ix_group_id group_id TYPE bloom_filter GRANULARITY 4",),
+    ),
+    Table(
+        "groups",
+        f"""
     event_id String,
     group_id String,
     group_key_json String,
@@ -191,11 +215,15 @@ TABLES: tuple[Table, ...] = (
     expected_size Nullable(Int32),
     rollout_ids Array(String),
     rollout_event_ids Array(String),
-    created_at_us Int64""", "group_id, event_id",
-          indexes=("INDEX ix_rollout_ids rollout_ids TYPE bloom_filter GRANULARITY 4",)),
+    created_at_us Int64""",
+        "group_id, event_id",
+        indexes=("INDEX ix_rollout_ids rollout_ids TYPE bloom_filter GRANULARITY 4",),
+    ),
     # The content hash is part of the key: identical re-deliveries collapse, an edited raw score with
     # the same event id stays visible next to the original (audit: score reviewability).
-    Table("scores", f"""
+    Table(
+        "scores",
+        f"""
     event_id String,
     rollout_id String,
     rollout_event_id String,
@@ -207,8 +235,12 @@ TABLES: tuple[Table, ...] = (
     raw_json {TEXT},
     error Nullable(String),
     duration_ms Float64,
-    created_at_us Int64""", "rollout_id, event_id, content_hash"),
-    Table("rewards", f"""
+    created_at_us Int64""",
+        "rollout_id, event_id, content_hash",
+    ),
+    Table(
+        "rewards",
+        f"""
     event_id String,
     rollout_id String,
     group_id String,
@@ -219,8 +251,12 @@ TABLES: tuple[Table, ...] = (
     components_json {TEXT},
     filtered Bool,
     filter_reason Nullable(String),
-    created_at_us Int64""", "rollout_id, reward_config_id, event_id"),
-    Table("credits", f"""
+    created_at_us Int64""",
+        "rollout_id, reward_config_id, event_id",
+    ),
+    Table(
+        "credits",
+        f"""
     event_id String,
     rollout_id String,
     group_id String,
@@ -232,8 +268,12 @@ TABLES: tuple[Table, ...] = (
     call_advantages String,
     rollout_weight Float64,
     sampled_tokens Int32,
-    created_at_us Int64""", "rollout_id, credit_config_id, event_id"),
-    Table("samples", f"""
+    created_at_us Int64""",
+        "rollout_id, credit_config_id, event_id",
+    ),
+    Table(
+        "samples",
+        f"""
     event_id String,
     kind {LC},
     sample_config_id {LC},
@@ -263,10 +303,15 @@ TABLES: tuple[Table, ...] = (
     rollout_id String MATERIALIZED rollout_ids[1],
     tokens UInt32 MATERIALIZED intDiv(length(input_ids), 4),
     loss_tokens UInt32 MATERIALIZED length(replaceAll(loss_mask, '\\0', ''))""",
-          "rollout_id, event_id",
-          indexes=("INDEX ix_event_id event_id TYPE bloom_filter GRANULARITY 4",
-                   "INDEX ix_rollout_ids rollout_ids TYPE bloom_filter GRANULARITY 4")),
-    Table("trainer_steps", """
+        "rollout_id, event_id",
+        indexes=(
+            "INDEX ix_event_id event_id TYPE bloom_filter GRANULARITY 4",
+            "INDEX ix_rollout_ids rollout_ids TYPE bloom_filter GRANULARITY 4",
+        ),
+    ),
+    Table(
+        "trainer_steps",
+        """
     event_id String,
     run_id String,
     step Int64,
@@ -279,9 +324,13 @@ TABLES: tuple[Table, ...] = (
     clip_fraction Float64,
     mean_advantage Float64,
     filtered_json String,
-    created_at_us Int64""", "run_id, step, event_id",
-          indexes=("INDEX ix_sample_ids sample_ids TYPE bloom_filter GRANULARITY 4",)),
-    Table("dead_letters", f"""
+    created_at_us Int64""",
+        "run_id, step, event_id",
+        indexes=("INDEX ix_sample_ids sample_ids TYPE bloom_filter GRANULARITY 4",),
+    ),
+    Table(
+        "dead_letters",
+        f"""
     event_id String,
     stage {LC},
     source_topic {LC},
@@ -291,7 +340,9 @@ TABLES: tuple[Table, ...] = (
     value {TOKENS},
     error_type {LC},
     reason String,
-    created_at_us Int64""", "source_topic, source_partition, source_offset, event_id"),
+    created_at_us Int64""",
+        "source_topic, source_partition, source_offset, event_id",
+    ),
 )
 
 TABLE_NAMES: tuple[str, ...] = tuple(t.name for t in TABLES)
@@ -376,9 +427,20 @@ class Migration:
     statements: Callable[[str], list[str]]  # database name -> idempotent statements
 
 
+# Append only: a migration, once released, is never edited. Schema evolution (a new Avro field with a
+# default) becomes an ADD COLUMN IF NOT EXISTS whose default matches the Avro default.
 MIGRATIONS: tuple[Migration, ...] = (
-    Migration("0001_tables", "one immutable table per event type",
-              lambda db: [t.create_sql(db) for t in TABLES]),
+    Migration(
+        "0001_tables", "one immutable table per event type", lambda db: [t.create_sql(db) for t in TABLES]
+    ),
+    Migration(
+        "0002_rollouts_final_output_text",
+        "CompletedRollout.final_output_text (schema v2)",
+        lambda db: [
+            f"ALTER TABLE {db}.rollouts ADD COLUMN IF NOT EXISTS final_output_text String DEFAULT '' "
+            "CODEC(ZSTD(3)) AFTER final_artifacts_json"
+        ],
+    ),
 )
 
 
@@ -398,8 +460,10 @@ def migrate(client: Client, db: str | None = None) -> list[str]:
     """
     db = db or client.database
     client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
-    client.command(f"CREATE TABLE IF NOT EXISTS {db}.{MIGRATIONS_TABLE} (id String, description String, "
-                   "applied_at DateTime64(6) DEFAULT now64(6)) ENGINE = ReplacingMergeTree ORDER BY id")
+    client.command(
+        f"CREATE TABLE IF NOT EXISTS {db}.{MIGRATIONS_TABLE} (id String, description String, "
+        "applied_at DateTime64(6) DEFAULT now64(6)) ENGINE = ReplacingMergeTree ORDER BY id"
+    )
     done = applied_migrations(client, db)
     applied = []
     for migration in MIGRATIONS:
@@ -407,8 +471,11 @@ def migrate(client: Client, db: str | None = None) -> list[str]:
             continue
         for statement in migration.statements(db):
             client.command(statement)
-        client.insert(f"{db}.{MIGRATIONS_TABLE}", [[migration.id, migration.description]],
-                      column_names=["id", "description"])
+        client.insert(
+            f"{db}.{MIGRATIONS_TABLE}",
+            [[migration.id, migration.description]],
+            column_names=["id", "description"],
+        )
         applied.append(migration.id)
     for name in VIEWS:
         client.command(view_sql(db, name))
@@ -418,7 +485,7 @@ def migrate(client: Client, db: str | None = None) -> list[str]:
 def schema_sql(db: str) -> str:
     """The full DDL as one SQL script (for a server: `tokentrail clickhouse ddl | clickhouse-client -n`)."""
     parts = [f"CREATE DATABASE IF NOT EXISTS {db};"]
-    parts += [t.create_sql(db) + ";" for t in TABLES]
+    parts += [statement + ";" for m in MIGRATIONS for statement in m.statements(db)]
     parts += [view_sql(db, name) + ";" for name in VIEWS]
     return "\n\n".join(parts) + "\n"
 

@@ -76,6 +76,7 @@ def _sha(data: bytes) -> str:
 
 # ---- record -> row -------------------------------------------------------------------------------
 
+
 def _flat(record: Record, renames: dict[str, str] | None = None) -> Row:
     renames = renames or {}
     return {renames.get(k, k): v for k, v in record.items()}
@@ -85,30 +86,62 @@ def call_row(rec: Record) -> Row:
     err = rec.get("error")
     prompt, versions, sampling, timings = rec["prompt"], rec["versions"], rec["sampling"], rec["timings"]
     return {
-        "event_id": rec["event_id"], "call_id": rec["call_id"], "rollout_id": rec["rollout_id"],
-        "attempt_id": rec["attempt_id"], "call_index": rec["call_index"], "session_id": rec.get("session_id"),
-        "protocol": rec["protocol"], "streamed": rec["streamed"], "status": rec["status"],
-        "error_type": err["type"] if err else None, "error_message": err["message"] if err else None,
+        "event_id": rec["event_id"],
+        "call_id": rec["call_id"],
+        "rollout_id": rec["rollout_id"],
+        "attempt_id": rec["attempt_id"],
+        "call_index": rec["call_index"],
+        "session_id": rec.get("session_id"),
+        "protocol": rec["protocol"],
+        "streamed": rec["streamed"],
+        "status": rec["status"],
+        "error_type": err["type"] if err else None,
+        "error_message": err["message"] if err else None,
         "error_status_code": err["status_code"] if err else None,
-        "prompt_length": prompt["length"], "prompt_sha256": prompt["sha256"], "prompt_ids": prompt.get("ids"),
-        "prompt_base_call_id": prompt.get("base_call_id"), "prompt_base_prefix_len": prompt["base_prefix_len"],
+        "prompt_length": prompt["length"],
+        "prompt_sha256": prompt["sha256"],
+        "prompt_ids": prompt.get("ids"),
+        "prompt_base_call_id": prompt.get("base_call_id"),
+        "prompt_base_prefix_len": prompt["base_prefix_len"],
         "prompt_new_ids": prompt.get("new_ids"),
-        "output_ids": rec["output_ids"], "output_logprobs": rec["output_logprobs"],
-        "logprob_kind": rec["logprob_kind"], "finish_reason": rec["finish_reason"],
-        **{k: versions[k] for k in ("model", "policy_version", "tokenizer_fingerprint",
-                                    "chat_template_fingerprint", "adapter_version", "parser_version",
-                                    "engine", "upstream")},
+        "output_ids": rec["output_ids"],
+        "output_logprobs": rec["output_logprobs"],
+        "logprob_kind": rec["logprob_kind"],
+        "finish_reason": rec["finish_reason"],
+        **{
+            k: versions[k]
+            for k in (
+                "model",
+                "policy_version",
+                "tokenizer_fingerprint",
+                "chat_template_fingerprint",
+                "adapter_version",
+                "parser_version",
+                "engine",
+                "upstream",
+            )
+        },
         **{k: sampling[k] for k in ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop")},
         "sampling_extra_json": sampling["extra_json"],
-        "prefix_mode": rec["prefix_mode"], "spliced_outputs": rec["spliced_outputs"],
+        "prefix_mode": rec["prefix_mode"],
+        "spliced_outputs": rec["spliced_outputs"],
         "prefix_breaks": rec["prefix_breaks"],
         **{k: timings[k] for k in ("received_at_us", "queue_ms", "first_token_ms", "total_ms")},
-        "request_json": rec["request_json"], "response_json": rec["response_json"],
+        "request_json": rec["request_json"],
+        "response_json": rec["response_json"],
     }
 
 
-ROLLOUT_CALL_FIELDS = ("call_id", "call_index", "status", "policy_version", "logprob_kind", "finish_reason",
-                       "tokenizer_fingerprint", "chat_template_fingerprint")
+ROLLOUT_CALL_FIELDS = (
+    "call_id",
+    "call_index",
+    "status",
+    "policy_version",
+    "logprob_kind",
+    "finish_reason",
+    "tokenizer_fingerprint",
+    "chat_template_fingerprint",
+)
 ROLLOUT_ENV_FIELDS = ("event_id", "event_index", "kind", "call_id", "name", "payload_json")
 PREFIX_LINK_FIELDS = ("from_call_index", "to_call_index", "is_prefix", "common_prefix_len", "expected_len")
 
@@ -146,7 +179,9 @@ def sample_row(rec: Record) -> Row:
     tokens = n // 4
     for field, width in (("loss_mask", 1), ("rollout_logprobs", 4), ("advantages", 4), ("weights", 4)):
         if len(rec[field]) != tokens * width:
-            raise RowError(f"sample {rec['event_id']}: {field} has {len(rec[field])} bytes for {tokens} tokens")
+            raise RowError(
+                f"sample {rec['event_id']}: {field} has {len(rec[field])} bytes for {tokens} tokens"
+            )
     for seg in rec["segments"]:
         if seg["sample_start"] < 0 or seg["length"] < 0 or seg["sample_start"] + seg["length"] > tokens:
             raise RowError(f"sample {rec['event_id']}: segment {seg} lies outside its {tokens} tokens")
@@ -210,8 +245,9 @@ def to_row(name: str, record: Record, source: Source | None = None) -> tuple[str
 
 # ---- row -> record -------------------------------------------------------------------------------
 
-METADATA_COLUMNS = frozenset({"content_hash", "src_topic", "src_partition", "src_offset", "ingested_at",
-                              "event_time"})
+METADATA_COLUMNS = frozenset(
+    {"content_hash", "src_topic", "src_partition", "src_offset", "ingested_at", "event_time"}
+)
 
 
 def _schema_fields(name: str) -> list[str]:
@@ -221,24 +257,61 @@ def _schema_fields(name: str) -> list[str]:
 def call_from_row(row: Row) -> Record:
     err = None
     if row["error_type"] is not None:
-        err = {"type": row["error_type"], "message": row["error_message"] or "",
-               "status_code": row["error_status_code"] or 0}
-    rec = {k: row[k] for k in ("event_id", "call_id", "rollout_id", "attempt_id", "call_index", "session_id",
-                               "protocol", "streamed", "status")}
+        err = {
+            "type": row["error_type"],
+            "message": row["error_message"] or "",
+            "status_code": row["error_status_code"] or 0,
+        }
+    rec = {
+        k: row[k]
+        for k in (
+            "event_id",
+            "call_id",
+            "rollout_id",
+            "attempt_id",
+            "call_index",
+            "session_id",
+            "protocol",
+            "streamed",
+            "status",
+        )
+    }
     rec["error"] = err
-    rec["prompt"] = {"length": row["prompt_length"], "sha256": row["prompt_sha256"], "ids": row["prompt_ids"],
-                     "base_call_id": row["prompt_base_call_id"], "base_prefix_len": row["prompt_base_prefix_len"],
-                     "new_ids": row["prompt_new_ids"]}
-    rec.update(output_ids=row["output_ids"], output_logprobs=row["output_logprobs"],
-               logprob_kind=row["logprob_kind"], finish_reason=row["finish_reason"])
-    rec["versions"] = {k: row[k] for k in ("model", "policy_version", "tokenizer_fingerprint",
-                                          "chat_template_fingerprint", "adapter_version", "parser_version",
-                                          "engine", "upstream")}
+    rec["prompt"] = {
+        "length": row["prompt_length"],
+        "sha256": row["prompt_sha256"],
+        "ids": row["prompt_ids"],
+        "base_call_id": row["prompt_base_call_id"],
+        "base_prefix_len": row["prompt_base_prefix_len"],
+        "new_ids": row["prompt_new_ids"],
+    }
+    rec.update(
+        output_ids=row["output_ids"],
+        output_logprobs=row["output_logprobs"],
+        logprob_kind=row["logprob_kind"],
+        finish_reason=row["finish_reason"],
+    )
+    rec["versions"] = {
+        k: row[k]
+        for k in (
+            "model",
+            "policy_version",
+            "tokenizer_fingerprint",
+            "chat_template_fingerprint",
+            "adapter_version",
+            "parser_version",
+            "engine",
+            "upstream",
+        )
+    }
     rec["sampling"] = {k: row[k] for k in ("temperature", "top_p", "top_k", "max_tokens", "seed")}
     rec["sampling"]["stop"] = list(row["stop"])
     rec["sampling"]["extra_json"] = row["sampling_extra_json"]
-    rec.update(prefix_mode=row["prefix_mode"], spliced_outputs=row["spliced_outputs"],
-               prefix_breaks=list(row["prefix_breaks"]))
+    rec.update(
+        prefix_mode=row["prefix_mode"],
+        spliced_outputs=row["spliced_outputs"],
+        prefix_breaks=list(row["prefix_breaks"]),
+    )
     rec["timings"] = {k: row[k] for k in ("received_at_us", "queue_ms", "first_token_ms", "total_ms")}
     rec.update(request_json=row["request_json"], response_json=row["response_json"])
     return rec
@@ -258,44 +331,82 @@ def rollout_from_row(row: Row, call_tokens: Callable[[str], CallTokens | None]) 
 
     Every rebuilt array is checked against the hash the rollout row kept; a mismatch is a RowError.
     """
-    rec = {k: _plain(row[k]) for k in _schema_fields("CompletedRollout")
-           if k not in ("calls", "env_events", "prefix_links")}
+    rec = {
+        k: _plain(row[k])
+        for k in _schema_fields("CompletedRollout")
+        if k not in ("calls", "env_events", "prefix_links")
+    }
     calls = []
     for i, call_id in enumerate(row["c_call_id"]):
         tokens = call_tokens(call_id)
         if tokens is None:
             raise RowError(f"rollout {row['rollout_id']}: call {call_id} is not in the calls table")
-        prompt = _prompt_as_recorded(tokens.prompt, row["c_prompt_base_call_id"][i],
-                                     row["c_prompt_base_prefix_len"][i])
+        prompt = _prompt_as_recorded(
+            tokens.prompt, row["c_prompt_base_call_id"][i], row["c_prompt_base_prefix_len"][i]
+        )
         if prompt["length"] != row["c_prompt_length"][i] or prompt["sha256"] != row["c_prompt_sha256"][i]:
             raise RowError(f"rollout {row['rollout_id']}: call {call_id} prompt differs from the call record")
-        if (_sha(tokens.output_ids) != row["c_output_sha256"][i]
-                or _sha(tokens.output_logprobs) != row["c_logprobs_sha256"][i]):
+        if (
+            _sha(tokens.output_ids) != row["c_output_sha256"][i]
+            or _sha(tokens.output_logprobs) != row["c_logprobs_sha256"][i]
+        ):
             raise RowError(f"rollout {row['rollout_id']}: call {call_id} output differs from the call record")
         call = {f: row[f"c_{f}"][i] for f in ROLLOUT_CALL_FIELDS}
         call.update(prompt=prompt, output_ids=tokens.output_ids, output_logprobs=tokens.output_logprobs)
-        calls.append({k: call[k] for k in ("call_id", "call_index", "status", "policy_version", "prompt",
-                                           "output_ids", "output_logprobs", "logprob_kind", "finish_reason",
-                                           "tokenizer_fingerprint", "chat_template_fingerprint")})
+        calls.append(
+            {
+                k: call[k]
+                for k in (
+                    "call_id",
+                    "call_index",
+                    "status",
+                    "policy_version",
+                    "prompt",
+                    "output_ids",
+                    "output_logprobs",
+                    "logprob_kind",
+                    "finish_reason",
+                    "tokenizer_fingerprint",
+                    "chat_template_fingerprint",
+                )
+            }
+        )
     rec["calls"] = calls
-    rec["env_events"] = [{f: row[f"e_{f}"][i] for f in ROLLOUT_ENV_FIELDS} for i in range(len(row["e_event_id"]))]
-    rec["prefix_links"] = [{f: row[f"p_{f}"][i] for f in PREFIX_LINK_FIELDS}
-                           for i in range(len(row["p_from_call_index"]))]
+    rec["env_events"] = [
+        {f: row[f"e_{f}"][i] for f in ROLLOUT_ENV_FIELDS} for i in range(len(row["e_event_id"]))
+    ]
+    rec["prefix_links"] = [
+        {f: row[f"p_{f}"][i] for f in PREFIX_LINK_FIELDS} for i in range(len(row["p_from_call_index"]))
+    ]
     return _reorder("CompletedRollout", rec)
 
 
 def _prompt_as_recorded(full: IdArray, base_call_id: str | None, base_prefix_len: int) -> Record:
     packed = full.tobytes()
     if base_call_id is None:
-        return {"length": len(full), "sha256": ids_digest(packed), "ids": packed, "base_call_id": None,
-                "base_prefix_len": base_prefix_len, "new_ids": None}
-    return {"length": len(full), "sha256": ids_digest(packed), "ids": None, "base_call_id": base_call_id,
-            "base_prefix_len": base_prefix_len, "new_ids": full[base_prefix_len:].tobytes()}
+        return {
+            "length": len(full),
+            "sha256": ids_digest(packed),
+            "ids": packed,
+            "base_call_id": None,
+            "base_prefix_len": base_prefix_len,
+            "new_ids": None,
+        }
+    return {
+        "length": len(full),
+        "sha256": ids_digest(packed),
+        "ids": None,
+        "base_call_id": base_call_id,
+        "base_prefix_len": base_prefix_len,
+        "new_ids": full[base_prefix_len:].tobytes(),
+    }
 
 
 def sample_from_row(row: Row) -> Record:
     rec = {k: _plain(row[k]) for k in _schema_fields("Sample") if k != "segments"}
-    rec["segments"] = [{f: row[f"seg_{f}"][i] for f in SEGMENT_FIELDS} for i in range(len(row["seg_call_id"]))]
+    rec["segments"] = [
+        {f: row[f"seg_{f}"][i] for f in SEGMENT_FIELDS} for i in range(len(row["seg_call_id"]))
+    ]
     return _reorder("Sample", rec)
 
 

@@ -39,24 +39,13 @@ INSERT_ATTEMPTS = 5
 def default_topic_map() -> TopicMap:
     from schemas import topics
 
-    return {
-        topics.CALLS: ("CallRecord",),
-        topics.ENV: ("AttemptStarted", "EnvStep", "AttemptFinished"),
-        topics.ROLLOUTS: ("CompletedRollout",),
-        topics.GROUPS: ("RolloutGroup",),
-        topics.SCORES: ("Score",),
-        topics.REWARDS: ("Reward",),
-        topics.CREDITS: ("Credit",),
-        topics.SAMPLES: ("Sample",),
-        topics.TRAINER_STEPS: ("TrainerStep",),
-        topics.DEAD_LETTER: ("DeadLetter",),
-    }
+    return {spec.name: spec.value_schemas for spec in topics.ALL_TOPICS}
 
 
 def default_dead_letter_topic() -> str:
     from schemas import topics
 
-    return topics.DEAD_LETTER
+    return topics.DEAD_LETTER_TOPIC
 
 
 @dataclass
@@ -84,9 +73,11 @@ class SinkStats:
     def line(self) -> str:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         per_table = ", ".join(f"{t} {n}" for t, n in sorted(self.rows.items()) if n)
-        return (f"sink: {self.messages} messages, {sum(self.rows.values())} rows ({per_table or 'none'}), "
-                f"{self.dead_letters} dead letters, {self.batches} batches, "
-                f"{self.messages / elapsed:.0f} msg/s")
+        return (
+            f"sink: {self.messages} messages, {sum(self.rows.values())} rows ({per_table or 'none'}), "
+            f"{self.dead_letters} dead letters, {self.batches} batches, "
+            f"{self.messages / elapsed:.0f} msg/s"
+        )
 
 
 @dataclass
@@ -107,18 +98,43 @@ def dedup_token(table: str, ranges: dict[tuple[str, int], list[int]]) -> str:
     return f"{table}:{hashlib.sha256(spec.encode()).hexdigest()[:32]}"
 
 
-def dead_letter_record(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
-                       error_type: str, reason: str, timestamp_us: int, stage: str = SINK_STAGE) -> dict[str, Any]:
+def dead_letter_record(
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    error_type: str,
+    reason: str,
+    timestamp_us: int,
+    stage: str = SINK_STAGE,
+) -> dict[str, Any]:
     """A DeadLetter with a deterministic id (re-delivery of the same bad message gives the same id)."""
-    return {"event_id": event_id("dead-letter", stage, topic, partition, offset), "stage": stage,
-            "source_topic": topic, "partition": partition, "offset": offset, "key": key, "value": value or b"",
-            "error_type": error_type, "reason": reason, "created_at_us": timestamp_us}
+    return {
+        "event_id": event_id("dead-letter", stage, topic, partition, offset),
+        "stage": stage,
+        "source_topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "key": key,
+        "value": value or b"",
+        "error_type": error_type,
+        "reason": reason,
+        "created_at_us": timestamp_us,
+    }
 
 
 class ClickHouseSink:
-    def __init__(self, client: Client, settings: Settings | None = None, options: SinkOptions | None = None,
-                 topic_map: TopicMap | None = None, dead_letter_topic: str | None = None,
-                 codec: Codec | None = None, log: Log | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        settings: Settings | None = None,
+        options: SinkOptions | None = None,
+        topic_map: TopicMap | None = None,
+        dead_letter_topic: str | None = None,
+        codec: Codec | None = None,
+        log: Log | None = None,
+    ) -> None:
         self.client = client
         self.settings = settings or get_settings()
         self.options = options or SinkOptions()
@@ -130,46 +146,44 @@ class ClickHouseSink:
         self.pending = _Pending()
         self.assignment: set[tuple[str, int]] = set()
         self.at_end: set[tuple[str, int]] = set()
+        self._broken = False
         self.consumer = Consumer(self._consumer_config())
         self.producer = Producer(self._producer_config())
 
     # ---- configuration ---------------------------------------------------------------------------
 
     def _consumer_config(self) -> dict[str, Any]:
-        try:
-            from schemas import topics
+        from schemas import topics
 
-            conf = dict(topics.consumer_config(self.settings, self.options.group_id))
-        except ImportError:
-            conf = {**self.settings.kafka.client_config(), "group.id": self.options.group_id}
         # At-least-once: we store and commit offsets ourselves, after the insert.
-        conf.update({"group.id": self.options.group_id, "enable.auto.commit": False,
-                     "enable.auto.offset.store": False, "enable.partition.eof": True,
-                     "auto.offset.reset": "earliest"})
-        return conf
+        return topics.consumer_config(
+            self.settings,
+            self.options.group_id,
+            **{"enable.auto.offset.store": False, "enable.partition.eof": True},
+        )
 
     def _producer_config(self) -> dict[str, Any]:
-        try:
-            from schemas import topics
+        from schemas import topics
 
-            return dict(topics.producer_config(self.settings))
-        except ImportError:
-            return {**self.settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"}
+        return topics.producer_config(self.settings)
 
     # ---- main loop -------------------------------------------------------------------------------
 
     def run(self) -> SinkStats:
         opts = self.options
-        self.consumer.subscribe(sorted(self.topic_map), on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_revoke)
+        self.consumer.subscribe(
+            sorted(self.topic_map),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_revoke,
+        )
         started = last_message = last_progress = time.monotonic()
         try:
             while True:
                 msg = self.consumer.poll(opts.poll_timeout_s)
                 now = time.monotonic()
-                if msg is not None:
-                    if self._handle(msg):
-                        last_message = now
+                if msg is not None and self._handle(msg):
+                    last_message = now
                 if self._should_flush(now):
                     self.flush()
                 if opts.progress_every_s and now - last_progress >= opts.progress_every_s:
@@ -195,16 +209,22 @@ class ClickHouseSink:
         p, opts = self.pending, self.options
         if not p.offsets:
             return False
-        return (p.count >= opts.batch_rows or p.nbytes >= opts.batch_bytes
-                or now - p.since >= opts.flush_interval_s or (opts.once and self.assignment <= self.at_end))
+        return (
+            p.count >= opts.batch_rows
+            or p.nbytes >= opts.batch_bytes
+            or now - p.since >= opts.flush_interval_s
+            or (opts.once and self.assignment <= self.at_end)
+        )
 
     def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.assignment |= {(tp.topic, tp.partition) for tp in partitions}
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Store what we have before the partitions move to another member.
+        # Store what we have before the partitions move to another member (unless storing just failed:
+        # then nothing is committed and the next owner re-reads from the last commit).
         try:
-            self.flush()
+            if not self._broken:
+                self.flush()
         finally:
             gone = {(tp.topic, tp.partition) for tp in partitions}
             self.assignment -= gone
@@ -227,8 +247,9 @@ class ClickHouseSink:
         value = msg.value()
         self.stats.messages += 1
         try:
-            name, record = self.codec.decode(value, expect=self.topic_map.get(topic), topic=topic,
-                                             partition=partition, offset=offset)
+            name, record = self.codec.decode(
+                value, expect=self.topic_map.get(topic), topic=topic, partition=partition, offset=offset
+            )
             table, row = to_row(name, record, Source(topic, partition, offset))
         except DecodeError as exc:
             table, row = self._dead_letter(msg, type(exc).__name__, exc.reason)
@@ -246,8 +267,9 @@ class ClickHouseSink:
     def _dead_letter(self, msg: Message, error_type: str, reason: str) -> tuple[str, Row]:
         ts_type, ts_ms = msg.timestamp()
         created = ts_ms * 1000 if ts_type and ts_ms > 0 else int(time.time() * 1e6)
-        record = dead_letter_record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                                    error_type, reason, created)
+        record = dead_letter_record(
+            msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), error_type, reason, created
+        )
         if msg.topic() != self.dead_letter_topic:  # never loop a bad dead letter back into its own topic
             self.pending.dead_letters.append((msg.key(), self.codec.encode("DeadLetter", record)))
         self.stats.dead_letters += 1
@@ -260,16 +282,19 @@ class ClickHouseSink:
         p = self.pending
         if not p.offsets:
             return
+        self._broken = True  # until this batch is fully stored and committed
         if p.dead_letters:
             self._produce_dead_letters(p.dead_letters)
         for table, rows in p.rows.items():
             self._insert(table, rows, dedup_token(table, p.ranges[table]))
             self.stats.rows[table] += len(rows)
-        self.consumer.commit(offsets=[TopicPartition(t, part, off) for (t, part), off in p.offsets.items()],
-                             asynchronous=False)
+        self.consumer.commit(
+            offsets=[TopicPartition(t, part, off) for (t, part), off in p.offsets.items()], asynchronous=False
+        )
         self.stats.batches += 1
         self.stats.commits += 1
         self.pending = _Pending()
+        self._broken = False
 
     def _insert(self, table: str, rows: list[Row], token: str) -> None:
         delay = 0.5
@@ -304,6 +329,7 @@ class ClickHouseSink:
             self.producer.flush(10)
 
 
-def run_sink(client: Client, settings: Settings | None = None, options: SinkOptions | None = None,
-             **kwargs: Any) -> SinkStats:
+def run_sink(
+    client: Client, settings: Settings | None = None, options: SinkOptions | None = None, **kwargs: Any
+) -> SinkStats:
     return ClickHouseSink(client, settings, options, **kwargs).run()

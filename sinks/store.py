@@ -65,8 +65,15 @@ def write_records(client: Client, records: Iterable[tuple[str, Record]]) -> dict
     return counts
 
 
-def select_rows(client: Client, table: str, where: str = "", parameters: dict[str, Any] | None = None,
-                columns: str = "*", order_by: str = "", final: bool = True) -> list[Row]:
+def select_rows(
+    client: Client,
+    table: str,
+    where: str = "",
+    parameters: dict[str, Any] | None = None,
+    columns: str = "*",
+    order_by: str = "",
+    final: bool = True,
+) -> list[Row]:
     sql = f"SELECT {columns} FROM {table}{' FINAL' if final else ''}"
     if where:
         sql += f" WHERE {where}"
@@ -76,18 +83,25 @@ def select_rows(client: Client, table: str, where: str = "", parameters: dict[st
     return list(result.named_results())
 
 
-def rows_by_ids(client: Client, table: str, ids: Iterable[str], id_column: str = "event_id",
-                columns: str = "*") -> list[Row]:
+def rows_by_ids(
+    client: Client, table: str, ids: Iterable[str], id_column: str = "event_id", columns: str = "*"
+) -> list[Row]:
     ids = sorted(set(ids))
     out: list[Row] = []
     for i in range(0, len(ids), ID_CHUNK):
-        out += select_rows(client, table, f"{id_column} IN {{ids:Array(String)}}", {"ids": ids[i:i + ID_CHUNK]},
-                           columns=columns)
+        out += select_rows(
+            client,
+            table,
+            f"{id_column} IN {{ids:Array(String)}}",
+            {"ids": ids[i : i + ID_CHUNK]},
+            columns=columns,
+        )
     return out
 
 
-def load_records(client: Client, table: str, where: str = "", parameters: dict[str, Any] | None = None,
-                 order_by: str = "") -> list[Record]:
+def load_records(
+    client: Client, table: str, where: str = "", parameters: dict[str, Any] | None = None, order_by: str = ""
+) -> list[Record]:
     """Avro records of a table (not rollouts: use ``load_rollouts``)."""
     return [from_row(table, row) for row in select_rows(client, table, where, parameters, order_by=order_by)]
 
@@ -101,8 +115,10 @@ def table_counts(client: Client) -> dict[str, int]:
 
 # ---- calls and their prompts ---------------------------------------------------------------------
 
-CALL_TOKEN_COLUMNS = ("call_id, attempt_id, prompt_length, prompt_sha256, prompt_ids, prompt_base_call_id, "
-                      "prompt_base_prefix_len, prompt_new_ids, output_ids, output_logprobs")
+CALL_TOKEN_COLUMNS = (
+    "call_id, attempt_id, prompt_length, prompt_sha256, prompt_ids, prompt_base_call_id, "
+    "prompt_base_prefix_len, prompt_new_ids, output_ids, output_logprobs"
+)
 
 
 class CallTokenCache:
@@ -143,7 +159,7 @@ class CallTokenCache:
             raise KeyError(f"call {call_id} is not in the calls table")
         chain: list[str] = []  # walk down to a full prompt (or a cached one), then rebuild upwards
         current: str | None = call_id
-        while current and current not in self.prompts:
+        while current and current not in self.prompts and self.rows.get(current):
             if current in chain:
                 raise PromptReconstructionError(f"delta chain of call {call_id} loops at {current}")
             chain.append(current)
@@ -152,17 +168,22 @@ class CallTokenCache:
             try:
                 self.prompts[cid] = reconstruct_prompt(self._prompt_record(cid), self._base_sequence)
             except PromptReconstructionError as exc:
-                self.errors[cid] = f"call {cid}: {exc}"
-                raise PromptReconstructionError(self.errors[cid]) from exc
+                self.errors[cid] = str(exc)
+                raise
         return self.prompts[call_id]
 
     def _prompt_record(self, call_id: str) -> Record:
         row = self.rows.get(call_id) or {}
         if not row:
             raise PromptReconstructionError(f"call {call_id} is not in the calls table")
-        return {"length": row["prompt_length"], "sha256": row["prompt_sha256"], "ids": row["prompt_ids"],
-                "base_call_id": row["prompt_base_call_id"], "base_prefix_len": row["prompt_base_prefix_len"],
-                "new_ids": row["prompt_new_ids"]}
+        return {
+            "length": row["prompt_length"],
+            "sha256": row["prompt_sha256"],
+            "ids": row["prompt_ids"],
+            "base_call_id": row["prompt_base_call_id"],
+            "base_prefix_len": row["prompt_base_prefix_len"],
+            "new_ids": row["prompt_new_ids"],
+        }
 
     def _base_sequence(self, call_id: str) -> IdArray | None:
         row = self.rows.get(call_id)
@@ -190,8 +211,12 @@ class CallTokenCache:
         return CallTokens(self.prompt(call_id), row["output_ids"], row["output_logprobs"])
 
 
-def load_rollouts(client: Client, where: str = "", parameters: dict[str, Any] | None = None,
-                  cache: CallTokenCache | None = None) -> list[Record]:
+def load_rollouts(
+    client: Client,
+    where: str = "",
+    parameters: dict[str, Any] | None = None,
+    cache: CallTokenCache | None = None,
+) -> list[Record]:
     """CompletedRollout records rebuilt from the rollouts and calls tables (hashes checked)."""
     rows = select_rows(client, "rollouts", where, parameters, order_by="rollout_id, attempt_id")
     cache = cache or CallTokenCache(client)

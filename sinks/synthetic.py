@@ -54,22 +54,58 @@ class GroupEvents:
         return [rec for n, rec in self.events if n == name]
 
 
-def _call_record(rid: str, aid: str, index: int, prompt: dict, output: np.ndarray, logprobs: np.ndarray,
-                 version: int, t_us: int) -> Record:
+def _call_record(
+    rid: str,
+    aid: str,
+    index: int,
+    prompt: dict,
+    output: np.ndarray,
+    logprobs: np.ndarray,
+    version: int,
+    t_us: int,
+) -> Record:
     cid = call_id(rid, aid, index)
     return {
-        "event_id": cid, "call_id": cid, "rollout_id": rid, "attempt_id": aid, "call_index": index,
-        "session_id": None, "protocol": "openai.chat", "streamed": False, "status": "OK", "error": None,
-        "prompt": prompt, "output_ids": pack_ids(output), "output_logprobs": pack_floats(logprobs),
-        "logprob_kind": "PROCESSED", "finish_reason": "stop",
-        "versions": {"model": "tokentrail-tiny", "policy_version": version, "tokenizer_fingerprint": "tok:1",
-                     "chat_template_fingerprint": "tpl:1", "adapter_version": "openai/1",
-                     "parser_version": "p/1", "engine": "embedded/0.1", "upstream": "embedded"},
-        "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_tokens": 256, "seed": None,
-                     "stop": [], "extra_json": "{}"},
-        "prefix_mode": "splice", "spliced_outputs": index, "prefix_breaks": [],
+        "event_id": cid,
+        "call_id": cid,
+        "rollout_id": rid,
+        "attempt_id": aid,
+        "call_index": index,
+        "session_id": None,
+        "protocol": "openai.chat",
+        "streamed": False,
+        "status": "OK",
+        "error": None,
+        "prompt": prompt,
+        "output_ids": pack_ids(output),
+        "output_logprobs": pack_floats(logprobs),
+        "logprob_kind": "PROCESSED",
+        "finish_reason": "stop",
+        "versions": {
+            "model": "tokentrail-tiny",
+            "policy_version": version,
+            "tokenizer_fingerprint": "tok:1",
+            "chat_template_fingerprint": "tpl:1",
+            "adapter_version": "openai/1",
+            "parser_version": "p/1",
+            "engine": "embedded/0.1",
+            "upstream": "embedded",
+        },
+        "sampling": {
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": 0,
+            "max_tokens": 256,
+            "seed": None,
+            "stop": [],
+            "extra_json": "{}",
+        },
+        "prefix_mode": "splice",
+        "spliced_outputs": index,
+        "prefix_breaks": [],
         "timings": {"received_at_us": t_us, "queue_ms": 0.1, "first_token_ms": 5.0, "total_ms": 20.0},
-        "request_json": '{"messages":[]}', "response_json": '{"choices":[]}',
+        "request_json": '{"messages":[]}',
+        "response_json": '{"choices":[]}',
     }
 
 
@@ -84,10 +120,18 @@ def synthetic_group(spec: GroupSpec) -> GroupEvents:
         rid = event_id("synthetic-rollout", spec.seed, spec.group_index, r)
         aid = f"{rid}-a1"
         out.rollout_ids.append(rid)
-        start = {"event_id": env_event_id(rid, aid, "start", 0), "rollout_id": rid, "attempt_id": aid,
-                 "group_id": gid, "group_key": {"task": f"task-{spec.group_index}"},
-                 "expected_group_size": spec.rollouts, "task_input_json": '{"question": "2+2"}',
-                 "metadata_json": "{}", "attempt_number": 1, "created_at_us": t0}
+        start = {
+            "event_id": env_event_id(rid, aid, "start", 0),
+            "rollout_id": rid,
+            "attempt_id": aid,
+            "group_id": gid,
+            "group_key": {"task": f"task-{spec.group_index}"},
+            "expected_group_size": spec.rollouts,
+            "task_input_json": '{"question": "2+2"}',
+            "metadata_json": "{}",
+            "attempt_number": 1,
+            "created_at_us": t0,
+        }
         out.events.append(("AttemptStarted", start))
         prompt_ids = rng.integers(0, VOCAB, spec.prompt_tokens, dtype=np.uint32)
         prev_id, prev_seq = None, None
@@ -99,30 +143,53 @@ def synthetic_group(spec: GroupSpec) -> GroupEvents:
             output = rng.integers(0, VOCAB, spec.output_tokens, dtype=np.uint32)
             logprobs = -rng.random(spec.output_tokens, dtype=np.float32)
             prompt = encode_prompt(prompt_ids, prev_id, prev_seq)
-            call = _call_record(rid, aid, i, prompt, output, logprobs, spec.policy_version, t0 + 1000 * (i + 1))
+            call = _call_record(
+                rid, aid, i, prompt, output, logprobs, spec.policy_version, t0 + 1000 * (i + 1)
+            )
             out.events.append(("CallRecord", call))
             out.call_ids.append(call["call_id"])
             calls.append(call)
             prompts.append(prompt_ids)
             outputs.append(output)
-            step = {"event_id": env_event_id(rid, aid, "TOOL_RESULT", i), "rollout_id": rid, "attempt_id": aid,
-                    "event_index": i, "kind": "TOOL_RESULT", "call_id": call["call_id"], "name": "calculator",
-                    "payload_json": '{"result": 4}', "created_at_us": t0 + 1000 * (i + 1) + 500}
+            step = {
+                "event_id": env_event_id(rid, aid, "TOOL_RESULT", i),
+                "rollout_id": rid,
+                "attempt_id": aid,
+                "event_index": i,
+                "kind": "TOOL_RESULT",
+                "call_id": call["call_id"],
+                "name": "calculator",
+                "payload_json": '{"result": 4}',
+                "created_at_us": t0 + 1000 * (i + 1) + 500,
+            }
             out.events.append(("EnvStep", step))
             envs.append(step)
             prev_id, prev_seq = call["call_id"], np.concatenate([prompt_ids, output])
-        finish = {"event_id": env_event_id(rid, aid, "finish", 0), "rollout_id": rid, "attempt_id": aid,
-                  "status": "SUCCESS", "call_count": len(calls), "event_count": len(envs),
-                  "final_artifacts_json": '{"answer": "4"}', "created_at_us": t0 + 1000 * (spec.turns + 2)}
+        finish = {
+            "event_id": env_event_id(rid, aid, "finish", 0),
+            "rollout_id": rid,
+            "attempt_id": aid,
+            "status": "SUCCESS",
+            "call_count": len(calls),
+            "event_count": len(envs),
+            "final_artifacts_json": '{"answer": "4"}',
+            "created_at_us": t0 + 1000 * (spec.turns + 2),
+        }
         out.events.append(("AttemptFinished", finish))
         rollout = _rollout(start, finish, calls, envs, prompts, outputs)
         out.events.append(("CompletedRollout", rollout))
         rollouts.append({"record": rollout, "prompts": prompts, "outputs": outputs, "calls": calls})
     t_group = t0 + 1000 * (spec.turns + 3)
-    group = {"event_id": event_id("group", gid, "FULL"), "group_id": gid,
-             "group_key_json": orjson.dumps({"task": f"task-{spec.group_index}"}).decode(), "status": "FULL",
-             "expected_size": spec.rollouts, "rollout_ids": list(out.rollout_ids),
-             "rollout_event_ids": [r["record"]["event_id"] for r in rollouts], "created_at_us": t_group}
+    group = {
+        "event_id": event_id("group", gid, "FULL"),
+        "group_id": gid,
+        "group_key_json": orjson.dumps({"task": f"task-{spec.group_index}"}).decode(),
+        "status": "FULL",
+        "expected_size": spec.rollouts,
+        "rollout_ids": list(out.rollout_ids),
+        "rollout_event_ids": [r["record"]["event_id"] for r in rollouts],
+        "created_at_us": t_group,
+    }
     out.events.append(("RolloutGroup", group))
     reward_cfg, credit_cfg = content_hash(REWARD_CONFIG), content_hash(CREDIT_CONFIG)
     correct = [float(rng.random() < 0.5) for _ in rollouts]
@@ -131,46 +198,91 @@ def synthetic_group(spec: GroupSpec) -> GroupEvents:
     for r, info in enumerate(rollouts):
         rec = info["record"]
         rid = rec["rollout_id"]
-        score = {"event_id": event_id("score", rec["event_id"], "answer_match", "1"), "rollout_id": rid,
-                 "rollout_event_id": rec["event_id"], "group_id": gid, "verifier_name": "answer_match",
-                 "verifier_version": "1", "scope": "ROLLOUT", "status": "OK",
-                 "raw_json": orjson.dumps({"correct": bool(correct[r])}).decode(), "error": None,
-                 "duration_ms": 0.5, "created_at_us": t_group + 10}
-        reward = {"event_id": event_id("reward", score["event_id"], reward_cfg), "rollout_id": rid,
-                  "group_id": gid, "reward_config_id": reward_cfg, "score_ids": [score["event_id"]],
-                  "raw_reward": correct[r], "reward": (correct[r] - mean) / std, "components_json": "{}",
-                  "filtered": False, "filter_reason": None, "created_at_us": t_group + 20}
+        score = {
+            "event_id": event_id("score", rec["event_id"], "answer_match", "1"),
+            "rollout_id": rid,
+            "rollout_event_id": rec["event_id"],
+            "group_id": gid,
+            "verifier_name": "answer_match",
+            "verifier_version": "1",
+            "scope": "ROLLOUT",
+            "status": "OK",
+            "raw_json": orjson.dumps({"correct": bool(correct[r])}).decode(),
+            "error": None,
+            "duration_ms": 0.5,
+            "created_at_us": t_group + 10,
+        }
+        reward = {
+            "event_id": event_id("reward", score["event_id"], reward_cfg),
+            "rollout_id": rid,
+            "group_id": gid,
+            "reward_config_id": reward_cfg,
+            "score_ids": [score["event_id"]],
+            "raw_reward": correct[r],
+            "reward": (correct[r] - mean) / std,
+            "components_json": "{}",
+            "filtered": False,
+            "filter_reason": None,
+            "created_at_us": t_group + 20,
+        }
         sampled = sum(len(o) for o in info["outputs"])
-        credit = {"event_id": event_id("credit", reward["event_id"], credit_cfg), "rollout_id": rid,
-                  "group_id": gid, "reward_id": reward["event_id"], "credit_config_id": credit_cfg,
-                  "level": "ROLLOUT", "rollout_advantage": reward["reward"],
-                  "call_ids": [c["call_id"] for c in info["calls"]],
-                  "call_advantages": pack_floats([reward["reward"]] * len(info["calls"])),
-                  "rollout_weight": 1.0, "sampled_tokens": sampled, "created_at_us": t_group + 30}
+        credit = {
+            "event_id": event_id("credit", reward["event_id"], credit_cfg),
+            "rollout_id": rid,
+            "group_id": gid,
+            "reward_id": reward["event_id"],
+            "credit_config_id": credit_cfg,
+            "level": "ROLLOUT",
+            "rollout_advantage": reward["reward"],
+            "call_ids": [c["call_id"] for c in info["calls"]],
+            "call_advantages": pack_floats([reward["reward"]] * len(info["calls"])),
+            "rollout_weight": 1.0,
+            "sampled_tokens": sampled,
+            "created_at_us": t_group + 30,
+        }
         out.events += [("Score", score), ("Reward", reward), ("Credit", credit)]
         info.update(score=score, reward=reward, credit=credit)
     samples = [_call_sample(info, i, SAMPLE_CONFIG) for info in rollouts for i in range(len(info["calls"]))]
     if spec.pack:
         for j in range(0, len(rollouts), 2):
-            parts = [_call_sample(info, i, PACK_CONFIG) for info in rollouts[j:j + 2]
-                     for i in range(len(info["calls"]))]
+            parts = [
+                _call_sample(info, i, PACK_CONFIG)
+                for info in rollouts[j : j + 2]
+                for i in range(len(info["calls"]))
+            ]
             samples.append(pack_samples(parts, PACK_CONFIG))
     for s in samples:
         s["created_at_us"] = t_group + 40
         out.events.append(("Sample", s))
         out.sample_ids.append(s["event_id"])
     if spec.trainer_step:
-        step = {"event_id": event_id("step", "synthetic-run", spec.group_index), "run_id": "synthetic-run",
-                "step": spec.group_index, "policy_version_before": spec.policy_version,
-                "policy_version_after": spec.policy_version + 1, "sample_ids": list(out.sample_ids),
-                "tokens": sum(len(s["input_ids"]) // 4 for s in samples), "loss": 0.1, "mean_ratio": 1.0,
-                "clip_fraction": 0.0, "mean_advantage": 0.0, "filtered_json": "{}", "created_at_us": t_group + 50}
+        step = {
+            "event_id": event_id("step", "synthetic-run", spec.group_index),
+            "run_id": "synthetic-run",
+            "step": spec.group_index,
+            "policy_version_before": spec.policy_version,
+            "policy_version_after": spec.policy_version + 1,
+            "sample_ids": list(out.sample_ids),
+            "tokens": sum(len(s["input_ids"]) // 4 for s in samples),
+            "loss": 0.1,
+            "mean_ratio": 1.0,
+            "clip_fraction": 0.0,
+            "mean_advantage": 0.0,
+            "filtered_json": "{}",
+            "created_at_us": t_group + 50,
+        }
         out.events.append(("TrainerStep", step))
     return out
 
 
-def _rollout(start: Record, finish: Record, calls: list[Record], envs: list[Record], prompts: list[np.ndarray],
-             outputs: list[np.ndarray]) -> Record:
+def _rollout(
+    start: Record,
+    finish: Record,
+    calls: list[Record],
+    envs: list[Record],
+    prompts: list[np.ndarray],
+    outputs: list[np.ndarray],
+) -> Record:
     rid, aid = start["rollout_id"], start["attempt_id"]
     links = []
     for i in range(len(calls) - 1):
@@ -180,22 +292,55 @@ def _rollout(start: Record, finish: Record, calls: list[Record], envs: list[Reco
         n = min(len(seq), len(nxt))
         diff = np.flatnonzero(seq[:n] != nxt[:n])
         shared = int(diff[0]) if diff.size else n
-        links.append({"from_call_index": i, "to_call_index": i + 1, "is_prefix": shared == expected,
-                      "common_prefix_len": shared, "expected_len": expected})
-    rcalls = [{"call_id": c["call_id"], "call_index": c["call_index"], "status": c["status"],
-               "policy_version": c["versions"]["policy_version"], "prompt": c["prompt"],
-               "output_ids": c["output_ids"], "output_logprobs": c["output_logprobs"],
-               "logprob_kind": c["logprob_kind"], "finish_reason": c["finish_reason"],
-               "tokenizer_fingerprint": c["versions"]["tokenizer_fingerprint"],
-               "chat_template_fingerprint": c["versions"]["chat_template_fingerprint"]} for c in calls]
-    renvs = [{k: e[k] for k in ("event_id", "event_index", "kind", "call_id", "name", "payload_json")} for e in envs]
+        links.append(
+            {
+                "from_call_index": i,
+                "to_call_index": i + 1,
+                "is_prefix": shared == expected,
+                "common_prefix_len": shared,
+                "expected_len": expected,
+            }
+        )
+    rcalls = [
+        {
+            "call_id": c["call_id"],
+            "call_index": c["call_index"],
+            "status": c["status"],
+            "policy_version": c["versions"]["policy_version"],
+            "prompt": c["prompt"],
+            "output_ids": c["output_ids"],
+            "output_logprobs": c["output_logprobs"],
+            "logprob_kind": c["logprob_kind"],
+            "finish_reason": c["finish_reason"],
+            "tokenizer_fingerprint": c["versions"]["tokenizer_fingerprint"],
+            "chat_template_fingerprint": c["versions"]["chat_template_fingerprint"],
+        }
+        for c in calls
+    ]
+    renvs = [
+        {k: e[k] for k in ("event_id", "event_index", "kind", "call_id", "name", "payload_json")}
+        for e in envs
+    ]
     return {
-        "event_id": event_id("rollout", rid, aid), "rollout_id": rid, "attempt_id": aid, "status": "COMPLETE",
-        "missing": [], "counted": True, "attempt_number": 1, "group_id": start["group_id"],
-        "group_key": start["group_key"], "expected_group_size": start["expected_group_size"],
-        "task_input_json": start["task_input_json"], "metadata_json": "{}", "finish_status": finish["status"],
-        "final_artifacts_json": finish["final_artifacts_json"], "calls": rcalls, "env_events": renvs,
-        "prefix_links": links, "policy_versions": sorted({c["policy_version"] for c in rcalls}),
+        "event_id": event_id("rollout", rid, aid),
+        "rollout_id": rid,
+        "attempt_id": aid,
+        "status": "COMPLETE",
+        "missing": [],
+        "counted": True,
+        "attempt_number": 1,
+        "group_id": start["group_id"],
+        "group_key": start["group_key"],
+        "expected_group_size": start["expected_group_size"],
+        "task_input_json": start["task_input_json"],
+        "metadata_json": "{}",
+        "finish_status": finish["status"],
+        "final_artifacts_json": finish["final_artifacts_json"],
+        "final_output_text": "4",
+        "calls": rcalls,
+        "env_events": renvs,
+        "prefix_links": links,
+        "policy_versions": sorted({c["policy_version"] for c in rcalls}),
         "call_ids": [c["call_id"] for c in calls],
         "env_event_ids": [start["event_id"]] + [e["event_id"] for e in envs] + [finish["event_id"]],
         "created_at_us": finish["created_at_us"],
@@ -208,25 +353,49 @@ def _call_sample(info: dict, i: int, config: dict) -> Record:
     rid = call["rollout_id"]
     n_p, n_o = len(prompt), len(output)
     mask = np.concatenate([np.zeros(n_p, np.uint8), np.ones(n_o, np.uint8)])
-    logprobs = np.concatenate([np.full(n_p, np.nan, np.float32), np.frombuffer(call["output_logprobs"], "<f4")])
+    logprobs = np.concatenate(
+        [np.full(n_p, np.nan, np.float32), np.frombuffer(call["output_logprobs"], "<f4")]
+    )
     weight = np.float32(credit["rollout_weight"] / credit["sampled_tokens"])
     weights = mask.astype(np.float32) * weight
     advantages = mask.astype(np.float32) * np.float32(credit["rollout_advantage"])
     cfg = content_hash(config)
     return {
-        "event_id": event_id("sample", cfg, call["call_id"]), "kind": "CALL", "sample_config_id": cfg,
-        "rollout_ids": [rid], "group_ids": [credit["group_id"]], "score_ids": [score["event_id"]],
-        "reward_ids": [reward["event_id"]], "credit_ids": [credit["event_id"]],
+        "event_id": event_id("sample", cfg, call["call_id"]),
+        "kind": "CALL",
+        "sample_config_id": cfg,
+        "rollout_ids": [rid],
+        "group_ids": [credit["group_id"]],
+        "score_ids": [score["event_id"]],
+        "reward_ids": [reward["event_id"]],
+        "credit_ids": [credit["event_id"]],
         "policy_version_first": call["versions"]["policy_version"],
         "policy_version_last": call["versions"]["policy_version"],
-        "input_ids": pack_ids(np.concatenate([prompt, output])), "loss_mask": pack_mask(mask),
-        "rollout_logprobs": pack_floats(logprobs), "advantages": pack_floats(advantages),
-        "weights": pack_floats(weights), "sequence_starts": pack_int32([0]),
+        "input_ids": pack_ids(np.concatenate([prompt, output])),
+        "loss_mask": pack_mask(mask),
+        "rollout_logprobs": pack_floats(logprobs),
+        "advantages": pack_floats(advantages),
+        "weights": pack_floats(weights),
+        "sequence_starts": pack_int32([0]),
         "segments": [
-            {"rollout_id": rid, "call_id": call["call_id"], "call_index": i, "source": "PROMPT",
-             "sample_start": 0, "call_start": 0, "length": n_p},
-            {"rollout_id": rid, "call_id": call["call_id"], "call_index": i, "source": "OUTPUT",
-             "sample_start": n_p, "call_start": 0, "length": n_o},
+            {
+                "rollout_id": rid,
+                "call_id": call["call_id"],
+                "call_index": i,
+                "source": "PROMPT",
+                "sample_start": 0,
+                "call_start": 0,
+                "length": n_p,
+            },
+            {
+                "rollout_id": rid,
+                "call_id": call["call_id"],
+                "call_index": i,
+                "source": "OUTPUT",
+                "sample_start": n_p,
+                "call_start": 0,
+                "length": n_o,
+            },
         ],
         "created_at_us": 0,
     }
@@ -234,6 +403,7 @@ def _call_sample(info: dict, i: int, config: dict) -> Record:
 
 def pack_samples(parts: list[Record], config: dict) -> Record:
     """Concatenate samples into one PACKED sequence; weights and segments move with their tokens."""
+
     def cat(field: str) -> bytes:
         return b"".join(p[field] for p in parts)
 
@@ -248,13 +418,22 @@ def pack_samples(parts: list[Record], config: dict) -> Record:
         return list(dict.fromkeys(x for p in parts for x in p[field]))
 
     return {
-        "event_id": event_id("packed", content_hash(config), [p["event_id"] for p in parts]), "kind": "PACKED",
-        "sample_config_id": content_hash(config), "rollout_ids": union("rollout_ids"),
-        "group_ids": union("group_ids"), "score_ids": union("score_ids"), "reward_ids": union("reward_ids"),
+        "event_id": event_id("packed", content_hash(config), [p["event_id"] for p in parts]),
+        "kind": "PACKED",
+        "sample_config_id": content_hash(config),
+        "rollout_ids": union("rollout_ids"),
+        "group_ids": union("group_ids"),
+        "score_ids": union("score_ids"),
+        "reward_ids": union("reward_ids"),
         "credit_ids": union("credit_ids"),
         "policy_version_first": min(p["policy_version_first"] for p in parts),
         "policy_version_last": max(p["policy_version_last"] for p in parts),
-        "input_ids": cat("input_ids"), "loss_mask": cat("loss_mask"), "rollout_logprobs": cat("rollout_logprobs"),
-        "advantages": cat("advantages"), "weights": cat("weights"), "sequence_starts": pack_int32(starts),
-        "segments": segments, "created_at_us": 0,
+        "input_ids": cat("input_ids"),
+        "loss_mask": cat("loss_mask"),
+        "rollout_logprobs": cat("rollout_logprobs"),
+        "advantages": cat("advantages"),
+        "weights": cat("weights"),
+        "sequence_starts": pack_int32(starts),
+        "segments": segments,
+        "created_at_us": 0,
     }

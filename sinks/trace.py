@@ -30,30 +30,66 @@ def trace_sample(client: Client, sample_id: str, position: int | None = None) ->
     ids = unpack_ids(sample["input_ids"])
     mask = unpack_mask(sample["loss_mask"])
     out: dict[str, Any] = {
-        "sample": {"id": sample_id, "kind": sample["kind"], "sample_config_id": sample["sample_config_id"],
-                   "tokens": len(ids), "loss_tokens": int(mask.sum()),
-                   "sequences": len(unpack_int32(sample["sequence_starts"])) or 1,
-                   "policy_versions": [sample["policy_version_first"], sample["policy_version_last"]],
-                   "weight_total": sample["weight_total"]},
-        "trainer_steps": [{"run_id": r["run_id"], "step": r["step"], "policy_version_before": r["policy_version_before"],
-                           "policy_version_after": r["policy_version_after"], "loss": r["loss"]}
-                          for r in select_rows(client, "trainer_steps", "has(sample_ids, {id:String})", {"id": sample_id},
-                                               columns="run_id, step, policy_version_before, policy_version_after, loss",
-                                               order_by="run_id, step")],
+        "sample": {
+            "id": sample_id,
+            "kind": sample["kind"],
+            "sample_config_id": sample["sample_config_id"],
+            "tokens": len(ids),
+            "loss_tokens": int(mask.sum()),
+            "sequences": len(unpack_int32(sample["sequence_starts"])) or 1,
+            "policy_versions": [sample["policy_version_first"], sample["policy_version_last"]],
+            "weight_total": sample["weight_total"],
+        },
+        "trainer_steps": [
+            {
+                "run_id": r["run_id"],
+                "step": r["step"],
+                "policy_version_before": r["policy_version_before"],
+                "policy_version_after": r["policy_version_after"],
+                "loss": r["loss"],
+            }
+            for r in select_rows(
+                client,
+                "trainer_steps",
+                "has(sample_ids, {id:String})",
+                {"id": sample_id},
+                columns="run_id, step, policy_version_before, policy_version_after, loss",
+                order_by="run_id, step",
+            )
+        ],
     }
-    segments = [{k: sample[f"seg_{k}"][i] for k in ("rollout_id", "call_id", "call_index", "source", "sample_start",
-                                                    "call_start", "length", "weight")}
-                for i in range(len(sample["seg_call_id"]))]
+    segments = [
+        {
+            k: sample[f"seg_{k}"][i]
+            for k in (
+                "rollout_id",
+                "call_id",
+                "call_index",
+                "source",
+                "sample_start",
+                "call_start",
+                "length",
+                "weight",
+            )
+        }
+        for i in range(len(sample["seg_call_id"]))
+    ]
     cache = CallTokenCache(client)
     cache.fetch(s["call_id"] for s in segments)
     if position is not None:
         if not 0 <= position < len(ids):
             raise TraceError(f"position {position} is outside sample {sample_id} ({len(ids)} tokens)")
-        seg = next((s for s in segments if s["sample_start"] <= position < s["sample_start"] + s["length"]), None)
-        token: dict[str, Any] = {"position": position, "token_id": int(ids[position]), "in_loss": bool(mask[position]),
-                                 "weight": float(unpack_floats(sample["weights"])[position]),
-                                 "advantage": float(unpack_floats(sample["advantages"])[position]),
-                                 "rollout_logprob": float(unpack_floats(sample["rollout_logprobs"])[position])}
+        seg = next(
+            (s for s in segments if s["sample_start"] <= position < s["sample_start"] + s["length"]), None
+        )
+        token: dict[str, Any] = {
+            "position": position,
+            "token_id": int(ids[position]),
+            "in_loss": bool(mask[position]),
+            "weight": float(unpack_floats(sample["weights"])[position]),
+            "advantage": float(unpack_floats(sample["advantages"])[position]),
+            "rollout_logprob": float(unpack_floats(sample["rollout_logprobs"])[position]),
+        }
         if seg is None:
             token["segment"] = None
         else:
@@ -71,14 +107,33 @@ def trace_sample(client: Client, sample_id: str, position: int | None = None) ->
     out["calls"] = [_call_summary(client, cache, c) for c in call_ids]
     out["rollouts"] = [_rollout_summary(client, r) for r in rollout_ids]
     wanted = set(rollout_ids)
-    out["scores"] = [_pick(r, "event_id", "rollout_id", "verifier_name", "verifier_version", "status", "raw_json")
-                     for r in rows_by_ids(client, "scores", sample["score_ids"]) if r["rollout_id"] in wanted]
-    out["rewards"] = [_pick(r, "event_id", "rollout_id", "reward_config_id", "score_ids", "raw_reward", "reward",
-                            "filtered") for r in rows_by_ids(client, "rewards", sample["reward_ids"])
-                      if r["rollout_id"] in wanted]
-    out["credits"] = [_pick(r, "event_id", "rollout_id", "reward_id", "credit_config_id", "level",
-                            "rollout_advantage", "rollout_weight", "sampled_tokens")
-                      for r in rows_by_ids(client, "credits", sample["credit_ids"]) if r["rollout_id"] in wanted]
+    out["scores"] = [
+        _pick(r, "event_id", "rollout_id", "verifier_name", "verifier_version", "status", "raw_json")
+        for r in rows_by_ids(client, "scores", sample["score_ids"])
+        if r["rollout_id"] in wanted
+    ]
+    out["rewards"] = [
+        _pick(
+            r, "event_id", "rollout_id", "reward_config_id", "score_ids", "raw_reward", "reward", "filtered"
+        )
+        for r in rows_by_ids(client, "rewards", sample["reward_ids"])
+        if r["rollout_id"] in wanted
+    ]
+    out["credits"] = [
+        _pick(
+            r,
+            "event_id",
+            "rollout_id",
+            "reward_id",
+            "credit_config_id",
+            "level",
+            "rollout_advantage",
+            "rollout_weight",
+            "sampled_tokens",
+        )
+        for r in rows_by_ids(client, "credits", sample["credit_ids"])
+        if r["rollout_id"] in wanted
+    ]
     return out
 
 
@@ -98,18 +153,23 @@ def _token_in_call(cache: CallTokenCache, seg: dict[str, Any], offset: int, toke
     else:
         out["call_token_id"] = int(prompt[offset]) if offset < len(prompt) else None
         out["conditioning_prefix_len"] = offset
-        before = prompt[max(0, offset - CONTEXT_TOKENS):offset]
+        before = prompt[max(0, offset - CONTEXT_TOKENS) : offset]
     out["matches_call"] = out["call_token_id"] == token_id
     out["preceding_ids"] = [int(x) for x in before]
     return out
 
 
 def _call_summary(client: Client, cache: CallTokenCache, call_id: str) -> dict[str, Any]:
-    rows = select_rows(client, "calls", "call_id = {id:String}", {"id": call_id},
-                       columns="call_id, rollout_id, attempt_id, call_index, status, model, policy_version, protocol, "
-                               "tokenizer_fingerprint, chat_template_fingerprint, logprob_kind, finish_reason, "
-                               "prompt_length, prompt_sha256, prompt_base_call_id, prompt_base_prefix_len, "
-                               "output_tokens, prefix_mode")
+    rows = select_rows(
+        client,
+        "calls",
+        "call_id = {id:String}",
+        {"id": call_id},
+        columns="call_id, rollout_id, attempt_id, call_index, status, model, policy_version, protocol, "
+        "tokenizer_fingerprint, chat_template_fingerprint, logprob_kind, finish_reason, "
+        "prompt_length, prompt_sha256, prompt_base_call_id, prompt_base_prefix_len, "
+        "output_tokens, prefix_mode",
+    )
     if not rows:
         return {"call_id": call_id, "problem": "not stored"}
     row = dict(rows[0])
@@ -128,14 +188,28 @@ def _call_summary(client: Client, cache: CallTokenCache, call_id: str) -> dict[s
 
 
 def _rollout_summary(client: Client, rollout_id: str) -> dict[str, Any]:
-    rows = select_rows(client, "rollouts", "rollout_id = {id:String}", {"id": rollout_id},
-                       columns="event_id, rollout_id, attempt_id, attempt_number, status, counted, group_id, "
-                               "policy_versions, finish_status, length(call_ids) AS calls, "
-                               "length(env_event_ids) AS env_events, task_input_json",
-                       order_by="attempt_number")
-    groups = select_rows(client, "groups", "has(rollout_ids, {id:String})", {"id": rollout_id},
-                         columns="group_id, status, expected_size, length(rollout_ids) AS size, group_key_json")
-    return {"rollout_id": rollout_id, "attempts": [dict(r) for r in rows], "groups": [dict(g) for g in groups]}
+    rows = select_rows(
+        client,
+        "rollouts",
+        "rollout_id = {id:String}",
+        {"id": rollout_id},
+        columns="event_id, rollout_id, attempt_id, attempt_number, status, counted, group_id, "
+        "policy_versions, finish_status, length(call_ids) AS calls, "
+        "length(env_event_ids) AS env_events, task_input_json",
+        order_by="attempt_number",
+    )
+    groups = select_rows(
+        client,
+        "groups",
+        "has(rollout_ids, {id:String})",
+        {"id": rollout_id},
+        columns="group_id, status, expected_size, length(rollout_ids) AS size, group_key_json",
+    )
+    return {
+        "rollout_id": rollout_id,
+        "attempts": [dict(r) for r in rows],
+        "groups": [dict(g) for g in groups],
+    }
 
 
 def _pick(row: dict[str, Any], *keys: str) -> dict[str, Any]:
@@ -144,61 +218,94 @@ def _pick(row: dict[str, Any], *keys: str) -> dict[str, Any]:
 
 def format_trace(trace: dict[str, Any]) -> str:
     s = trace["sample"]
-    lines = [f"sample {s['id']}  ({s['kind']}, config {s['sample_config_id']}, {s['tokens']} tokens, "
-             f"{s['loss_tokens']} in loss, policy v{s['policy_versions'][0]}..v{s['policy_versions'][1]})"]
+    lines = [
+        f"sample {s['id']}  ({s['kind']}, config {s['sample_config_id']}, {s['tokens']} tokens, "
+        f"{s['loss_tokens']} in loss, policy v{s['policy_versions'][0]}..v{s['policy_versions'][1]})"
+    ]
     for t in trace["trainer_steps"]:
-        lines.append(f"  trained in  run {t['run_id']} step {t['step']} (policy v{t['policy_version_before']} -> "
-                     f"v{t['policy_version_after']}, loss {t['loss']:.4g})")
+        lines.append(
+            f"  trained in  run {t['run_id']} step {t['step']} (policy v{t['policy_version_before']} -> "
+            f"v{t['policy_version_after']}, loss {t['loss']:.4g})"
+        )
     if not trace["trainer_steps"]:
         lines.append("  trained in  (no trainer step names this sample yet)")
     if "token" in trace:
         t = trace["token"]
-        lines.append(f"  token       position {t['position']}: id {t['token_id']}, in loss: {t['in_loss']}, "
-                     f"weight {t['weight']:.4g}, advantage {t['advantage']:.4g}, rollout logprob {t['rollout_logprob']:.4g}")
+        lines.append(
+            f"  token       position {t['position']}: id {t['token_id']}, in loss: {t['in_loss']}, "
+            f"weight {t['weight']:.4g}, advantage {t['advantage']:.4g}, "
+            f"rollout logprob {t['rollout_logprob']:.4g}"
+        )
         seg = t.get("segment")
         if seg is None:
             lines.append("              NOT COVERED by any segment: no call is known to have produced it")
         else:
-            lines.append(f"              from call {seg['call_id']} (#{seg['call_index']}) {seg['source']} "
-                         f"offset {t['call_offset']}; call has id {t.get('call_token_id')} "
-                         f"-> {'match' if t.get('matches_call') else 'MISMATCH'}")
+            lines.append(
+                f"              from call {seg['call_id']} (#{seg['call_index']}) {seg['source']} "
+                f"offset {t['call_offset']}; call has id {t.get('call_token_id')} "
+                f"-> {'match' if t.get('matches_call') else 'MISMATCH'}"
+            )
             if "problem" in t:
                 lines.append(f"              PROBLEM: {t['problem']}")
             else:
-                lines.append(f"              conditioned on {t['conditioning_prefix_len']} tokens, ending "
-                             f"... {t['preceding_ids']}")
+                lines.append(
+                    f"              conditioned on {t['conditioning_prefix_len']} tokens, ending "
+                    f"... {t['preceding_ids']}"
+                )
     for seg in trace.get("segments", []):
-        lines.append(f"  segment     sample[{seg['sample_start']}:{seg['sample_start'] + seg['length']}] <- call "
-                     f"{seg['call_id']} #{seg['call_index']} {seg['source']}[{seg['call_start']}:"
-                     f"{seg['call_start'] + seg['length']}] weight {seg['weight']:.4g}")
+        lines.append(
+            f"  segment     sample[{seg['sample_start']}:{seg['sample_start'] + seg['length']}] <- call "
+            f"{seg['call_id']} #{seg['call_index']} {seg['source']}[{seg['call_start']}:"
+            f"{seg['call_start'] + seg['length']}] weight {seg['weight']:.4g}"
+        )
     for c in trace["calls"]:
         if "problem" in c:
             lines.append(f"  call        {c['call_id']}: {c['problem']}")
             continue
-        delta = (f"delta on {c['prompt_base_call_id']} (+{c['prompt_length'] - c['prompt_base_prefix_len']} new), "
-                 f"chain {' <- '.join(c['prompt_delta_chain'])}" if c["prompt_base_call_id"] else "stored in full")
-        lines.append(f"  call        {c['call_id']}: #{c['call_index']} {c['protocol']} {c['status']} model {c['model']} "
-                     f"policy v{c['policy_version']}, {c['output_tokens']} sampled ({c['logprob_kind']} logprobs)")
-        lines.append(f"  prompt      {c['prompt_length']} tokens sha256 {c['prompt_sha256'][:16]}..., {delta}; "
-                     f"{'verified' if c['prompt_verified'] else 'NOT VERIFIED: ' + c.get('prompt_problem', '')}")
+        delta = (
+            f"delta on {c['prompt_base_call_id']} (+{c['prompt_length'] - c['prompt_base_prefix_len']} new), "
+            f"chain {' <- '.join(c['prompt_delta_chain'])}"
+            if c["prompt_base_call_id"]
+            else "stored in full"
+        )
+        lines.append(
+            f"  call        {c['call_id']}: #{c['call_index']} {c['protocol']} {c['status']} "
+            f"model {c['model']} "
+            f"policy v{c['policy_version']}, {c['output_tokens']} sampled ({c['logprob_kind']} logprobs)"
+        )
+        lines.append(
+            f"  prompt      {c['prompt_length']} tokens sha256 {c['prompt_sha256'][:16]}..., {delta}; "
+            f"{'verified' if c['prompt_verified'] else 'NOT VERIFIED: ' + c.get('prompt_problem', '')}"
+        )
     for r in trace["rollouts"]:
         for a in r["attempts"]:
-            lines.append(f"  rollout     {r['rollout_id']} attempt {a['attempt_id']} #{a['attempt_number']}: "
-                         f"{a['status']}{'' if a['counted'] else ' (not counted)'}, {a['calls']} calls, "
-                         f"{a['env_events']} env events, policy {list(a['policy_versions'])}, finish {a['finish_status']}")
+            lines.append(
+                f"  rollout     {r['rollout_id']} attempt {a['attempt_id']} #{a['attempt_number']}: "
+                f"{a['status']}{'' if a['counted'] else ' (not counted)'}, {a['calls']} calls, "
+                f"{a['env_events']} env events, policy {list(a['policy_versions'])}, "
+                f"finish {a['finish_status']}"
+            )
         for g in r["groups"]:
-            lines.append(f"  group       {g['group_id']}: {g['status']} {g['size']}/{g['expected_size']} "
-                         f"key {g['group_key_json']}")
+            lines.append(
+                f"  group       {g['group_id']}: {g['status']} {g['size']}/{g['expected_size']} "
+                f"key {g['group_key_json']}"
+            )
         if not r["groups"]:
             lines.append("  group       NONE contains this rollout")
     for sc in trace["scores"]:
-        lines.append(f"  score       {sc['event_id']}: {sc['verifier_name']}@{sc['verifier_version']} {sc['status']} "
-                     f"raw {sc['raw_json']}")
+        lines.append(
+            f"  score       {sc['event_id']}: {sc['verifier_name']}@{sc['verifier_version']} {sc['status']} "
+            f"raw {sc['raw_json']}"
+        )
     for w in trace["rewards"]:
-        lines.append(f"  reward      {w['event_id']}: config {w['reward_config_id']} raw {w['raw_reward']:.4g} -> "
-                     f"{w['reward']:.4g}{' (filtered)' if w['filtered'] else ''} from scores {w['score_ids']}")
+        lines.append(
+            f"  reward      {w['event_id']}: config {w['reward_config_id']} raw {w['raw_reward']:.4g} -> "
+            f"{w['reward']:.4g}{' (filtered)' if w['filtered'] else ''} from scores {w['score_ids']}"
+        )
     for c in trace["credits"]:
-        lines.append(f"  credit      {c['event_id']}: config {c['credit_config_id']} {c['level']} advantage "
-                     f"{c['rollout_advantage']:.4g}, rollout weight {c['rollout_weight']:.4g} over "
-                     f"{c['sampled_tokens']} tokens")
+        lines.append(
+            f"  credit      {c['event_id']}: config {c['credit_config_id']} {c['level']} advantage "
+            f"{c['rollout_advantage']:.4g}, rollout weight {c['rollout_weight']:.4g} over "
+            f"{c['sampled_tokens']} tokens"
+        )
     return "\n".join(lines)

@@ -11,7 +11,11 @@ import importlib
 import sys
 
 COMMAND_MODULES: list[str] = [
+    "tokentrail.kafka_local",
+    "tokentrail.topics_cli",
     "schemas.fixtures",
+    "sinks.cli",
+    "trainer_consumer.cli",
 ]
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+import numpy as np
 import orjson
 
 from trainer_consumer.sample_view import TrainSample, check_sample
@@ -42,8 +43,8 @@ def zero_weight_filter() -> SampleFilter:
     """Samples whose loss tokens carry no weight add nothing to the gradient, only cost."""
 
     def zero_weight(sample: TrainSample, current_version: int) -> str | None:
-        mask = sample.loss_mask.astype(bool)
-        return "zero_weight" if not mask.any() or float(sample.weights[mask].sum()) == 0.0 else None
+        carrying = np.count_nonzero((sample.weights > 0) & (sample.loss_mask != 0))
+        return "zero_weight" if carrying == 0 else None
 
     return zero_weight
 
@@ -52,8 +53,8 @@ def zero_advantage_filter() -> SampleFilter:
     """E.g. GRPO groups where every rollout scored the same: every advantage is zero."""
 
     def zero_advantage(sample: TrainSample, current_version: int) -> str | None:
-        mask = sample.loss_mask.astype(bool)
-        return "zero_advantage" if not (sample.advantages[mask] != 0).any() else None
+        moving = np.count_nonzero((sample.advantages != 0) & (sample.loss_mask != 0))
+        return "zero_advantage" if moving == 0 else None
 
     return zero_advantage
 

@@ -29,18 +29,6 @@ DeadLetterFn = Callable[[Message, DecodeError], None]
 DECODE_ERROR = "decode_error"
 
 
-def consumer_settings(base: dict[str, Any], group_id: str) -> dict[str, Any]:
-    """The trainer's consumer: its own group, manual commits, from the earliest uncommitted sample."""
-    conf = dict(base)
-    conf.update({
-        "group.id": group_id,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
-    })
-    return conf
-
-
 def commit_offsets(positions: list[Position]) -> list[TopicPartition]:
     """Per partition, the offset after the highest consumed one (Kafka's "next to read")."""
     highest: dict[tuple[str, int], int] = {}

@@ -7,6 +7,7 @@ before anything is collated; a sample that fails it is filtered with the reason,
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,11 +73,12 @@ def _sequence_rollouts(starts: npt.NDArray[np.int32], segments: list[dict[str, A
                        fallback: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
     if starts.shape[0] == 1:
         return (fallback,)
-    per_seq: list[list[str]] = [[] for _ in range(starts.shape[0])]
+    start_list = starts.tolist()
+    per_seq: list[dict[str, None]] = [{} for _ in start_list]
     for seg in segments:  # one entry per segment, not per token
-        seq = int(np.searchsorted(starts, seg["sample_start"], side="right")) - 1
-        if 0 <= seq < len(per_seq) and seg["rollout_id"] not in per_seq[seq]:
-            per_seq[seq].append(seg["rollout_id"])
+        seq = bisect_right(start_list, seg["sample_start"]) - 1
+        if 0 <= seq < len(per_seq):
+            per_seq[seq][seg["rollout_id"]] = None
     return tuple(tuple(ids) if ids else fallback for ids in per_seq)
 
 
@@ -91,14 +93,19 @@ def check_sample(s: TrainSample) -> str | None:
     starts = s.sequence_starts
     if starts[0] != 0 or (starts.shape[0] > 1 and not (np.diff(starts) > 0).all()) or starts[-1] >= n:
         return "malformed:sequence_starts"
-    mask = s.loss_mask.astype(bool)
+    mask = s.loss_mask != 0
     if mask[starts].any():
         # The first token of a sequence has no context inside it: nothing conditions it.
         return "malformed:loss_on_sequence_start"
-    if not np.isfinite(s.rollout_logprobs[mask]).all():
+    # Counts instead of boolean indexing (no gathered copies): every loss token must be finite.
+    n_loss = np.count_nonzero(mask)
+    if np.count_nonzero(np.isfinite(s.rollout_logprobs) & mask) != n_loss:
         return "malformed:missing_rollout_logprob"
-    if not (np.isfinite(s.advantages[mask]).all() and np.isfinite(s.weights).all()):
-        return "malformed:non_finite_advantage_or_weight"
-    if (s.weights < 0).any():
+    if np.count_nonzero(np.isfinite(s.advantages) & mask) != n_loss:
+        return "malformed:non_finite_advantage"
+    w_min, w_max = float(s.weights.min()), float(s.weights.max())
+    if not (np.isfinite(w_min) and np.isfinite(w_max)):
+        return "malformed:non_finite_weight"
+    if w_min < 0:
         return "malformed:negative_weight"
     return None

@@ -153,3 +153,17 @@ def load_verifiers(specs: list[str | dict[str, Any]]) -> list[Verifier]:
 
 def options_json(verifier: Verifier) -> str:
     return canonical_json(verifier.options.model_dump(mode="json"))
+
+
+def load_verifiers_file(path: str) -> list[Verifier]:
+    """Verifiers from a YAML list of specs (strings or mappings), e.g. deploy/config/verifiers.yaml."""
+    import yaml
+
+    try:
+        with open(path) as fh:
+            specs = yaml.safe_load(fh)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read verifier list {path}: {exc}") from exc
+    if not isinstance(specs, list):
+        raise ConfigError(f"{path}: expected a list of verifier specs")
+    return load_verifiers(specs)

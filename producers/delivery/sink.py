@@ -60,13 +60,14 @@ class DeliveryReceipt:
 class SinkStats:
     delivered_direct: int  # acknowledged by Kafka on the direct path
     spooled: int  # appended to the spool (counted once each)
-    drained: int  # spooled records later acknowledged by Kafka
+    drained: int  # spooled records (this run's and any left by an earlier one) acknowledged by Kafka
     delivery_errors: int  # direct deliveries that failed or timed out, and failed drain batches
     spool_depth: int  # records waiting in the spool (including appends in flight)
     spool_bytes: int
     kafka_reachable: bool
 
 
+MAX_LINGER_MS = 1.0
 # Settings the delivery guarantees depend on; they override whatever the base config says.
 REQUIRED_PRODUCER_CONFIG: dict[str, Any] = {
     "acks": "all",
@@ -84,9 +85,24 @@ def sink_producer_config(base: dict[str, Any], delivery_timeout_s: float) -> dic
     conf = dict(base)
     conf.update(REQUIRED_PRODUCER_CONFIG)
     conf["message.timeout.ms"] = max(1, int(delivery_timeout_s * 1000))
-    conf.setdefault("linger.ms", 1)  # low added latency per call; batches still form under load
+    # Every call waits for its acknowledgement, so lingering is added latency; under load batches
+    # still form while earlier requests are in flight.
+    conf["linger.ms"] = min(float(conf.get("linger.ms", MAX_LINGER_MS)), MAX_LINGER_MS)
     conf.setdefault("reconnect.backoff.max.ms", 1000)  # notice a returning broker quickly
     return conf
+
+
+class _LibrdkafkaLog:
+    """librdkafka's log lines (connection refused while a broker is away...) at debug level.
+
+    The sink reports Kafka trouble through its counters and one warning per spooling episode.
+    """
+
+    def __init__(self) -> None:
+        self._log = logging.getLogger("tokentrail.kafka.librdkafka")
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        self._log.debug(msg, *args)
 
 
 Completion = tuple["asyncio.Future[tuple[int, int]]", "KafkaError | None", int, int]
@@ -109,7 +125,7 @@ class KafkaCallSink:
         self.delivery_timeout_s = delivery_timeout_s
         self._producer_config = sink_producer_config(producer_config, delivery_timeout_s)
         self._producer_config["error_cb"] = self._on_client_error
-        self._producer_config.setdefault("logger", logging.getLogger("tokentrail.kafka.producer"))
+        self._producer_config["logger"] = _LibrdkafkaLog()
         self._producer_factory = producer_factory
         self._spool_dir = Path(spool_dir)
         self._segment_bytes = segment_bytes
@@ -139,13 +155,12 @@ class KafkaCallSink:
         self._kafka_down = False
         self._delivered_direct = 0
         self._spooled = 0
-        self._drained = 0
+        self._cursor_at_start = 0
         self._delivery_errors = 0
 
     @classmethod
     def from_settings(cls, settings: Any = None) -> KafkaCallSink:
         from schemas.topics import producer_config
-
         from tokentrail.settings import get_settings
 
         settings = settings or get_settings()
@@ -160,6 +175,7 @@ class KafkaCallSink:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._spool = await self._loop.run_in_executor(self._io, Spool, self._spool_dir, self._segment_bytes)
+        self._cursor_at_start = self._spool.cursor
         if self._spool.recovery.pending:
             log.warning(
                 "spool %s holds %d undelivered records from an earlier run; draining them first",
@@ -244,7 +260,8 @@ class KafkaCallSink:
         return SinkStats(
             delivered_direct=self._delivered_direct,
             spooled=self._spooled,
-            drained=self._drained,
+            # From the durable cursor, so it agrees with spool_depth at every instant.
+            drained=(self._spool.cursor - self._cursor_at_start) if self._spool else 0,
             delivery_errors=self._delivery_errors,
             spool_depth=self.spool_depth,
             spool_bytes=self._spool.pending_bytes if self._spool else 0,
@@ -381,7 +398,8 @@ class KafkaCallSink:
                     future.cancel()
             if acked:
                 await self._loop.run_in_executor(self._io, self._spool.ack, records[acked - 1].seq + 1)
-                self._drained += acked
+                if self._spool.pending == 0:
+                    log.info("spool drained: every spooled record is on Kafka")
             if acked < len(records):
                 self._delivery_errors += 1
                 await asyncio.sleep(backoff)

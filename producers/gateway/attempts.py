@@ -29,6 +29,8 @@ from producers.gateway.errors import conflict, not_found
 from schemas.tokens import IDS_DTYPE, IdArray
 
 UNATTRIBUTED = "unattributed"
+RECENT_CALLS = 2  # prompts kept per attempt (the rest of the history is referenced by call id)
+UNATTRIBUTED_MAX_OUTPUTS = 16
 API_KEY_PREFIX = "tt-"
 
 
@@ -37,8 +39,31 @@ class SampledOutput:
     """One earlier call's exact sampled ids and what the harness was told they say (for splicing)."""
 
     call_id: str
-    output_ids: tuple[int, ...]
+    call_index: int
+    output_ids: IdArray
     message: dict[str, Any]  # the assistant message in the internal (OpenAI-style) chat form
+
+
+@dataclass(frozen=True)
+class DeliveredCall:
+    call_id: str
+    call_index: int
+    prompt_ids: IdArray
+    output_ids: IdArray
+
+    @property
+    def sequence(self) -> IdArray:
+        return np.concatenate([self.prompt_ids, self.output_ids]).astype(IDS_DTYPE, copy=False)
+
+
+@dataclass(frozen=True)
+class PriorSample:
+    """What the renderer may splice: an earlier output, with its prompt when it is still kept."""
+
+    call_index: int
+    prompt_ids: IdArray | None
+    output_ids: IdArray
+    message: dict[str, Any]
 
 
 @dataclass
@@ -52,9 +77,11 @@ class AttemptState:
     next_event_index: int = 0
     finished: bool = False
     last_seen: float = field(default_factory=time.monotonic)
-    # Delivered calls' (call_id, prompt ‖ output ids), newest last: candidate delta bases.
-    bases: deque[tuple[str, IdArray]] = field(default_factory=lambda: deque(maxlen=2))
-    outputs: list[SampledOutput] = field(default_factory=list)
+    # The last delivered calls with their prompts, newest last: delta bases and splice prefixes.
+    recent: deque[DeliveredCall] = field(default_factory=lambda: deque(maxlen=RECENT_CALLS))
+    # Every successful call's output (newest ``max_outputs``), for splicing into later prompts.
+    outputs: OrderedDict[int, SampledOutput] = field(default_factory=OrderedDict)
+    max_outputs: int = 4096
     in_flight: int = 0
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -86,23 +113,30 @@ class AttemptState:
             return False
         return True
 
-    def remember(self, call_id: str, prompt_ids: IdArray, output_ids: IdArray,
-                 output: SampledOutput | None) -> None:
-        """A call was delivered: keep its sequence as a delta base and its output for splicing."""
-        self.bases.append((call_id, np.concatenate([prompt_ids, output_ids]).astype(IDS_DTYPE, copy=False)))
-        if output is not None and self.started:
-            self.outputs.append(output)
+    def remember(self, delivered: DeliveredCall, output: SampledOutput | None) -> None:
+        """A call was delivered: keep it as a delta base and its output for splicing."""
+        self.recent.append(delivered)
+        if output is not None:
+            self.outputs[output.call_index] = output
+            while len(self.outputs) > self.max_outputs:
+                self.outputs.popitem(last=False)
+
+    def prior_calls(self) -> list[PriorSample]:
+        prompts = {c.call_index: c.prompt_ids for c in self.recent}
+        return [PriorSample(o.call_index, prompts.get(o.call_index), o.output_ids, o.message)
+                for o in self.outputs.values()]
 
     def best_base(self, prompt_ids: IdArray) -> tuple[str | None, IdArray | None]:
-        """The kept base sharing the longest prefix with ``prompt_ids`` (ties: the newest)."""
+        """The kept call whose prompt ‖ output shares the longest prefix with ``prompt_ids``."""
         best: tuple[str | None, IdArray | None] = (None, None)
         best_len = -1
-        for call_id, seq in reversed(self.bases):
+        for call in reversed(self.recent):
+            seq = call.sequence
             n = min(len(seq), len(prompt_ids))
             diff = np.flatnonzero(seq[:n] != prompt_ids[:n])
             shared = int(diff[0]) if diff.size else n
             if shared > best_len:
-                best, best_len = (call_id, seq), shared
+                best, best_len = (call.call_id, seq), shared
         return best
 
 
@@ -237,7 +271,7 @@ class AttemptRegistry:
         state = self._sessions.get(session)
         if state is None:
             self._session_serial += 1
-            state = AttemptState(rollout_id=UNATTRIBUTED, started=False,
+            state = AttemptState(rollout_id=UNATTRIBUTED, started=False, max_outputs=UNATTRIBUTED_MAX_OUTPUTS,
                                  attempt_id=f"{self.replica_id}/{self._session_serial}/{session}")
             self._sessions[session] = state
             while len(self._sessions) > self.max_sessions:

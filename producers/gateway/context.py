@@ -11,13 +11,10 @@ from producers.gateway.attempts import AttemptRegistry
 from producers.gateway.errors import GatewayError
 from producers.gateway.metrics import GatewayMetrics
 from schemas.codec import Codec
+from schemas.topics import CALLS_TOPIC, ENV_TOPIC
 
 log = logging.getLogger("tokentrail.gateway")
 
-try:  # topic names live in one place (schemas/topics.py); these fallbacks match it
-    from schemas.topics import CALLS_TOPIC, ENV_TOPIC
-except ImportError:  # pragma: no cover - only while schemas/topics.py is being written
-    CALLS_TOPIC, ENV_TOPIC = "tokentrail.calls", "tokentrail.env"
 
 
 class CallSink(Protocol):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-from producers.gateway.attempts import SampledOutput
+from producers.gateway.attempts import PriorSample
 
 
 @dataclass
@@ -33,6 +33,19 @@ class ParsedText:
     tool_calls: list[ParsedToolCall]
 
 
+TextEvent = tuple[Literal["reasoning", "content"], str]
+
+
+class StreamParser(Protocol):
+    def feed(self, delta: str) -> list[TextEvent]:
+        """Reasoning/content deltas that are certain now (never retracted later)."""
+        ...
+
+    def finish(self) -> list[TextEvent]:
+        """The remaining deltas once the whole output is known."""
+        ...
+
+
 class TextSide(Protocol):
     tokenizer_fingerprint: str
     chat_template_fingerprint: str
@@ -41,21 +54,20 @@ class TextSide(Protocol):
     stop_token_ids: tuple[int, ...]
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
-                    prefix_mode: str, outputs: Sequence[SampledOutput],
-                    template_kwargs: dict[str, Any]) -> Rendered:
+                    prefix_mode: str, prior: Sequence[PriorSample]) -> Rendered:
         """Prompt ids ending in the generation prompt; ValueError for a conversation it cannot render."""
         ...
+
+    def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str: ...
 
     def encode_text(self, text: str) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Visible text of sampled ids (end-of-turn tokens dropped)."""
+        """Visible text of sampled ids (stop tokens dropped)."""
         ...
 
     def token_text(self, token_id: int) -> str: ...
 
     def parse(self, text: str) -> ParsedText: ...
 
-    def stream_split(self, text: str, final: bool) -> tuple[str, str]:
-        """(reasoning, content) of a partial output that are safe to show: never retracted later."""
-        ...
+    def stream_parser(self) -> StreamParser: ...

@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 
 from producers.gateway import records
-from producers.gateway.attempts import SampledOutput
+from producers.gateway.attempts import DeliveredCall, SampledOutput
 from producers.gateway.chat import CallOutcome, InternalCall, ToolCallOut, tool_call_id
 from producers.gateway.context import GatewayContext
 from producers.gateway.errors import GatewayError, bad_request
@@ -50,6 +50,7 @@ class PreparedCall:
 
 
 ResponseBuilder = Callable[[CallOutcome], dict[str, Any]]
+ErrorBody = Callable[[GatewayError], dict[str, Any]]
 TextListener = Callable[[str], Awaitable[None]]
 
 
@@ -78,15 +79,15 @@ class CallService:
         if call.prompt_ids is not None:
             bad = [i for i in call.prompt_ids if i < 0 or i >= self.text.vocab_size]
             if bad:
-                raise bad_request(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.text.vocab_size - 1})",
-                                  param="prompt", code="invalid_token_id")
+                raise bad_request(f"prompt token id {bad[0]} is outside the vocabulary "
+                                  f"(0..{self.text.vocab_size - 1})", param="prompt", code="invalid_token_id")
             return Rendered(list(call.prompt_ids))
         if call.prompt_text is not None:
             return Rendered(self.text.encode_text(call.prompt_text))
         assert call.messages is not None
         try:
             return self.text.render_chat(call.messages, call.tools, prefix_mode=self.prefix_mode,
-                                         outputs=identity.state.outputs, template_kwargs=call.template_kwargs)
+                                         prior=identity.state.prior_calls())
         except (ValueError, TypeError, KeyError) as exc:
             raise bad_request(f"the conversation cannot be rendered by the chat template: {exc}",
                               param="messages", code="template_error") from None
@@ -104,9 +105,11 @@ class CallService:
 
     # -- the call --------------------------------------------------------------------------------
 
-    async def run(self, prep: PreparedCall, respond: ResponseBuilder, error_body: Callable[[GatewayError], dict],
-                  on_text: TextListener | None = None, abort: asyncio.Event | None = None) -> CallOutcome:
-        """Generate, record, deliver; returns the outcome or raises GatewayError (after recording it)."""
+    async def run(self, prep: PreparedCall, respond: ResponseBuilder, error_body: ErrorBody,
+                  on_text: TextListener | None = None, abort: asyncio.Event | None = None
+                  ) -> tuple[CallOutcome, dict[str, Any]]:
+        """Generate, record, deliver; returns the outcome and the response body that went into the
+        record, or raises GatewayError (after recording the failure)."""
         state = prep.identity.state
         try:
             return await self._run(prep, respond, error_body, on_text, abort)
@@ -114,13 +117,14 @@ class CallService:
             state.end_call()
 
     async def _run(self, prep: PreparedCall, respond: ResponseBuilder,
-                   error_body: Callable[[GatewayError], dict], on_text: TextListener | None,
-                   abort: asyncio.Event | None) -> CallOutcome:
-        call, s = prep.call, prep.call.sampling
+                   error_body: ErrorBody, on_text: TextListener | None,
+                   abort: asyncio.Event | None) -> tuple[CallOutcome, dict[str, Any]]:
+        s = prep.call.sampling
         request = GenerateRequest(
             prompt_ids=prep.rendered.prompt_ids,
-            sampling=Sampling(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
-                              seed=s.seed, stop_token_ids=tuple(self.text.stop_token_ids)),
+            sampling=Sampling(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                              max_tokens=s.max_tokens, seed=s.seed,
+                              stop_token_ids=tuple(self.text.stop_token_ids)),
             request_id=prep.call_id, rollout_id=prep.identity.rollout_id)
         try:
             generated = await run_generation(self.upstream, request, decode=self.text.decode, stop=s.stop,
@@ -146,12 +150,14 @@ class CallService:
         record = self._record(prep, generated, meta, error=None, response=response,
                               finish_reason=outcome.finish_reason)
         await self.ctx.deliver(self.ctx.calls_topic, prep.identity.rollout_id, "CallRecord", record)
-        prep.identity.state.remember(
-            prep.call_id, np.asarray(prep.rendered.prompt_ids, dtype=IDS_DTYPE),
-            np.asarray(generated.output_ids, dtype=IDS_DTYPE),
-            SampledOutput(prep.call_id, tuple(generated.output_ids), _assistant_message(outcome)))
+        delivered = _delivered(prep, generated)
+        sampled = None
+        if prep.call.messages is not None:  # chat calls can be spliced into later chat prompts
+            sampled = SampledOutput(prep.call_id, prep.call_index, delivered.output_ids,
+                                    _assistant_message(outcome))
+        prep.identity.state.remember(delivered, sampled)
         self._observe(prep, generated, "OK")
-        return outcome
+        return outcome, response
 
     def _outcome(self, prep: PreparedCall, generated: Generated) -> CallOutcome:
         if prep.call.messages is None:  # a text completion: no parsing
@@ -171,15 +177,19 @@ class CallService:
     async def _meta(self, generated: Generated) -> dict[str, Any]:
         res = generated.result
         if res is not None:
+            # The engine's own details (e.g. the seed it drew) make a call replayable.
+            details = {k: v for k, v in res.extra.items() if isinstance(v, str | int | float | bool)}
             return {"policy_version": res.policy_version, "engine": res.engine, "upstream": res.upstream,
-                    "logprob_kind": res.logprob_kind}
+                    "logprob_kind": res.logprob_kind, "details": details}
         # Cut short by the gateway (stop string, abort, failure): no final result from the upstream.
-        try:
+        policy, engine = -1, self.upstream.name
+        try:  # the record must be written even if these fail
             policy = await self.upstream.policy_version()
-        except Exception:  # the record must still be written
-            policy = -1
-        return {"policy_version": policy, "engine": str(getattr(self.upstream, "engine", self.upstream.name)),
-                "upstream": self.upstream.name,
+            engine_info = getattr(self.upstream, "engine", engine)
+            engine = str(await engine_info() if callable(engine_info) else engine_info)
+        except Exception as exc:
+            log.warning("upstream metadata unavailable for a cut call: %s", exc)
+        return {"policy_version": policy, "engine": engine, "upstream": self.upstream.name,
                 "logprob_kind": str(getattr(self.upstream, "logprob_kind", "RAW"))}
 
     def _record(self, prep: PreparedCall, generated: Generated, meta: dict[str, Any],
@@ -196,6 +206,8 @@ class CallService:
         extra: dict[str, Any] = {"stop_token_ids": list(self.text.stop_token_ids)}
         if s.ignored:
             extra["ignored_by_upstream"] = s.ignored
+        if meta.get("details"):
+            extra["engine_details"] = meta["details"]
         return records.call_record(
             call_id=prep.call_id, rollout_id=prep.identity.rollout_id, attempt_id=prep.identity.attempt_id,
             call_index=prep.call_index, session_id=prep.identity.session_id, protocol=prep.call.protocol,
@@ -219,8 +231,7 @@ class CallService:
         meta = await self._meta(generated)
         record = self._record(prep, generated, meta, error=error, response=body, finish_reason=finish_reason)
         await self.ctx.deliver(self.ctx.calls_topic, prep.identity.rollout_id, "CallRecord", record)
-        prep.identity.state.remember(prep.call_id, np.asarray(prep.rendered.prompt_ids, dtype=IDS_DTYPE),
-                                     np.asarray(generated.output_ids, dtype=IDS_DTYPE), None)
+        prep.identity.state.remember(_delivered(prep, generated), None)
         self._observe(prep, generated, "ERROR")
 
     def _observe(self, prep: PreparedCall, generated: Generated, status: str) -> None:
@@ -237,6 +248,11 @@ class CallService:
 
     def count_tokens(self, identity: CallIdentity, call: InternalCall) -> int:
         return len(self.render(identity, call).prompt_ids)
+
+
+def _delivered(prep: PreparedCall, generated: Generated) -> DeliveredCall:
+    return DeliveredCall(prep.call_id, prep.call_index, np.asarray(prep.rendered.prompt_ids, dtype=IDS_DTYPE),
+                         np.asarray(generated.output_ids, dtype=IDS_DTYPE))
 
 
 def _assistant_message(outcome: CallOutcome) -> dict[str, Any]:

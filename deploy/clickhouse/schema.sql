@@ -1,0 +1,441 @@
+CREATE DATABASE IF NOT EXISTS tokentrail;
+
+CREATE TABLE IF NOT EXISTS tokentrail.calls (
+    event_id String,
+    call_id String,
+    rollout_id String,
+    attempt_id String,
+    call_index Int32,
+    session_id Nullable(String),
+    protocol LowCardinality(String),
+    streamed Bool,
+    status LowCardinality(String),
+    error_type Nullable(String),
+    error_message Nullable(String),
+    error_status_code Nullable(Int32),
+    prompt_length UInt32,
+    prompt_sha256 String,
+    prompt_ids Nullable(String) CODEC(ZSTD(3)),
+    prompt_base_call_id Nullable(String),
+    prompt_base_prefix_len UInt32,
+    prompt_new_ids Nullable(String) CODEC(ZSTD(3)),
+    output_ids String CODEC(ZSTD(3)),
+    output_logprobs String CODEC(ZSTD(3)),
+    logprob_kind LowCardinality(String),
+    finish_reason LowCardinality(String),
+    model LowCardinality(String),
+    policy_version Int64,
+    tokenizer_fingerprint LowCardinality(String),
+    chat_template_fingerprint LowCardinality(String),
+    adapter_version LowCardinality(String),
+    parser_version LowCardinality(String),
+    engine LowCardinality(String),
+    upstream LowCardinality(String),
+    temperature Float64,
+    top_p Float64,
+    top_k Int32,
+    max_tokens Int32,
+    seed Nullable(Int64),
+    stop Array(String),
+    sampling_extra_json String,
+    prefix_mode LowCardinality(String),
+    spliced_outputs Int32,
+    prefix_breaks Array(String),
+    received_at_us Int64,
+    queue_ms Float64,
+    first_token_ms Float64,
+    total_ms Float64,
+    request_json String CODEC(ZSTD(3)),
+    response_json String CODEC(ZSTD(3)),
+    output_tokens UInt32 MATERIALIZED intDiv(length(output_ids), 4),
+    prompt_stored_tokens UInt32 MATERIALIZED
+        intDiv(length(ifNull(prompt_ids, '')) + length(ifNull(prompt_new_ids, '')), 4),
+    event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro(received_at_us),
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6),
+    INDEX ix_call_id call_id TYPE bloom_filter GRANULARITY 4
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (rollout_id, attempt_id, call_index, event_id)
+SETTINGS non_replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS tokentrail.attempt_starts (
+    event_id String,
+    rollout_id String,
+    attempt_id String,
+    group_id Nullable(String),
+    group_key Map(String, String),
+    expected_group_size Nullable(Int32),
+    task_input_json String CODEC(ZSTD(3)),
+    metadata_json String CODEC(ZSTD(3)),
+    attempt_number Int32,
+    created_at_us Int64,
+    event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro(created_at_us),
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6)
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (rollout_id, attempt_id, event_id)
+SETTINGS non_replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS tokentrail.env_steps (
+    event_id String,
+    rollout_id String,
+    attempt_id String,
+    event_index Int32,
+    kind LowCardinality(String),
+    call_id Nullable(String),
+    name Nullable(String),
+    payload_json String CODEC(ZSTD(3)),
+    created_at_us Int64,
+    event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro(created_at_us),
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6)
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (rollout_id, attempt_id, event_index, event_id)
+SETTINGS non_replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS tokentrail.attempt_finishes (
+    event_id String,
+    rollout_id String,
+    attempt_id String,
+    status LowCardinality(String),
+    call_count Int32,
+    event_count Int32,
+    final_artifacts_json String CODEC(ZSTD(3)),
+    created_at_us Int64,
+    event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro(created_at_us),
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6)
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (rollout_id, attempt_id, event_id)
+SETTINGS non_replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS tokentrail.rollouts (
+    event_id String,
+    rollout_id String,
+    attempt_id String,
+    status LowCardinality(String),
+    missing Array(String),
+    counted Bool,
+    attempt_number Int32,
+    group_id Nullable(String),
+    group_key Map(String, String),
+    expected_group_size Nullable(Int32),
+    task_input_json String CODEC(ZSTD(3)),
+    metadata_json String CODEC(ZSTD(3)),
+    finish_status LowCardinality(Nullable(String)),
+    final_artifacts_json String CODEC(ZSTD(3)),
+    c_call_id Array(String),
+    c_call_index Array(Int32),
+    c_status Array(LowCardinality(String)),
+    c_policy_version Array(Int64),
+    c_prompt_length Array(UInt32),
+    c_prompt_sha256 Array(String),
+    c_prompt_base_call_id Array(Nullable(String)),
+    c_prompt_base_prefix_len Array(UInt32),
+    c_output_tokens Array(UInt32),
+    c_output_sha256 Array(String),
+    c_logprobs_sha256 Array(String),
+    c_logprob_kind Array(LowCardinality(String)),
+    c_finish_reason Array(LowCardinality(String)),
+    c_tokenizer_fingerprint Array(LowCardinality(String)),
+    c_chat_template_fingerprint Array(LowCardinality(String)),
+    e_event_id Array(String),
+    e_event_index Array(Int32),
+    e_kind Array(LowCardinality(String)),
+    e_call_id Array(Nullable(String)),
+    e_name Array(Nullable(String)),
+    e_payload_json Array(String) CODEC(ZSTD(3)),
+    p_from_call_index Array(Int32),
+    p_to_call_index Array(Int32),
+    p_is_prefix Array(Bool),
+    p_common_prefix_len Array(Int32),
+    p_expected_len Array(Int32),
+    policy_versions Array(Int64),
+    call_ids Array(String),
+    env_event_ids Array(String),
+    created_at_us Int64,
+    event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro(created_at_us),
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6),
+    INDEX ix_group_id group_id TYPE bloom_filter GRANULARITY 4
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (rollout_id, attempt_id, event_id)
+SETTINGS non_replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS tokentrail.groups (
+    event_id String,
+    group_id String,
+    group_key_json String,
+    status LowCardinality(String),
+    expected_size Nullable(Int32),
+    rollout_ids Array(String),
+    rollout_event_ids Array(String),
+    created_at_us Int64,
+    event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro(created_at_us),
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6),
+    INDEX ix_rollout_ids rollout_ids TYPE bloom_filter GRANULARITY 4
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (group_id, event_id)
+SETTINGS non_replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS tokentrail.scores (
+    event_id String,
+    rollout_id String,
+    rollout_event_id String,
+    group_id String,
+    verifier_name LowCardinality(String),
+    verifier_version LowCardinality(String),
+    scope LowCardinality(String),
+    status LowCardinality(String),
+    raw_json String CODEC(ZSTD(3)),
+    error Nullable(String),
+    duration_ms Float64,
+    created_at_us Int64,
+    event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro(created_at_us),
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6)
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (rollout_id, event_id, content_hash)
+SETTINGS non_replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS tokentrail.rewards (
+    event_id String,
+    rollout_id String,
+    group_id String,
+    reward_config_id LowCardinality(String),
+    score_ids Array(String),
+    raw_reward Float64,
+    reward Float64,
+    components_json String CODEC(ZSTD(3)),
+    filtered Bool,
+    filter_reason Nullable(String),
+    created_at_us Int64,
+    event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro(created_at_us),
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6)
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (rollout_id, reward_config_id, event_id)
+SETTINGS non_replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS tokentrail.credits (
+    event_id String,
+    rollout_id String,
+    group_id String,
+    reward_id String,
+    credit_config_id LowCardinality(String),
+    level LowCardinality(String),
+    rollout_advantage Float64,
+    call_ids Array(String),
+    call_advantages String,
+    rollout_weight Float64,
+    sampled_tokens Int32,
+    created_at_us Int64,
+    event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro(created_at_us),
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6)
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (rollout_id, credit_config_id, event_id)
+SETTINGS non_replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS tokentrail.samples (
+    event_id String,
+    kind LowCardinality(String),
+    sample_config_id LowCardinality(String),
+    rollout_ids Array(String),
+    group_ids Array(String),
+    score_ids Array(String),
+    reward_ids Array(String),
+    credit_ids Array(String),
+    policy_version_first Int64,
+    policy_version_last Int64,
+    input_ids String CODEC(ZSTD(3)),
+    loss_mask String CODEC(ZSTD(3)),
+    rollout_logprobs String CODEC(ZSTD(3)),
+    advantages String CODEC(ZSTD(3)),
+    weights String CODEC(ZSTD(3)),
+    sequence_starts String,
+    seg_rollout_id Array(String),
+    seg_call_id Array(String),
+    seg_call_index Array(Int32),
+    seg_source Array(LowCardinality(String)),
+    seg_sample_start Array(UInt32),
+    seg_call_start Array(UInt32),
+    seg_length Array(UInt32),
+    seg_weight Array(Float64),
+    weight_total Float64,
+    created_at_us Int64,
+    rollout_id String MATERIALIZED rollout_ids[1],
+    tokens UInt32 MATERIALIZED intDiv(length(input_ids), 4),
+    loss_tokens UInt32 MATERIALIZED length(replaceAll(loss_mask, '\0', '')),
+    event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro(created_at_us),
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6),
+    INDEX ix_event_id event_id TYPE bloom_filter GRANULARITY 4,
+    INDEX ix_rollout_ids rollout_ids TYPE bloom_filter GRANULARITY 4
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (rollout_id, event_id)
+SETTINGS non_replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS tokentrail.trainer_steps (
+    event_id String,
+    run_id String,
+    step Int64,
+    policy_version_before Int64,
+    policy_version_after Int64,
+    sample_ids Array(String),
+    tokens Int64,
+    loss Float64,
+    mean_ratio Float64,
+    clip_fraction Float64,
+    mean_advantage Float64,
+    filtered_json String,
+    created_at_us Int64,
+    event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro(created_at_us),
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6),
+    INDEX ix_sample_ids sample_ids TYPE bloom_filter GRANULARITY 4
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (run_id, step, event_id)
+SETTINGS non_replicated_deduplication_window = 10000;
+
+CREATE TABLE IF NOT EXISTS tokentrail.dead_letters (
+    event_id String,
+    stage LowCardinality(String),
+    source_topic LowCardinality(String),
+    source_partition Int32,
+    source_offset Int64,
+    key Nullable(String),
+    value String CODEC(ZSTD(3)),
+    error_type LowCardinality(String),
+    reason String,
+    created_at_us Int64,
+    event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro(created_at_us),
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6)
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (source_topic, source_partition, source_offset, event_id)
+SETTINGS non_replicated_deduplication_window = 10000;
+
+ALTER TABLE tokentrail.rollouts ADD COLUMN IF NOT EXISTS final_output_text String DEFAULT '' CODEC(ZSTD(3)) AFTER final_artifacts_json;
+
+CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
+        FROM tokentrail.attempt_starts FINAL
+        UNION ALL
+        SELECT event_id, rollout_id, attempt_id, 'EnvStep' AS event_type, created_at_us
+        FROM tokentrail.env_steps FINAL
+        UNION ALL
+        SELECT event_id, rollout_id, attempt_id, 'AttemptFinished' AS event_type, created_at_us
+        FROM tokentrail.attempt_finishes FINAL;
+
+CREATE OR REPLACE VIEW tokentrail.sample_segments AS SELECT event_id AS sample_id, sample_config_id, kind AS sample_kind, seg_rollout_id AS rollout_id,
+               seg_call_id AS call_id, seg_call_index AS call_index, seg_source AS source,
+               seg_sample_start AS sample_start, seg_call_start AS call_start, seg_length AS length,
+               input_ids, loss_mask, weights
+        FROM tokentrail.samples FINAL
+        ARRAY JOIN seg_rollout_id, seg_call_id, seg_call_index, seg_source, seg_sample_start,
+                   seg_call_start, seg_length;
+
+CREATE OR REPLACE VIEW tokentrail.v_reward_by_policy AS SELECT w.event_time AS time, w.rollout_id AS rollout_id, w.group_id AS group_id,
+               w.reward_config_id AS reward_config_id, w.raw_reward AS raw_reward, w.reward AS reward,
+               w.filtered AS filtered, arrayMax(r.policy_versions) AS policy_version,
+               arrayMin(r.policy_versions) AS policy_version_min
+        FROM tokentrail.rewards AS w FINAL
+        INNER JOIN (SELECT rollout_id, policy_versions FROM tokentrail.rollouts FINAL
+                    WHERE status = 'COMPLETE' AND counted AND notEmpty(policy_versions)) AS r
+            ON w.rollout_id = r.rollout_id;
+
+CREATE OR REPLACE VIEW tokentrail.v_group_completion AS SELECT event_time AS time, group_id, status, expected_size, length(rollout_ids) AS size,
+               if(expected_size IS NULL, 1.0, length(rollout_ids) / greatest(expected_size, 1)) AS fill
+        FROM tokentrail.groups FINAL;
+
+CREATE OR REPLACE VIEW tokentrail.v_incomplete_rollouts AS SELECT event_time AS time, rollout_id, attempt_id, attempt_number, missing, finish_status,
+               length(call_ids) AS calls, length(env_event_ids) AS env_events
+        FROM tokentrail.rollouts FINAL
+        WHERE status = 'INCOMPLETE';
+
+CREATE OR REPLACE VIEW tokentrail.v_prefix_links AS SELECT event_time AS time, rollout_id, attempt_id, p_from_call_index AS from_call_index,
+               p_to_call_index AS to_call_index, p_is_prefix AS is_prefix,
+               p_common_prefix_len AS common_prefix_len, p_expected_len AS expected_len
+        FROM tokentrail.rollouts FINAL
+        ARRAY JOIN p_from_call_index, p_to_call_index, p_is_prefix, p_common_prefix_len, p_expected_len;
+
+CREATE OR REPLACE VIEW tokentrail.v_staleness AS SELECT t.event_time AS time, t.run_id AS run_id, t.step AS step, s.event_id AS sample_id,
+               t.policy_version_before AS trainer_version, s.policy_version_first AS sample_version_first,
+               s.policy_version_last AS sample_version_last,
+               t.policy_version_before - s.policy_version_first AS staleness
+        FROM (SELECT event_time, run_id, step, policy_version_before, sample_id
+              FROM tokentrail.trainer_steps FINAL ARRAY JOIN sample_ids AS sample_id) AS t
+        INNER JOIN (SELECT event_id, policy_version_first, policy_version_last FROM tokentrail.samples FINAL) AS s
+            ON t.sample_id = s.event_id;
+
+CREATE OR REPLACE VIEW tokentrail.v_call_tokens AS SELECT event_time AS time, call_id, rollout_id, policy_version, model, status, prompt_length,
+               output_tokens, prompt_stored_tokens, total_ms, first_token_ms,
+               prompt_base_call_id IS NOT NULL AS prompt_is_delta
+        FROM tokentrail.calls FINAL;
+
+CREATE OR REPLACE VIEW tokentrail.v_tokens_per_second AS SELECT toStartOfMinute(event_time) AS time, count() AS calls,
+               sum(output_tokens) / 60 AS output_tokens_per_s, sum(prompt_length) / 60 AS prompt_tokens_per_s,
+               countIf(status = 'ERROR') AS errors
+        FROM tokentrail.calls FINAL
+        GROUP BY time;

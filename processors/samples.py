@@ -1,0 +1,238 @@
+"""Trainable samples from credited rollouts: split per call, merged when the token prefix holds, packed.
+
+* Split (default): one sample per successful call, ``prompt ‖ output``, loss mask 1 on the output.
+* Merge (``merge: true``): adjacent successful calls form one sample when ``prompt_i ‖ output_i`` is
+  a token-level prefix of ``prompt_{i+1}`` (checked on the exact ids here, not trusted); the sample is
+  the last call's ``prompt ‖ output`` with every chained call's output in the loss and everything
+  in between (tool results, template tokens) masked out with NaN logprobs. A chain stops before it
+  would exceed ``max_sample_tokens``.
+* Pack (``pack.enabled``): samples of the group go into bins of ``pack.max_tokens`` (first fit,
+  decreasing length); ``sequence_starts`` are the cu_seqlens without the end. A sample longer than a
+  bin stays on its own.
+
+Per-token advantages and weights come from ``credit.token_values``; every sampled token appears in
+the loss exactly once whatever the layout, with the same value, so a rollout's total weight is the
+same split, merged or packed. Each sample lists provenance segments (which call, prompt or output,
+which offsets), the score / reward / credit ids and the policy version span.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from processors.call_tokens import CallTokens, is_sampled, rollout_call_tokens
+from processors.config import config_id
+from processors.credit import CreditConfig, TokenValues, token_values
+from processors.errors import PipelineInputError
+from processors.prefix import common_prefix_len_concat
+from schemas.ids import event_id
+from schemas.tokens import FLOAT_DTYPE, IDS_DTYPE, MASK_DTYPE, pack_int32, unpack_floats, unpack_mask
+
+Record = dict[str, Any]
+
+
+class PackSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    max_tokens: int = Field(default=8192, gt=0)
+
+
+class SampleConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: Literal[1] = 1
+    name: str = "default"
+    merge: bool = False
+    max_sample_tokens: int | None = Field(default=None, gt=0)
+    pack: PackSpec = PackSpec()
+
+    @property
+    def id(self) -> str:
+        return config_id(self)
+
+
+@dataclass
+class Piece:
+    """One unpacked sequence (a call, or a merged chain of calls) of one rollout."""
+
+    kind: str
+    rollout_id: str
+    group_id: str
+    ids: np.ndarray
+    mask: np.ndarray
+    logprobs: np.ndarray
+    advantages: np.ndarray
+    weights: np.ndarray
+    segments: list[Record]
+    policy_versions: list[int]
+    refs: dict[str, list[str]] = field(default_factory=dict)
+    created_at_us: int = 0
+
+
+def _segment(rollout_id: str, call: Record, source: str, sample_start: int, call_start: int,
+             length: int) -> Record:
+    return {"rollout_id": rollout_id, "call_id": call["call_id"], "call_index": int(call["call_index"]),
+            "source": source, "sample_start": sample_start, "call_start": call_start, "length": length}
+
+
+def _chains(rollout: Record, tokens: list[CallTokens], cfg: SampleConfig) -> list[list[int]]:
+    """Positions of the calls forming each sample, in call order."""
+    calls = rollout["calls"]
+    chains: list[list[int]] = []
+    for i, call in enumerate(calls):
+        if not is_sampled(call):
+            continue
+        tok = tokens[i]
+        size = len(tok.prompt) + len(tok.output)
+        if cfg.merge and chains and chains[-1][-1] == i - 1 and \
+                (cfg.max_sample_tokens is None or size <= cfg.max_sample_tokens):
+            prev = tokens[i - 1]
+            expected = len(prev.prompt) + len(prev.output)
+            if common_prefix_len_concat(prev.prompt, prev.output, tok.prompt) == expected:
+                chains[-1].append(i)
+                continue
+        if len(tok.output) == 0 and not cfg.merge:
+            continue  # nothing sampled, nothing to learn from
+        chains.append([i])
+    return [c for c in chains if any(len(tokens[i].output) for i in c)]
+
+
+def _piece(rollout: Record, group_id: str, chain: list[int], tokens: list[CallTokens], tv: TokenValues,
+           refs: dict[str, list[str]], created_at_us: int) -> Piece:
+    calls = rollout["calls"]
+    last = tokens[chain[-1]]
+    n_prompt = len(last.prompt)
+    n = n_prompt + len(last.output)
+    ids = np.empty(n, dtype=IDS_DTYPE)
+    ids[:n_prompt] = last.prompt
+    ids[n_prompt:] = last.output
+    mask = np.zeros(n, dtype=MASK_DTYPE)
+    logprobs = np.full(n, np.nan, dtype=FLOAT_DTYPE)
+    advantages = np.zeros(n, dtype=FLOAT_DTYPE)
+    weights = np.zeros(n, dtype=FLOAT_DTYPE)
+    segments: list[Record] = []
+    rid = rollout["rollout_id"]
+    prev_end = 0
+    for i in chain:
+        tok, call = tokens[i], calls[i]
+        start, length = len(tok.prompt), len(tok.output)
+        if start > prev_end:
+            segments.append(_segment(rid, call, "PROMPT", prev_end, prev_end, start - prev_end))
+        if length:
+            end = start + length
+            lo, hi = int(tv.offsets[i]), int(tv.offsets[i + 1])
+            mask[start:end] = 1
+            logprobs[start:end] = unpack_floats(call["output_logprobs"])
+            advantages[start:end] = tv.advantages[lo:hi]
+            weights[start:end] = tv.weights[lo:hi]
+            segments.append(_segment(rid, call, "OUTPUT", start, 0, length))
+        prev_end = start + length
+    return Piece("MERGED" if len(chain) > 1 else "CALL", rid, group_id, ids, mask, logprobs, advantages,
+                 weights, segments, [int(calls[i]["policy_version"]) for i in chain], refs, created_at_us)
+
+
+def rollout_pieces(rollout: Record, group_id: str, credit: Record, reward: Record, credit_cfg: CreditConfig,
+                   cfg: SampleConfig) -> list[Piece]:
+    """The unpacked samples of one credited rollout."""
+    tokens = rollout_call_tokens(rollout)
+    if len(tokens) != len(rollout["calls"]):
+        raise PipelineInputError(f"rollout {rollout['rollout_id']}: call tokens do not line up")
+    tv = token_values(rollout, credit, credit_cfg)
+    refs = {"score_ids": list(reward["score_ids"]), "reward_ids": [reward["event_id"]],
+            "credit_ids": [credit["event_id"]]}
+    created = int(credit["created_at_us"])
+    chains = _chains(rollout, tokens, cfg)
+    return [_piece(rollout, group_id, chain, tokens, tv, refs, created) for chain in chains]
+
+
+def _bins(pieces: list[Piece], cfg: SampleConfig) -> list[list[Piece]]:
+    if not cfg.pack.enabled:
+        return [[p] for p in pieces]
+    cap = cfg.pack.max_tokens
+    order = sorted(range(len(pieces)), key=lambda i: (-len(pieces[i].ids), i))
+    bins: list[list[Piece]] = []
+    room: list[int] = []
+    for i in order:
+        size = len(pieces[i].ids)
+        slot = next((b for b, free in enumerate(room) if free >= size), None) if size <= cap else None
+        if slot is None:
+            bins.append([pieces[i]])
+            room.append(cap - size if size <= cap else -1)
+        else:
+            bins[slot].append(pieces[i])
+            room[slot] -= size
+    return bins
+
+
+def _unique(values: list[str]) -> list[str]:
+    return list(dict.fromkeys(values))
+
+
+def _sample(bin_: list[Piece], cfg_id: str) -> Record:
+    kind = bin_[0].kind if len(bin_) == 1 else "PACKED"
+    starts, segments, pos = [], [], 0
+    for p in bin_:
+        starts.append(pos)
+        segments += [dict(s, sample_start=s["sample_start"] + pos) for s in p.segments]
+        pos += len(p.ids)
+
+    def joined(attr: str) -> bytes:
+        arrays = [getattr(p, attr) for p in bin_]
+        return arrays[0].tobytes() if len(arrays) == 1 else np.concatenate(arrays).tobytes()
+
+    credit_ids = sorted({c for p in bin_ for c in p.refs["credit_ids"]})
+    versions = [v for p in bin_ for v in p.policy_versions]
+    descriptor = [[s["rollout_id"], s["call_id"], s["source"], s["call_start"], s["length"],
+                   s["sample_start"]] for s in segments]
+    return {
+        "event_id": event_id("sample", cfg_id, kind, descriptor, credit_ids), "kind": kind,
+        "sample_config_id": cfg_id, "rollout_ids": _unique([p.rollout_id for p in bin_]),
+        "group_ids": _unique([p.group_id for p in bin_]),
+        "score_ids": sorted({s for p in bin_ for s in p.refs["score_ids"]}),
+        "reward_ids": sorted({r for p in bin_ for r in p.refs["reward_ids"]}), "credit_ids": credit_ids,
+        "policy_version_first": min(versions), "policy_version_last": max(versions),
+        "input_ids": joined("ids"), "loss_mask": joined("mask"), "rollout_logprobs": joined("logprobs"),
+        "advantages": joined("advantages"), "weights": joined("weights"),
+        "sequence_starts": pack_int32(starts), "segments": segments,
+        "created_at_us": max(p.created_at_us for p in bin_),
+    }
+
+
+def build_samples(group: Record, rollouts: list[Record], rewards: list[Record], credits: list[Record],
+                  credit_cfg: CreditConfig, cfg: SampleConfig) -> list[Record]:
+    """Samples for every credited rollout of a group (rollouts in group order)."""
+    by_rollout = {c["rollout_id"]: c for c in credits}
+    rewards_by_id = {r["event_id"]: r for r in rewards}
+    pieces: list[Piece] = []
+    for rollout in rollouts:
+        credit = by_rollout.get(rollout["rollout_id"])
+        if credit is None:
+            continue
+        reward = rewards_by_id.get(credit["reward_id"])
+        if reward is None:
+            raise PipelineInputError(f"credit {credit['event_id']} references reward {credit['reward_id']}, "
+                                     "which is not among the rewards given")
+        pieces += rollout_pieces(rollout, group["group_id"], credit, reward, credit_cfg, cfg)
+    cfg_id = cfg.id
+    return [_sample(b, cfg_id) for b in _bins(pieces, cfg)]
+
+
+def weight_by_rollout(sample: Record) -> dict[str, float]:
+    """Total loss weight per rollout in one sample (float64 sums over its OUTPUT segments)."""
+    weights = unpack_floats(sample["weights"])
+    mask = unpack_mask(sample["loss_mask"])
+    out: dict[str, float] = {}
+    for s in sample["segments"]:
+        if s["source"] == "OUTPUT":
+            lo, hi = s["sample_start"], s["sample_start"] + s["length"]
+            total = float(weights[lo:hi].astype(np.float64).sum())
+            if not mask[lo:hi].all():
+                raise ValueError(f"sample {sample['event_id']}: an OUTPUT segment is not fully in the "
+                                 "loss mask")
+            out[s["rollout_id"]] = out.get(s["rollout_id"], 0.0) + total
+    return out

@@ -1,0 +1,1 @@
+"""Model engines behind the ``Upstream`` protocol (the embedded reference engine lives here)."""

@@ -1,0 +1,390 @@
+"""The gateway's ASGI app: OpenAI and Anthropic protocol routes, the environment API, health, metrics.
+
+Every model route is served at ``/v1/...`` and again under ``/rollouts/{rollout_id}/attempts/{attempt_id}``
+so that a harness can be pointed at one attempt by its base URL alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from producers.gateway import anthropic_adapter, openai_adapter, records
+from producers.gateway.attempts import AttemptRegistry
+from producers.gateway.body import read_model
+from producers.gateway.chat import CallOutcome, InternalCall
+from producers.gateway.context import GatewayContext
+from producers.gateway.env_api import EnvApi
+from producers.gateway.errors import GatewayError, Protocol
+from producers.gateway.identity import CallIdentity, resolve_call
+from producers.gateway.metrics import GatewayMetrics
+from producers.gateway.models_anthropic import CountTokensRequest, MessagesRequest
+from producers.gateway.models_openai import ChatCompletionRequest, CompletionRequest
+from producers.gateway.ports import TextEvent, TextSide
+from producers.gateway.service import CallService, ErrorBody, PreparedCall, ResponseBuilder
+from producers.gateway.sse import SSE_HEADERS
+from producers.upstream import Upstream
+from schemas.codec import Codec, get_codec
+
+log = logging.getLogger("tokentrail.gateway")
+
+ATTEMPT_PREFIX = "/rollouts/{rollout_id}/attempts/{attempt_id}"
+PING_INTERVAL_S = 10.0
+SHUTDOWN_GRACE_S = 30.0
+
+
+class OrjsonResponse(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+@dataclass
+class GatewayOptions:
+    """Gateway behaviour; ``from_settings`` reads it from tokentrail settings."""
+
+    model_name: str
+    model_aliases: dict[str, str]
+    prefix_mode: str = "splice"
+    unattributed: str = "record"
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_tokens_limit: int = 4096
+    admin_key: str = ""
+    require_auth: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> GatewayOptions:
+        g = settings.gateway
+        return cls(model_name=settings.model.name, model_aliases=dict(getattr(g, "model_aliases", {}) or {}),
+                   prefix_mode=g.prefix_mode, unattributed=g.unattributed, max_body_bytes=g.max_body_bytes,
+                   max_tokens_limit=g.max_tokens_limit, admin_key=g.admin_key, require_auth=g.require_auth)
+
+
+class Gateway:
+    """Holds the parts and serves the routes; ``create_app`` wraps it in a Starlette app."""
+
+    def __init__(self, options: GatewayOptions, upstream: Upstream, sink: Any, text: TextSide, *,
+                 registry: AttemptRegistry | None = None, metrics: GatewayMetrics | None = None,
+                 codec: Codec | None = None, topics: dict[str, str] | None = None) -> None:
+        if options.unattributed not in ("record", "refuse"):
+            raise ValueError("gateway.unattributed must be 'record' or 'refuse', "
+                             f"not {options.unattributed!r}")
+        self.options, self.upstream, self.sink, self.text = options, upstream, sink, text
+        self.metrics = metrics or GatewayMetrics()
+        self.ctx = GatewayContext(registry=registry or AttemptRegistry(), sink=sink,
+                                  codec=codec or get_codec(), metrics=self.metrics,
+                                  admin_key=options.admin_key, require_auth=options.require_auth,
+                                  unattributed=options.unattributed, max_body_bytes=options.max_body_bytes,
+                                  **(topics or {}))
+        self.service = CallService(self.ctx, upstream, text, model_name=options.model_name,
+                                   model_aliases=options.model_aliases, prefix_mode=options.prefix_mode)
+        self.env_api = EnvApi(self.ctx)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.metrics.watch_attempts(lambda: self.ctx.registry.counts()["active"])
+        if hasattr(sink, "spool_depth"):
+            self.metrics.watch_spool(lambda: float(sink.spool_depth))
+        self.fingerprint = f"tt-{text.tokenizer_fingerprint[:8]}-{text.chat_template_fingerprint[:8]}"
+
+    # -- routes ----------------------------------------------------------------------------------
+
+    def routes(self) -> list[Route]:
+        model_routes = [
+            ("/v1/chat/completions", self.chat_completions, ["POST"]),
+            ("/v1/completions", self.completions, ["POST"]),
+            ("/v1/messages", self.messages, ["POST"]),
+            ("/v1/messages/count_tokens", self.count_tokens, ["POST"]),
+            ("/v1/models", self.models, ["GET"]),
+        ]
+        routes = [Route("/health", self.health, methods=["GET"]),
+                  Route("/metrics", self.metrics_endpoint, methods=["GET"]),
+                  *self.env_api.routes()]
+        for path, endpoint, methods in model_routes:
+            routes.append(Route(path, endpoint, methods=methods))
+            routes.append(Route(ATTEMPT_PREFIX + path, endpoint, methods=methods))
+        return routes
+
+    async def health(self, request: Request) -> Response:
+        body: dict[str, Any] = {"status": "ok", "model": self.options.model_name,
+                                "upstream": self.upstream.name, "attempts": self.ctx.registry.counts(),
+                                "calls_in_flight": len(self._tasks)}
+        if hasattr(self.sink, "stats"):
+            stats = self.sink.stats()
+            body["sink"] = {"spool_depth": stats.spool_depth, "kafka_reachable": stats.kafka_reachable,
+                            "delivery_errors": stats.delivery_errors}
+        return OrjsonResponse(body)
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+    async def models(self, request: Request) -> Response:
+        name = self.options.model_name
+        if "anthropic-version" in request.headers:
+            entry = {"type": "model", "id": name, "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
+            return OrjsonResponse({"data": [entry], "has_more": False, "first_id": name, "last_id": name})
+        return OrjsonResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                                           "owned_by": "tokentrail"}]})
+
+    # -- OpenAI ----------------------------------------------------------------------------------
+
+    async def chat_completions(self, request: Request) -> Response:
+        started, received = time.perf_counter(), records.now_us()
+        try:
+            identity = self._identity(request)
+            req, raw = await read_model(request, ChatCompletionRequest, self.options.max_body_bytes)
+            self.service.check_model(req.model)
+            call = openai_adapter.chat_to_internal(req, self.options.max_tokens_limit)
+            prep = self._prepare(request, identity, call, raw, received, started,
+                                 openai_adapter.ADAPTER_VERSION, openai_adapter.TOOL_CALL_PREFIX)
+        except GatewayError as exc:
+            return self._refuse(exc, "openai", openai_adapter.CHAT_PROTOCOL)
+        token_text, fp = self.text.token_text, self.fingerprint
+
+        def respond(outcome: CallOutcome) -> dict[str, Any]:
+            return openai_adapter.chat_response(outcome, req, token_text, fp)
+
+        if req.stream:
+            fmt = openai_adapter.ChatStream(req, prep.call_id, req.model, received // 1_000_000,
+                                            token_text, fp)
+            return self._stream(prep, fmt, respond, GatewayError.openai_body, ping=None)
+        return await self._unary(prep, respond, GatewayError.openai_body)
+
+    async def completions(self, request: Request) -> Response:
+        started, received = time.perf_counter(), records.now_us()
+        try:
+            identity = self._identity(request)
+            req, raw = await read_model(request, CompletionRequest, self.options.max_body_bytes)
+            self.service.check_model(req.model)
+            call = openai_adapter.completion_to_internal(req, self.options.max_tokens_limit)
+            prep = self._prepare(request, identity, call, raw, received, started,
+                                 openai_adapter.ADAPTER_VERSION, openai_adapter.TOOL_CALL_PREFIX)
+        except GatewayError as exc:
+            return self._refuse(exc, "openai", openai_adapter.COMPLETIONS_PROTOCOL)
+        token_text, fp = self.text.token_text, self.fingerprint
+
+        def respond(outcome: CallOutcome) -> dict[str, Any]:
+            return openai_adapter.completion_response(outcome, req, token_text, fp)
+
+        if req.stream:
+            fmt = openai_adapter.CompletionStream(req, prep.call_id, req.model, received // 1_000_000,
+                                                  token_text, fp)
+            return self._stream(prep, fmt, respond, GatewayError.openai_body, ping=None, raw_text=True)
+        return await self._unary(prep, respond, GatewayError.openai_body)
+
+    # -- Anthropic -------------------------------------------------------------------------------
+
+    async def messages(self, request: Request) -> Response:
+        started, received = time.perf_counter(), records.now_us()
+        try:
+            identity = self._identity(request)
+            req, raw = await read_model(request, MessagesRequest, self.options.max_body_bytes)
+            self.service.check_model(req.model)
+            call = anthropic_adapter.to_internal(req, self.options.max_tokens_limit)
+            prep = self._prepare(request, identity, call, raw, received, started,
+                                 anthropic_adapter.ADAPTER_VERSION, anthropic_adapter.TOOL_CALL_PREFIX)
+        except GatewayError as exc:
+            return self._refuse(exc, "anthropic", anthropic_adapter.PROTOCOL)
+        if req.stream:
+            fmt = anthropic_adapter.MessageStream(prep.call_id, req.model)
+            return self._stream(prep, fmt, anthropic_adapter.message_response, GatewayError.anthropic_body,
+                                ping=anthropic_adapter.MessageStream.ping())
+        return await self._unary(prep, anthropic_adapter.message_response, GatewayError.anthropic_body)
+
+    async def count_tokens(self, request: Request) -> Response:
+        try:
+            identity = self._identity(request)
+            req, _ = await read_model(request, CountTokensRequest, self.options.max_body_bytes)
+            self.service.check_model(req.model)
+            messages, tools = anthropic_adapter.conversation(req)
+            call = InternalCall(protocol=anthropic_adapter.PROTOCOL, model=req.model, stream=False,
+                                sampling=anthropic_adapter.SamplingSpec(), messages=messages, tools=tools)
+            count = self.service.count_tokens(identity, call)
+        except GatewayError as exc:
+            return self._refuse(exc, "anthropic", anthropic_adapter.PROTOCOL)
+        return OrjsonResponse({"input_tokens": count})
+
+    # -- shared ----------------------------------------------------------------------------------
+
+    def _identity(self, request: Request) -> CallIdentity:
+        return resolve_call(request.path_params, request.headers, self.ctx.registry,
+                            unattributed=self.options.unattributed, require_auth=self.options.require_auth,
+                            admin_key=self.options.admin_key)
+
+    def _prepare(self, request: Request, identity: CallIdentity, call: InternalCall, raw: dict[str, Any],
+                 received: int, started: float, adapter_version: str, tool_prefix: str) -> PreparedCall:
+        request_json = records.request_json(request.method, request.url.path, request.url.query,
+                                            dict(request.headers), raw)
+        return self.service.prepare(identity, call, received_at_us=received, started=started,
+                                    request_json=request_json, adapter_version=adapter_version,
+                                    tool_call_prefix=tool_prefix)
+
+    def _refuse(self, exc: GatewayError, protocol: Protocol, call_protocol: str) -> Response:
+        self.metrics.refused.labels(call_protocol, str(exc.status)).inc()
+        return OrjsonResponse(exc.body(protocol), status_code=exc.status)
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """Calls run in their own task: a harness that goes away does not cancel recording."""
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _unary(self, prep: PreparedCall, respond: ResponseBuilder, error_body: ErrorBody) -> Response:
+        task = self._spawn(self.service.run(prep, respond, error_body))
+        try:
+            _, response = await asyncio.shield(task)
+        except GatewayError as exc:
+            return OrjsonResponse(error_body(exc), status_code=exc.status)
+        return OrjsonResponse(response)
+
+    def _stream(self, prep: PreparedCall, fmt: Any, respond: ResponseBuilder, error_body: ErrorBody, *,
+                ping: bytes | None, raw_text: bool = False) -> Response:
+        """SSE: text streams as it is sampled; the final events follow the record's delivery."""
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        abort = asyncio.Event()
+        holdback = max((len(s) for s in prep.call.sampling.stop), default=1) - 1
+        live = LiveText(self.text, fmt, queue.put_nowait, holdback=holdback, raw_text=raw_text)
+
+        async def produce() -> None:
+            try:
+                outcome, _ = await self.service.run(prep, respond, error_body, on_text=live.update,
+                                                    abort=abort)
+                frames = live.finish(outcome) + fmt.finish(outcome)
+            except GatewayError as exc:
+                frames = fmt.error(exc)
+            except Exception as exc:  # never leave the stream hanging
+                log.exception("stream of call %s failed", prep.call_id)
+                frames = fmt.error(GatewayError(500, f"internal error: {exc!r}", "internal"))
+            for frame in frames:
+                queue.put_nowait(frame)
+            queue.put_nowait(None)
+
+        for frame in fmt.start(prep.rendered.prompt_ids):
+            queue.put_nowait(frame)
+        task = self._spawn(produce())
+
+        async def frames() -> AsyncIterator[bytes]:
+            try:
+                while True:
+                    try:
+                        frame = await asyncio.wait_for(queue.get(), PING_INTERVAL_S)
+                    except TimeoutError:
+                        if ping is not None:
+                            yield ping
+                        else:
+                            yield b": keep-alive\n\n"
+                        continue
+                    if frame is None:
+                        return
+                    yield frame
+            finally:
+                if not task.done():
+                    abort.set()  # the harness went away: stop sampling, record what was sampled
+
+        return StreamingResponse(frames(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def drain(self, timeout_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Wait for calls in flight to be recorded (shutdown)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+
+
+class LiveText:
+    """Turns the growing output text into reasoning/content frames that are never retracted.
+
+    Text that could still be the start of a stop string is held back; the parser holds back what
+    could still change meaning (partial markers, open tool-call blocks).
+    """
+
+    def __init__(self, text: TextSide, fmt: Any, emit: Callable[[bytes], None], *, holdback: int,
+                 raw_text: bool) -> None:
+        self.fmt, self.emit = fmt, emit
+        self.holdback, self.raw_text = holdback, raw_text
+        self.parser = None if raw_text else text.stream_parser()
+        self.fed = 0  # characters of the output text given to the parser (or sent, for raw text)
+
+    async def update(self, full_text: str) -> None:
+        safe = len(full_text) - self.holdback
+        if safe > self.fed:
+            for frame in self._feed(full_text[self.fed:safe]):
+                self.emit(frame)
+
+    def _feed(self, delta: str) -> list[bytes]:
+        self.fed += len(delta)
+        if self.parser is None:
+            return self.fmt.content(delta)
+        return self._frames(self.parser.feed(delta))
+
+    def _frames(self, events: list[TextEvent]) -> list[bytes]:
+        frames: list[bytes] = []
+        for kind, text in events:
+            frames += self.fmt.reasoning(text) if kind == "reasoning" else self.fmt.content(text)
+        return frames
+
+    def finish(self, outcome: CallOutcome) -> list[bytes]:
+        """The rest of the text (the outcome's text is final: cut at a stop string if one matched)."""
+        frames = self._feed(outcome.text[self.fed:]) if len(outcome.text) > self.fed else []
+        if self.parser is not None:
+            frames += self._frames(self.parser.finish())
+        return frames
+
+
+def _error_protocol(path: str) -> Protocol:
+    if "/messages" in path:
+        return "anthropic"
+    return "env" if path.startswith("/v1/rollouts") else "openai"
+
+
+def create_app(settings: Any, upstream: Upstream, sink: Any, renderer: TextSide, *,
+               options: GatewayOptions | None = None, registry: AttemptRegistry | None = None,
+               topics: dict[str, str] | None = None, manage_sink: bool = True,
+               close_upstream: bool = False) -> Starlette:
+    """The ASGI app. ``renderer`` is the model's text side (see ports.TextSide / text_side.py).
+
+    With ``manage_sink`` the app starts the sink (``await sink.start()``) when it starts serving and
+    closes it on shutdown, after calls in flight are recorded; ``close_upstream`` closes the upstream too.
+    ``topics`` overrides topic names (``calls_topic``, ``env_topic``), e.g. per test.
+    """
+    gateway = Gateway(options or GatewayOptions.from_settings(settings), upstream, sink, renderer,
+                      registry=registry, topics=topics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if manage_sink and hasattr(sink, "start"):
+            await sink.start()
+        try:
+            yield
+        finally:
+            await gateway.drain()
+            if manage_sink and hasattr(sink, "close"):
+                await sink.close()
+            if close_upstream:
+                await upstream.close()
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = "not_found" if exc.status_code == 404 else "invalid_request"
+        message = f"no route for {request.method} {request.url.path}" if exc.status_code in (404, 405) \
+            else str(exc.detail)
+        error = GatewayError(exc.status_code, message, kind)
+        return OrjsonResponse(error.body(_error_protocol(request.url.path)), status_code=exc.status_code)
+
+    async def crash(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+        error = GatewayError(500, f"internal error: {exc!r}", "internal")
+        return OrjsonResponse(error.body(_error_protocol(request.url.path)), status_code=500)
+
+    app = Starlette(routes=gateway.routes(), lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error, Exception: crash})
+    app.state.gateway = gateway
+    return app

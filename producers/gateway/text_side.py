@@ -1,0 +1,90 @@
+"""The model's text side for the gateway, on the project's ChatRenderer and hermes output parser."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from producers.gateway.attempts import PriorSample
+from producers.gateway.ports import ParsedText, ParsedToolCall, Rendered, TextEvent
+from producers.parsing import (
+    PARSER_VERSION,
+    ContentDelta,
+    ReasoningDelta,
+    StreamEvent,
+    StreamingParser,
+    parse_output,
+)
+from producers.rendering import ChatRenderer, PriorCall, RenderError
+
+
+class ModelTextSide:
+    def __init__(self, renderer: ChatRenderer) -> None:
+        self.renderer = renderer
+        self.tokenizer_fingerprint = renderer.tokenizer_fingerprint
+        self.chat_template_fingerprint = renderer.chat_template_fingerprint
+        self.parser_version = PARSER_VERSION
+        self.vocab_size = renderer.vocab_size
+        self.stop_token_ids = tuple(renderer.stop_token_ids)
+        self._stop = frozenset(self.stop_token_ids)
+
+    @classmethod
+    def from_dir(cls, model_dir: Path | str) -> ModelTextSide:
+        return cls(ChatRenderer(Path(model_dir)))
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
+                    prefix_mode: str, prior: Sequence[PriorSample]) -> Rendered:
+        try:
+            if prefix_mode == "retokenize" or not prior:
+                return Rendered(self.renderer.render(messages, tools))
+            calls = [PriorCall(p.call_index, () if p.prompt_ids is None else p.prompt_ids.tolist(),
+                               p.output_ids.tolist(), p.message) for p in prior]
+            rendered = self.renderer.render_spliced(messages, tools, calls)
+        except RenderError as exc:
+            raise ValueError(str(exc)) from None
+        return Rendered(rendered.prompt_ids, len(rendered.spliced), rendered.break_descriptions)
+
+    def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        return self.renderer.render_text(messages, tools)
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.renderer.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.renderer.decode([i for i in ids if i not in self._stop])
+
+    def token_text(self, token_id: int) -> str:
+        return self.renderer.decode([token_id])
+
+    def parse(self, text: str) -> ParsedText:
+        parsed = parse_output(text)
+        return ParsedText(parsed.content or "", parsed.reasoning,
+                          [ParsedToolCall(c.name, c.arguments) for c in parsed.tool_calls])
+
+    def stream_parser(self) -> _HermesStream:
+        return _HermesStream()
+
+
+class _HermesStream:
+    """Reasoning and content deltas from the streaming parser; tool calls are sent with the outcome."""
+
+    def __init__(self) -> None:
+        self._parser = StreamingParser()
+
+    def feed(self, delta: str) -> list[TextEvent]:
+        return _text_events(self._parser.feed(delta))
+
+    def finish(self) -> list[TextEvent]:
+        events, _ = self._parser.finish()
+        return _text_events(events)
+
+
+def _text_events(events: Sequence[StreamEvent]) -> list[TextEvent]:
+    out: list[TextEvent] = []
+    for event in events:
+        if isinstance(event, ReasoningDelta):
+            out.append(("reasoning", event.text))
+        elif isinstance(event, ContentDelta):
+            out.append(("content", event.text))
+    return out

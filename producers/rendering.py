@@ -1,0 +1,414 @@
+"""Render OpenAI-style chat messages to the exact prompt ids the engine runs.
+
+Two modes:
+
+* ``render``: the chat template applied to the messages, tokenized (what ``apply_chat_template`` gives).
+* ``render_spliced``: the same text, but wherever the history repeats what this attempt's earlier calls
+  sampled, the sampled ids are used instead of re-tokenized text. Re-tokenizing sampled text can give
+  different ids (BPE merges across what were separate sampling steps), which breaks the token prefix
+  between calls and misattributes tokens; splicing keeps ``prompt_{i+1}`` an extension of
+  ``prompt_i ‖ output_i`` wherever the template renders the same text.
+
+Splicing never changes the text: the spliced ids always decode to exactly what the template renders
+(checked on every call). Where the template renders something other than what was sampled (it drops
+earlier reasoning, re-serialises arguments, ...), the rendered text wins and the break is reported.
+
+How spans are found, without knowing the template: (1) the longest earlier ``prompt ‖ output`` whose
+decoded text is a prefix of the rendered text is reused whole (the usual case: the new prompt only
+appends tool results or a user turn); (2) assistant messages after that prefix that equal an earlier
+call's parsed output are located by rendering once more with each replaced by a unique sentinel: the
+text between sentinels is template output that does not depend on those messages, so the real render
+must consist of the same pieces with the messages' rendered bodies between them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from producers.model_build import sha256_file, sha256_text
+from producers.parsing import ParsedOutput, parse_output
+
+Message = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PriorCall:
+    """An earlier call of the same attempt: the ids the engine ran and sampled."""
+
+    call_index: int
+    prompt_ids: Sequence[int]
+    output_ids: Sequence[int]
+    # The assistant message returned for it (OpenAI form). None: parsed here from the output ids.
+    message: Message | None = None
+
+
+@dataclass(frozen=True)
+class SplicedSpan:
+    """``prompt_ids[start:end]`` are ids copied unchanged from an earlier call."""
+
+    call_index: int
+    start: int
+    end: int
+    kind: str  # "prefix": that call's prompt ‖ output; "output": that call's output ids only
+
+
+@dataclass(frozen=True)
+class PrefixBreak:
+    """Why this prompt does not reuse what an earlier call sampled."""
+
+    call_index: int | None
+    message_index: int | None
+    reason: str
+
+    def __str__(self) -> str:
+        where = [f"call {self.call_index}"] if self.call_index is not None else []
+        if self.message_index is not None:
+            where.append(f"message {self.message_index}")
+        return f"{', '.join(where) or 'prompt'}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    prompt_ids: list[int]
+    text: str
+    spliced: tuple[SplicedSpan, ...] = ()
+    breaks: tuple[PrefixBreak, ...] = ()
+    # The earlier call whose whole prompt ‖ output starts this prompt (None: no such call).
+    base_call_index: int | None = None
+
+    @property
+    def break_descriptions(self) -> list[str]:
+        return [str(b) for b in self.breaks]
+
+
+@dataclass
+class _Piece:
+    """Either text to tokenize or ids to copy, in prompt order."""
+
+    text: str
+    ids: Sequence[int] | None = None
+    call_index: int | None = None
+    kind: str = ""
+
+
+class RenderError(ValueError):
+    """The messages cannot be rendered (bad shape, template error); a client error."""
+
+
+class ChatRenderer:
+    """The pinned tokenizer and chat template of a model directory."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from transformers import AutoTokenizer
+
+        self.model_dir = Path(model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        template = self.tokenizer.chat_template
+        if not isinstance(template, str) or not template:
+            raise RuntimeError(f"{self.model_dir} has no chat template")
+        self.chat_template: str = template
+        self.tokenizer_fingerprint = sha256_file(self.model_dir / "tokenizer.json")
+        self.chat_template_fingerprint = sha256_text(template)
+        self._backend = self.tokenizer.backend_tokenizer
+        self.eos_token_id = int(self.tokenizer.eos_token_id)
+        self.stop_token_ids: tuple[int, ...] = (self.eos_token_id,)
+        self.vocab_size = len(self.tokenizer)
+
+    # ------------------------------------------------------------------------------------ basics
+    def encode(self, text: str) -> list[int]:
+        """Plain tokenization, no special tokens added (special-token text still maps to its id)."""
+        return list(self._backend.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Exact inverse of ``encode`` for valid UTF-8 (special tokens kept, no clean-up)."""
+        return str(self._backend.decode(list(ids), skip_special_tokens=False))
+
+    def output_text(self, output_ids: Sequence[int]) -> str:
+        """The text of a sampled output without its final stop token (what clients see)."""
+        ids = list(output_ids)
+        if ids and ids[-1] in self.stop_token_ids:
+            ids.pop()
+        return self.decode(ids)
+
+    def parse(self, output_ids: Sequence[int]) -> ParsedOutput:
+        return parse_output(self.output_text(output_ids))
+
+    def render_text(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
+                    add_generation_prompt: bool = True) -> str:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                list(messages), tools=list(tools) if tools else None, tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+            )
+        except Exception as exc:  # jinja errors, missing keys: the request is malformed
+            raise RenderError(f"cannot render the messages with the chat template: {exc}") from exc
+        return str(text)
+
+    def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
+               add_generation_prompt: bool = True) -> list[int]:
+        """``apply_chat_template(..., tokenize=True)``: the re-tokenized prompt."""
+        _check_messages(messages)
+        try:
+            ids = self.tokenizer.apply_chat_template(
+                list(messages), tools=list(tools) if tools else None, tokenize=True, return_dict=False,
+                add_generation_prompt=add_generation_prompt,
+            )
+        except Exception as exc:
+            raise RenderError(f"cannot render the messages with the chat template: {exc}") from exc
+        return [int(i) for i in ids]
+
+    # ------------------------------------------------------------------------------------ splice
+    def render_spliced(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
+                       prior_calls: Sequence[PriorCall]) -> RenderedPrompt:
+        """Render with the exact sampled ids of earlier calls wherever the template reproduces them."""
+        _check_messages(messages)
+        text = self.render_text(messages, tools)
+        if not prior_calls:
+            return RenderedPrompt(self.encode(text), text)
+        outputs = {c.call_index: _OutputView(self, c) for c in prior_calls}
+        matches = _match_messages(messages, prior_calls, outputs)
+        breaks: list[PrefixBreak] = []
+
+        pieces: list[_Piece] = []
+        covered = 0  # characters of ``text`` already covered by pieces
+        base = self._longest_prefix_call(text, prior_calls, outputs)
+        base_message = -1
+        if base is not None:
+            base_call, base_text = base
+            pieces.append(_Piece(base_text, [*base_call.prompt_ids, *base_call.output_ids],
+                                 base_call.call_index, "prefix"))
+            covered = len(base_text)
+            base_message = max((k for k, c in matches.items() if c == base[0].call_index), default=-1)
+        latest = _latest_matched(matches)
+        if latest is not None and (base is None or latest[1] != base[0].call_index):
+            breaks.append(self._prefix_break(text, prior_calls, latest, outputs, messages))
+
+        pending = {k: c for k, c in matches.items() if k > base_message}
+        if pending:
+            located, located_breaks = self._locate_outputs(messages, tools, text, pending, outputs, covered)
+            breaks.extend(located_breaks)
+            for start, call_index in located:
+                view = outputs[call_index]
+                pieces.append(_Piece(text[covered:start]))
+                pieces.append(_Piece(view.text, view.call.output_ids, call_index, "output"))
+                covered = start + len(view.text)
+        pieces.append(_Piece(text[covered:]))
+        return self._assemble(text, pieces, breaks, base[0].call_index if base else None)
+
+    def _longest_prefix_call(self, text: str, prior_calls: Sequence[PriorCall],
+                             outputs: Mapping[int, _OutputView]) -> tuple[PriorCall, str] | None:
+        best: tuple[PriorCall, str] | None = None
+        for call in prior_calls:
+            chain_text = self.decode(call.prompt_ids) + outputs[call.call_index].text
+            if text.startswith(chain_text) and (best is None or len(chain_text) > len(best[1])):
+                best = (call, chain_text)
+        return best
+
+    def _prefix_break(self, text: str, prior_calls: Sequence[PriorCall], latest: tuple[int, int],
+                      outputs: Mapping[int, _OutputView], messages: Sequence[Message]) -> PrefixBreak:
+        """Explain why the call whose output is the last assistant message is not this prompt's base."""
+        message_index, call_index = latest
+        call = next(c for c in prior_calls if c.call_index == call_index)
+        chain_text = self.decode(call.prompt_ids) + outputs[call_index].text
+        at = _first_difference(chain_text, text)
+        sampled = outputs[call_index].message
+        dropped = [
+            k for k, m in enumerate(messages)
+            if m.get("role") == "assistant" and _reasoning_of(m) and _reasoning_of(m) not in text
+        ]
+        if sampled.get("reasoning_content") and _reasoning_of(sampled) not in text:
+            dropped.append(message_index)
+        reason = (
+            f"prompt ‖ output is not a prefix of this prompt; texts differ from character {at}: "
+            f"earlier {_snippet(chain_text, at)} vs now {_snippet(text, at)}"
+        )
+        if dropped:
+            reason += f"; the template dropped the reasoning of assistant message(s) {sorted(set(dropped))}"
+        return PrefixBreak(call_index, message_index, reason)
+
+    def _locate_outputs(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
+                        text: str, pending: Mapping[int, int], outputs: Mapping[int, _OutputView],
+                        covered: int) -> tuple[list[tuple[int, int]], list[PrefixBreak]]:
+        """Find where each pending assistant message's body is in ``text``; splice it when it is exactly
+        the sampled output."""
+        sentinels = _sentinels(text, len(messages))
+        masked = [
+            {"role": "assistant", "content": sentinels[k]} if k in pending else m
+            for k, m in enumerate(messages)
+        ]
+        skeleton = self.render_text(masked, tools)
+        order = sorted(pending)
+        fixed = _split_on(skeleton, [sentinels[k] for k in order])
+        if fixed is None or not text.startswith(fixed[0]):
+            reason = "the template renders other messages differently when these change; no splice"
+            return [], [PrefixBreak(None, order[0], reason)]
+        located: list[tuple[int, int]] = []
+        breaks: list[PrefixBreak] = []
+        pos = len(fixed[0])
+        for n, k in enumerate(order):
+            after = fixed[n + 1]
+            view = outputs[pending[k]]
+            body_end = _body_end(text, pos, after, is_last=n == len(order) - 1)
+            if body_end is None:
+                breaks.append(PrefixBreak(pending[k], k, "cannot locate the rendered message; no splice"))
+                return located, breaks
+            body = text[pos:body_end]
+            if body == view.body and text.startswith(view.text, pos) and pos >= covered:
+                located.append((pos, pending[k]))
+            elif pos >= covered:
+                reason = f"the template renders {_short(body)} where the call sampled {_short(view.body)}"
+                if view.message.get("reasoning_content") and view.message["reasoning_content"] not in body:
+                    reason += " (its reasoning is dropped)"
+                breaks.append(PrefixBreak(pending[k], k, reason))
+            pos = body_end + len(after)
+        return located, breaks
+
+    def _assemble(self, text: str, pieces: Sequence[_Piece], breaks: list[PrefixBreak],
+                  base_call: int | None) -> RenderedPrompt:
+        ids: list[int] = []
+        spans: list[SplicedSpan] = []
+        for piece in pieces:
+            if piece.ids is None:
+                ids.extend(self.encode(piece.text) if piece.text else [])
+                continue
+            start = len(ids)
+            ids.extend(int(i) for i in piece.ids)
+            assert piece.call_index is not None
+            spans.append(SplicedSpan(piece.call_index, start, len(ids), piece.kind))
+        if self.decode(ids) != text:  # never expected; the text is the contract, so fall back to it
+            breaks.append(PrefixBreak(None, None, "spliced ids did not decode to the rendered text"))
+            return RenderedPrompt(self.encode(text), text, (), tuple(breaks), None)
+        return RenderedPrompt(ids, text, tuple(spans), tuple(breaks), base_call)
+
+
+# ---------------------------------------------------------------------------------------- helpers
+@dataclass
+class _OutputView:
+    """An earlier call's output as text: ``text`` decodes all its ids, ``body`` without the stop."""
+
+    call: PriorCall
+    text: str = ""
+    body: str = ""
+    message: Message = field(default_factory=dict)
+
+    def __init__(self, renderer: ChatRenderer, call: PriorCall) -> None:
+        self.call = call
+        self.text = renderer.decode(call.output_ids)
+        self.body = renderer.output_text(call.output_ids)
+        parsed = call.message if call.message is not None else renderer.parse(call.output_ids).to_message()
+        self.message = parsed
+
+
+def _check_messages(messages: Sequence[Message]) -> None:
+    if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
+        raise RenderError("messages must be a list")
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+            raise RenderError(f"messages[{index}] must be an object with a string role")
+
+
+def _text_of(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        parts = [p for p in content if isinstance(p, Mapping) and p.get("type") == "text"]
+        return "".join(str(p.get("text", "")) for p in parts)
+    return str(content)
+
+
+def _reasoning_of(message: Message) -> str:
+    return str(message.get("reasoning_content") or message.get("reasoning") or "")
+
+
+def _message_key(message: Message) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """What must agree for a history message to be the output of an earlier call: the content and the
+    tool calls (name and arguments as JSON values). Ids and reasoning may be dropped by harnesses."""
+    calls = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function", call) if isinstance(call, Mapping) else {}
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                pass
+        calls.append((str(function.get("name", "")), json.dumps(arguments, sort_keys=True)))
+    return _text_of(message.get("content")), tuple(calls)
+
+
+def _match_messages(messages: Sequence[Message], prior_calls: Sequence[PriorCall],
+                    outputs: Mapping[int, _OutputView]) -> dict[int, int]:
+    """Assistant message index -> the earlier call that produced it (latest unused call that matches,
+    walking the history backwards so that repeated identical outputs pair up in order)."""
+    by_key: dict[tuple[str, tuple[tuple[str, str], ...]], list[int]] = {}
+    for call in prior_calls:
+        by_key.setdefault(_message_key(outputs[call.call_index].message), []).append(call.call_index)
+    matches: dict[int, int] = {}
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.get("role") != "assistant":
+            continue
+        candidates = by_key.get(_message_key(message))
+        if candidates:
+            matches[index] = candidates.pop()
+    return matches
+
+
+def _latest_matched(matches: Mapping[int, int]) -> tuple[int, int] | None:
+    if not matches:
+        return None
+    index = max(matches)
+    return index, matches[index]
+
+
+def _sentinels(text: str, count: int) -> list[str]:
+    salt = 0
+    while True:
+        candidates = [f"\u2063tt-splice-{salt}-{k}\u2063" for k in range(count)]
+        if not any(s in text for s in candidates):
+            return candidates
+        salt += 1
+
+
+def _split_on(text: str, separators: Sequence[str]) -> list[str] | None:
+    """``text`` split at each separator in order, or None if they do not occur exactly once each."""
+    parts: list[str] = []
+    rest = text
+    for separator in separators:
+        if rest.count(separator) != 1:
+            return None
+        before, rest = rest.split(separator)
+        parts.append(before)
+    parts.append(rest)
+    return parts
+
+
+def _body_end(text: str, pos: int, after: str, is_last: bool) -> int | None:
+    """Where the message body starting at ``pos`` ends: just before the template text that follows it.
+    The last body is followed by the rest of the prompt, so it is located from the end."""
+    if is_last:
+        return len(text) - len(after) if text.endswith(after) and len(text) - len(after) >= pos else None
+    found = text.find(after, pos)
+    return None if found < 0 else found
+
+
+def _first_difference(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _snippet(text: str, at: int, width: int = 24) -> str:
+    return repr(text[at:at + width])
+
+
+def _short(text: str, width: int = 60) -> str:
+    return repr(text if len(text) <= width else text[: width - 3] + "...")

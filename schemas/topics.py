@@ -1,0 +1,304 @@
+"""Every Kafka topic of tokentrail in one place: name, key, value schemas, partitions, retention.
+
+Everything about one rollout is keyed by its rollout id, so one partition holds a rollout's whole
+history in order; groups are keyed by group id. Client configuration helpers live here too, so
+producers, consumers and topics agree on message sizes and compression.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+
+from tokentrail.settings import Settings
+
+FOREVER = -1
+DAY_MS = 24 * 60 * 60 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    key: str  # which field of the value the record key is
+    value_schemas: tuple[str, ...]  # Avro record names in schemas/*.avsc
+    retention_ms: int
+    description: str
+    # None: settings.kafka.partitions. A fixed count where order across keys matters.
+    partitions: int | None = None
+    cleanup_policy: str = "delete"
+    extra_config: dict[str, str] = field(default_factory=dict)
+
+    def partition_count(self, settings: Settings) -> int:
+        return self.partitions if self.partitions is not None else settings.kafka.partitions
+
+    def config(self, settings: Settings) -> dict[str, str]:
+        """Topic-level configs this spec requires (compared against, and applied to, the broker)."""
+        return {
+            "cleanup.policy": self.cleanup_policy,
+            "retention.ms": str(self.retention_ms),
+            "compression.type": settings.kafka.compression,
+            "max.message.bytes": str(settings.kafka.max_message_bytes),
+            **self.extra_config,
+        }
+
+
+CALLS = TopicSpec(
+    "tokentrail.calls", "rollout_id", ("CallRecord",), FOREVER,
+    "Immutable, token-exact model call records from the gateway (source of truth).",
+)
+ENV = TopicSpec(
+    "tokentrail.env", "rollout_id", ("AttemptStarted", "EnvStep", "AttemptFinished"), FOREVER,
+    "Environment traces: attempt start, steps and finish (source of truth).",
+)
+ROLLOUTS = TopicSpec(
+    "tokentrail.rollouts", "rollout_id", ("CompletedRollout",), FOREVER,
+    "Assembled rollout attempts, complete or incomplete, with token-prefix checks.",
+)
+GROUPS = TopicSpec(
+    "tokentrail.groups", "group_id", ("RolloutGroup",), FOREVER,
+    "Closed rollout groups (full or timed out) and late arrivals.",
+)
+SCORES = TopicSpec(
+    "tokentrail.scores", "rollout_id", ("Score",), FOREVER,
+    "Raw verifier output, never changed; replay derives rewards from it.",
+)
+REWARDS = TopicSpec(
+    "tokentrail.rewards", "rollout_id", ("Reward",), FOREVER,
+    "Rewards under a versioned reward configuration.",
+)
+CREDITS = TopicSpec(
+    "tokentrail.credits", "rollout_id", ("Credit",), FOREVER,
+    "Advantages/weights under a versioned credit configuration.",
+)
+SAMPLES = TopicSpec(
+    "tokentrail.samples", "rollout_id", ("Sample",), 30 * DAY_MS,
+    "Trainable samples (key: the first rollout id of the sample). The largest topic; replay "
+    "re-derives it from scores and rollouts, and ClickHouse keeps every sample for audit.",
+)
+TRAINER_STEPS = TopicSpec(
+    "tokentrail.trainer-steps", "run_id", ("TrainerStep",), FOREVER,
+    "One event per optimizer step naming the samples it used; one partition keeps steps in order.",
+    partitions=1,
+)
+DEAD_LETTER = TopicSpec(
+    "tokentrail.dead-letter", "key of the failed record", ("DeadLetter",), 365 * DAY_MS,
+    "Records a stage could not process, with the source position and the reason.",
+)
+
+ALL_TOPICS: tuple[TopicSpec, ...] = (
+    CALLS, ENV, ROLLOUTS, GROUPS, SCORES, REWARDS, CREDITS, SAMPLES, TRAINER_STEPS, DEAD_LETTER,
+)
+BY_NAME: dict[str, TopicSpec] = {spec.name: spec for spec in ALL_TOPICS}
+
+# Plain names for producers and consumers.
+CALLS_TOPIC = CALLS.name
+ENV_TOPIC = ENV.name
+ROLLOUTS_TOPIC = ROLLOUTS.name
+GROUPS_TOPIC = GROUPS.name
+SCORES_TOPIC = SCORES.name
+REWARDS_TOPIC = REWARDS.name
+CREDITS_TOPIC = CREDITS.name
+SAMPLES_TOPIC = SAMPLES.name
+TRAINER_STEPS_TOPIC = TRAINER_STEPS.name
+DEAD_LETTER_TOPIC = DEAD_LETTER.name
+
+
+def topic(name: str) -> TopicSpec:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown tokentrail topic {name!r}; known: {', '.join(BY_NAME)}") from None
+
+
+# ---------------------------------------------------------------- client configuration
+# librdkafka property names (confluent-kafka). settings.kafka.client_config() carries bootstrap
+# servers and any security settings; the helpers never drop them.
+
+
+def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    """An idempotent, acks=all producer whose batches may hold the largest allowed record."""
+    kafka = settings.kafka
+    return {
+        **kafka.client_config(),
+        "acks": "all",
+        "enable.idempotence": True,
+        "compression.type": kafka.compression,
+        "message.max.bytes": kafka.max_message_bytes,
+        "linger.ms": 5,
+        **overrides,
+    }
+
+
+def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
+    """A manually committing, read_committed consumer that can fetch the largest allowed record."""
+    kafka = settings.kafka
+    fetch_max = 4 * kafka.max_message_bytes
+    return {
+        **kafka.client_config(),
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+        "max.partition.fetch.bytes": kafka.max_message_bytes,
+        "fetch.max.bytes": fetch_max,
+        # librdkafka requires room for a whole fetch response plus protocol overhead.
+        "receive.message.max.bytes": fetch_max + 1024 * 1024,
+        **overrides,
+    }
+
+
+def admin_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
+    return {**settings.kafka.client_config(), **overrides}
+
+
+def faust_app_settings(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments for ``faust.App`` that match the topics' sizes and compression.
+
+    aiokafka (under faust) decodes zstd batches only with ``cramjam`` installed.
+    """
+    kafka = settings.kafka
+    servers = [s.strip() for s in kafka.bootstrap_servers.split(",") if s.strip()]
+    return {
+        "broker": [f"kafka://{server}" for server in servers],
+        "producer_acks": -1,
+        "producer_compression_type": kafka.compression,
+        "producer_max_request_size": kafka.max_message_bytes,
+        "consumer_max_fetch_size": kafka.max_message_bytes,
+        "consumer_auto_offset_reset": "earliest",
+        "topic_partitions": kafka.partitions,
+    }
+
+
+# ---------------------------------------------------------------- creating and checking topics
+
+
+@dataclass(frozen=True)
+class TopicDifference:
+    topic: str
+    setting: str
+    expected: str
+    actual: str
+
+    def describe(self) -> str:
+        return f"{self.topic}: {self.setting} is {self.actual}, expected {self.expected}"
+
+
+@dataclass
+class EnsureReport:
+    created: list[str] = field(default_factory=list)
+    existing: list[str] = field(default_factory=list)
+    altered: list[TopicDifference] = field(default_factory=list)
+    differences: list[TopicDifference] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+
+def topic_differences(
+    spec: TopicSpec, settings: Settings, partitions: int, configs: dict[str, str]
+) -> list[TopicDifference]:
+    """How an existing topic (its partition count and configs) departs from its spec."""
+    found = []
+    expected_partitions = spec.partition_count(settings)
+    if partitions != expected_partitions:
+        found.append(TopicDifference(spec.name, "partitions", str(expected_partitions), str(partitions)))
+    for key, expected in spec.config(settings).items():
+        actual = configs.get(key, "<unset>")
+        if actual != expected:
+            found.append(TopicDifference(spec.name, key, expected, actual))
+    return found
+
+
+def ensure_topics(
+    admin: AdminClient,
+    settings: Settings,
+    specs: tuple[TopicSpec, ...] = ALL_TOPICS,
+    *,
+    fix_configs: bool = False,
+    timeout_s: float = 30.0,
+) -> EnsureReport:
+    """Create missing topics; compare existing ones with their specs.
+
+    Topic configs that differ are set when ``fix_configs`` is true. A partition count that differs
+    is only reported: adding partitions would move keys, splitting a rollout's history.
+    """
+    report = EnsureReport()
+    present = admin.list_topics(timeout=timeout_s).topics
+    missing = [spec for spec in specs if spec.name not in present]
+    if missing:
+        new_topics = [
+            # replication_factor=-1: the broker's default.replication.factor (1 locally, 3 in a cluster).
+            NewTopic(
+                spec.name, spec.partition_count(settings), replication_factor=-1, config=spec.config(settings)
+            )
+            for spec in missing
+        ]
+        futures = admin.create_topics(new_topics, operation_timeout=timeout_s, request_timeout=timeout_s)
+        for name, future in futures.items():
+            try:
+                future.result()
+                report.created.append(name)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # lost a race: check it below
+                    raise
+    created = set(report.created)
+    to_check = [spec for spec in specs if spec.name not in created]
+    if not to_check:
+        return report
+    present = admin.list_topics(timeout=timeout_s).topics
+    configs_by_topic = _describe_topic_configs(admin, [spec.name for spec in to_check], timeout_s)
+    for spec in to_check:
+        report.existing.append(spec.name)
+        differences = topic_differences(
+            spec, settings, len(present[spec.name].partitions), configs_by_topic[spec.name]
+        )
+        config_fixes = [d for d in differences if d.setting != "partitions"]
+        if fix_configs and config_fixes:
+            _set_topic_configs(admin, spec.name, config_fixes, timeout_s)
+            report.altered.extend(config_fixes)
+            differences = [d for d in differences if d.setting == "partitions"]
+        report.differences.extend(differences)
+    return report
+
+
+def _describe_topic_configs(admin: AdminClient, names: list[str], timeout_s: float) -> dict[str, dict[str, str]]:
+    """Configs of each topic. A topic created a moment ago may not have reached the broker's
+    metadata yet (UNKNOWN_TOPIC_OR_PART), so that answer is retried until ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    found: dict[str, dict[str, str]] = {}
+    while True:
+        pending = [ConfigResource(ResourceType.TOPIC, name) for name in names if name not in found]
+        unknown = []
+        for resource, future in admin.describe_configs(pending, request_timeout=timeout_s).items():
+            try:
+                found[resource.name] = {key: entry.value for key, entry in future.result().items()}
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                    raise
+                unknown.append(resource.name)
+        if not unknown:
+            return found
+        time.sleep(0.2)
+
+
+def _set_topic_configs(
+    admin: AdminClient, name: str, fixes: list[TopicDifference], timeout_s: float
+) -> None:
+    entries = [
+        ConfigEntry(fix.setting, fix.expected, incremental_operation=AlterConfigOpType.SET) for fix in fixes
+    ]
+    resource = ConfigResource(ResourceType.TOPIC, name, incremental_configs=entries)
+    for future in admin.incremental_alter_configs([resource], request_timeout=timeout_s).values():
+        future.result()

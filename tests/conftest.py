@@ -1,0 +1,82 @@
+"""Fixtures shared by every test area. Area-specific fixtures belong in tests/<area>/conftest.py.
+
+Kafka: ``kafka_bootstrap`` reuses a broker already answering on settings.kafka.bootstrap_servers or
+starts the local one (and stops it at the end only if it started it); any test that uses it is
+marked ``kafka`` automatically. ``new_topic`` makes throwaway topics with unique names.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from schemas.topics import admin_config, ensure_topics
+from tokentrail import kafka_local
+from tokentrail.settings import Settings, get_settings
+
+# ---------------------------------------------------------------- Kafka
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kafka)
+
+
+@pytest.fixture(scope="session")
+def tokentrail_settings() -> Settings:
+    """The settings of this run (defaults plus TOKENTRAIL_* environment overrides)."""
+    return get_settings()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tokentrail_settings: Settings) -> Iterator[str]:
+    """Bootstrap servers of a running broker on which every tokentrail topic exists."""
+    settings = tokentrail_settings
+    kafka = settings.kafka
+    started_here = False
+    if not kafka_local.broker_answers(kafka):
+        kafka_local.start(wait_s=120, kafka=kafka)
+        started_here = True
+    try:
+        # A broker kept from an earlier run may carry older topic configs: bring them to the spec.
+        report = ensure_topics(AdminClient(admin_config(settings)), settings, fix_configs=True)
+        if not report.ok:
+            pytest.fail("topics differ from schemas/topics.py: "
+                        + "; ".join(d.describe() for d in report.differences))
+        yield kafka.bootstrap_servers
+    finally:
+        if started_here:
+            kafka_local.stop(kafka=kafka)
+
+
+@pytest.fixture(scope="session")
+def kafka_admin(kafka_bootstrap: str, tokentrail_settings: Settings) -> AdminClient:
+    return AdminClient(admin_config(tokentrail_settings))
+
+
+NewTopicFactory = Callable[..., str]
+
+
+@pytest.fixture
+def new_topic(kafka_admin: AdminClient, request: pytest.FixtureRequest) -> Iterator[NewTopicFactory]:
+    """``new_topic(partitions=3, config=None) -> name``: a topic unique to this test, deleted afterwards."""
+    created: list[str] = []
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:80]
+
+    def make(partitions: int = 3, config: dict[str, str] | None = None) -> str:
+        name = f"test.{stem}.{uuid.uuid4().hex[:8]}"
+        topic = NewTopic(name, partitions, replication_factor=-1, config=config or {})
+        for future in kafka_admin.create_topics([topic], operation_timeout=30).values():
+            future.result(timeout=60)
+        created.append(name)
+        return name
+
+    yield make
+    if created:
+        for future in kafka_admin.delete_topics(created, operation_timeout=30).values():
+            future.result(timeout=60)

@@ -1,0 +1,40 @@
+"""The local broker's configuration, derived from settings (no broker needed)."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+from tokentrail import kafka_local
+from tokentrail.settings import KafkaSettings
+
+
+def test_overrides_follow_settings(tmp_path: Path) -> None:
+    kafka = KafkaSettings(bootstrap_servers="127.0.0.1:19092", controller_port=19093, data_dir=tmp_path,
+                          max_message_bytes=5_000_000)
+    overrides = kafka_local.broker_overrides(kafka)
+    assert overrides["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert overrides["controller.quorum.bootstrap.servers"] == "127.0.0.1:19093"
+    assert overrides["log.dirs"] == str(tmp_path / "data")
+    assert overrides["message.max.bytes"] == "5000000"
+
+
+def test_render_replaces_keys_keeps_comments_and_appends_new_ones() -> None:
+    template = "# log.dirs=commented\nlog.dirs=old\nnode.id=1\n"
+    rendered = kafka_local.render_server_properties(template, {"log.dirs": "/new", "extra.key": "v"})
+    assert rendered.splitlines() == ["# log.dirs=commented", "log.dirs=/new", "node.id=1", "extra.key=v"]
+
+
+def test_template_declares_every_overridden_key() -> None:
+    """Each key settings decide exists in deploy/kafka/server.properties, so the file documents it."""
+    keys = {line.split("=", 1)[0] for line in kafka_local.SERVER_TEMPLATE.read_text().splitlines()
+            if "=" in line and not line.startswith("#")}
+    missing = set(kafka_local.broker_overrides(KafkaSettings())) - keys
+    assert not missing
+
+
+def test_cluster_id_is_a_base64url_uuid() -> None:
+    for _ in range(200):
+        cid = kafka_local.new_cluster_id()
+        assert len(cid) == 22 and not cid.startswith("-")
+        assert len(base64.urlsafe_b64decode(cid + "==")) == 16

@@ -1,0 +1,117 @@
+"""Topic declarations, ``ensure_topics`` and the ``tokentrail topics`` commands on the real broker."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import pytest
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+from schemas import topics
+from tokentrail.cli import main
+from tokentrail.settings import Settings
+
+EXPECTED_NAMES = {
+    "tokentrail.calls", "tokentrail.env", "tokentrail.rollouts", "tokentrail.groups", "tokentrail.scores",
+    "tokentrail.rewards", "tokentrail.credits", "tokentrail.samples", "tokentrail.trainer-steps",
+    "tokentrail.dead-letter",
+}
+
+
+def _renamed(prefix: str) -> tuple[topics.TopicSpec, ...]:
+    return tuple(dataclasses.replace(spec, name=f"{prefix}.{spec.name}") for spec in topics.ALL_TOPICS)
+
+
+def _configs(admin: AdminClient, name: str) -> dict[str, str]:
+    future = admin.describe_configs([ConfigResource(ResourceType.TOPIC, name)])
+    return {key: entry.value for key, entry in next(iter(future.values())).result().items()}
+
+
+def test_declarations() -> None:
+    assert {spec.name for spec in topics.ALL_TOPICS} == EXPECTED_NAMES
+    rollout_scoped = [
+        topics.CALLS, topics.ENV, topics.ROLLOUTS, topics.SCORES, topics.REWARDS, topics.CREDITS,
+    ]
+    assert all(spec.key == "rollout_id" for spec in rollout_scoped)
+    assert topics.GROUPS.key == "group_id"
+    assert topics.CALLS.retention_ms == topics.ENV.retention_ms == topics.SCORES.retention_ms == -1
+    assert topics.DEAD_LETTER.retention_ms >= 365 * topics.DAY_MS
+    with pytest.raises(KeyError, match="unknown tokentrail topic"):
+        topics.topic("tokentrail.call")
+
+
+def test_client_configs_keep_security_settings_and_raise_sizes(tokentrail_settings: Settings) -> None:
+    kafka = tokentrail_settings.kafka.model_copy(update={
+        "security_protocol": "SASL_SSL", "extra_client_config": {"sasl.mechanism": "PLAIN"},
+    })
+    settings = tokentrail_settings.model_copy(update={"kafka": kafka})
+    producer = topics.producer_config(settings)
+    consumer = topics.consumer_config(settings, "g1")
+    for conf in (producer, consumer):
+        assert conf["security.protocol"] == "SASL_SSL" and conf["sasl.mechanism"] == "PLAIN"
+    assert producer["acks"] == "all" and producer["enable.idempotence"] is True
+    assert producer["message.max.bytes"] == kafka.max_message_bytes
+    assert consumer["enable.auto.commit"] is False and consumer["group.id"] == "g1"
+    assert consumer["max.partition.fetch.bytes"] >= kafka.max_message_bytes
+    assert consumer["receive.message.max.bytes"] > consumer["fetch.max.bytes"]
+
+
+def test_ensure_creates_all_then_is_idempotent(
+    kafka_admin: AdminClient, tokentrail_settings: Settings
+) -> None:
+    specs = _renamed(f"test-ensure-{uuid.uuid4().hex[:8]}")
+    try:
+        first = topics.ensure_topics(kafka_admin, tokentrail_settings, specs)
+        assert sorted(first.created) == sorted(spec.name for spec in specs) and first.ok
+
+        second = topics.ensure_topics(kafka_admin, tokentrail_settings, specs)
+        assert second.created == [] and second.ok
+        assert sorted(second.existing) == sorted(spec.name for spec in specs)
+
+        present = kafka_admin.list_topics(timeout=10).topics
+        for spec in specs:
+            assert len(present[spec.name].partitions) == spec.partition_count(tokentrail_settings)
+            configs = _configs(kafka_admin, spec.name)
+            for key, value in spec.config(tokentrail_settings).items():
+                assert configs[key] == value, (spec.name, key)
+    finally:
+        for future in kafka_admin.delete_topics([spec.name for spec in specs]).values():
+            future.result()
+
+
+def test_ensure_reports_and_fixes_differences(
+    kafka_admin: AdminClient, tokentrail_settings: Settings
+) -> None:
+    calls = dataclasses.replace(topics.CALLS, name=f"test-diff-{uuid.uuid4().hex[:8]}.calls")
+    try:
+        topics.ensure_topics(kafka_admin, tokentrail_settings, (calls,))
+        drift = ConfigResource(ResourceType.TOPIC, calls.name, incremental_configs=[
+            ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)])
+        for future in kafka_admin.incremental_alter_configs([drift]).values():
+            future.result()
+        wider = dataclasses.replace(calls, partitions=calls.partition_count(tokentrail_settings) + 2)
+
+        report = topics.ensure_topics(kafka_admin, tokentrail_settings, (wider,))
+        assert {(d.setting, d.actual) for d in report.differences} == {
+            ("retention.ms", "3600000"),
+            ("partitions", str(calls.partition_count(tokentrail_settings))),
+        }
+
+        fixed = topics.ensure_topics(kafka_admin, tokentrail_settings, (wider,), fix_configs=True)
+        assert [d.setting for d in fixed.altered] == ["retention.ms"]
+        assert [d.setting for d in fixed.differences] == ["partitions"]  # never changed automatically
+        assert _configs(kafka_admin, calls.name)["retention.ms"] == "-1"
+    finally:
+        for future in kafka_admin.delete_topics([calls.name]).values():
+            future.result()
+
+
+def test_cli_ensure_and_list(kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["topics", "ensure"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(EXPECTED_NAMES)} topics ok" in out
+    assert main(["topics", "list"]) == 0
+    listing = capsys.readouterr().out
+    for name in EXPECTED_NAMES:
+        assert any(line.startswith(name + " ") and "missing" not in line for line in listing.splitlines())

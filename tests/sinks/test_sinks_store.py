@@ -1,0 +1,141 @@
+"""Migrations, inserts and queries of every table through chDB, dashboards' SQL, and the clickhouse CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from clickhouse_connect.driver.client import Client
+
+from schemas.codec import get_codec
+from schemas.examples import example_record
+from schemas.tokens import pack_mask
+from sinks import dashboards
+from sinks.client import ClickHouseConfigError, connect, parse_dsn
+from sinks.ddl import MIGRATIONS, TABLE_NAMES, VIEWS, migrate, schema_sql
+from sinks.rows import TABLE_OF, to_row
+from sinks.store import insert_rows, load_records, load_rollouts, select_rows, table_counts, write_records
+from sinks.synthetic import GroupSpec, synthetic_group
+from tokentrail.cli import main as cli_main
+from tokentrail.settings import REPO_ROOT
+
+
+def example(name: str) -> dict:
+    record = example_record(get_codec().store.schema(name).raw)
+    if name == "Sample":
+        record["loss_mask"] = pack_mask([0, 1, 1, 1])
+        record["segments"][0].update(sample_start=0, call_start=0, length=4)
+    return record
+
+
+def test_migrate_is_idempotent_and_creates_everything(ch: Client) -> None:
+    assert migrate(ch) == []  # the fixture migrated already
+    names = {r[0] for r in ch.query("SHOW TABLES").result_rows}
+    assert set(TABLE_NAMES) | set(VIEWS) | {"schema_migrations"} <= names
+    applied = [r[0] for r in ch.query("SELECT id FROM schema_migrations FINAL ORDER BY id").result_rows]
+    assert applied == [m.id for m in MIGRATIONS]
+    engines = dict(
+        ch.query("SELECT name, engine FROM system.tables WHERE database = currentDatabase()").result_rows
+    )
+    assert all(engines[t] == "ReplacingMergeTree" for t in TABLE_NAMES)
+
+
+@pytest.mark.parametrize("name", sorted(set(TABLE_OF) - {"CompletedRollout"}))
+def test_every_table_round_trips_its_records(ch: Client, name: str) -> None:
+    record = example(name)
+    table = TABLE_OF[name]
+    write_records(ch, [(name, record), (name, record)])  # a re-delivery
+    assert table_counts(ch)[table] == 1  # FINAL collapses it
+    assert load_records(ch, table) == [record]
+
+
+def test_rollouts_round_trip_through_the_calls_table(ch: Client) -> None:
+    g = synthetic_group(GroupSpec(rollouts=3, turns=4))
+    write_records(ch, g.events)
+    rollouts = load_rollouts(ch)
+    assert sorted(rollouts, key=lambda r: r["event_id"]) == sorted(
+        g.of("CompletedRollout"), key=lambda r: r["event_id"]
+    )
+    stored = ch.query("SELECT sum(prompt_stored_tokens), sum(prompt_length) FROM calls FINAL").result_rows[0]
+    assert stored[0] < stored[1]  # later prompts are deltas
+
+
+def test_insert_dedup_token_drops_a_retried_batch(ch: Client) -> None:
+    rows = [to_row("Score", example("Score"))[1]]
+    insert_rows(ch, "scores", rows, dedup_token="scores:abc")
+    insert_rows(ch, "scores", rows, dedup_token="scores:abc")
+    assert ch.query("SELECT count() FROM scores").result_rows[0][0] == 1  # even without FINAL
+    insert_rows(ch, "scores", rows, dedup_token="scores:other")
+    assert ch.query("SELECT count() FROM scores").result_rows[0][0] == 2
+    assert ch.query("SELECT count() FROM scores FINAL").result_rows[0][0] == 1
+
+
+def test_edited_score_is_kept_next_to_the_original(ch: Client) -> None:
+    score = example("Score")
+    write_records(ch, [("Score", score), ("Score", {**score, "raw_json": '{"edited": true}'})])
+    rows = select_rows(ch, "scores", columns="event_id, raw_json", order_by="raw_json")
+    assert [r["raw_json"] for r in rows] == sorted([score["raw_json"], '{"edited": true}'])
+
+
+def test_views_and_dashboard_panels_run(ch: Client) -> None:
+    for i in range(2):
+        write_records(ch, synthetic_group(GroupSpec(group_index=i, policy_version=i + 1, pack=True)).events)
+    for view in VIEWS:
+        ch.query(f"SELECT * FROM {view} LIMIT 5")
+    assert ch.query("SELECT count(), min(staleness) FROM v_staleness").result_rows[0] == (2 * 14, 0)
+    by_version = ch.query(
+        "SELECT policy_version, count() FROM v_reward_by_policy GROUP BY 1 ORDER BY 1"
+    ).result_rows
+    assert by_version == [(1, 4), (2, 4)]
+    assert ch.query("SELECT avg(is_prefix) FROM v_prefix_links").result_rows[0][0] == 1.0
+    for panel in dashboards.PANELS:
+        ch.query(dashboards.expand_macros(panel.sql))
+
+
+def test_committed_dashboard_matches_the_generator() -> None:
+    committed = json.loads(dashboards.DASHBOARD_PATH.read_text())
+    assert committed == dashboards.dashboard()
+    targets = [t for p in committed["panels"] for t in p["targets"]]
+    assert {t["datasource"]["type"] for t in targets} == {"grafana-clickhouse-datasource"}
+
+
+def test_dsn_parsing_and_one_chdb_path_per_process(chdb_dsn: str) -> None:
+    assert parse_dsn("chdb:///srv/ch").chdb_path == "/srv/ch"
+    server = parse_dsn("https://u:p%40ss@ch.example:8443")
+    assert (server.host, server.port, server.secure, server.password) == ("ch.example", 8443, True, "p@ss")
+    with pytest.raises(ClickHouseConfigError, match="absolute"):
+        parse_dsn("chdb://relative")
+    with pytest.raises(ClickHouseConfigError, match="unsupported"):
+        parse_dsn("mysql://x")
+    with pytest.raises(ClickHouseConfigError, match="one path per process"):
+        connect(dsn="chdb:///tmp/some-other-chdb-dir", database="x")
+    with pytest.raises(ClickHouseConfigError, match="does not exist"):
+        connect(dsn=chdb_dsn, database="never_created_db")
+
+
+def test_clickhouse_cli(chdb_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--dsn", chdb_dsn, "--database", "cli_db"]
+    assert cli_main(["clickhouse", "migrate", *args]) == 0
+    assert "applied 0001_tables" in capsys.readouterr().out
+    assert cli_main(["clickhouse", "migrate", *args]) == 0
+    assert "nothing new" in capsys.readouterr().out
+    assert cli_main(["clickhouse", "counts", *args]) == 0
+    assert "calls" in capsys.readouterr().out
+    # chDB has no users: refused with an explanation; --print shows the server SQL.
+    assert cli_main(["clickhouse", "readonly-user", *args, "--password", "pw"]) == 2
+    assert "chDB (embedded) has no users" in capsys.readouterr().err
+    assert cli_main(["clickhouse", "readonly-user", *args, "--password", "pw", "--print"]) == 0
+    out = capsys.readouterr().out
+    assert "SETTINGS readonly = 1" in out and "GRANT SELECT ON cli_db.*" in out
+    assert cli_main(["clickhouse", "ddl", "--database", "x"]) == 0
+    ddl = capsys.readouterr().out
+    assert ddl == schema_sql("x") and "CREATE TABLE IF NOT EXISTS x.calls" in ddl
+    client = connect(dsn=chdb_dsn, database="cli_db")
+    client.command("DROP DATABASE cli_db")
+
+
+def test_committed_server_ddl_is_current() -> None:
+    committed = (REPO_ROOT / "deploy" / "clickhouse" / "schema.sql").read_text()
+    assert committed == schema_sql("tokentrail"), (
+        "run: tokentrail clickhouse ddl > deploy/clickhouse/schema.sql"
+    )

@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from trainer_helpers import VOCAB, make_tiny_model
+
+from producers.policy_store import PolicyStore
+from schemas import topics
+from schemas.codec import get_codec
+from trainer_consumer.synthetic import random_sequence, sample_record
+from trainer_consumer.trainer import TrainOptions, run_training
+
+START_VERSION = 10
+
+
+def _read_all(settings, topic: str, expect: int, timeout_s: float = 30.0) -> list[dict]:
+    consumer = Consumer(topics.consumer_config(settings, f"test-read-{uuid.uuid4().hex}"))
+    consumer.subscribe([topic])
+    out: list[dict] = []
+    codec = get_codec()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while len(out) < expect and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=100, timeout=1.0):
+                if msg.error() is None:
+                    out.append(codec.decode(msg.value(), topic=topic)[1])
+    finally:
+        consumer.close()
+    return out
+
+
+def _committed(settings, group: str, topic: str, partitions: int) -> dict[int, int]:
+    consumer = Consumer(topics.consumer_config(settings, group))
+    try:
+        found = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in found}
+
+
+def _produce(settings, topic: str, records: list[tuple[int | None, bytes]]) -> None:
+    producer = Producer(topics.producer_config(settings))
+    for partition, value in records:
+        kwargs = {"partition": partition} if partition is not None else {}
+        producer.produce(topic, value=value, key=uuid.uuid4().hex.encode(), **kwargs)
+    assert producer.flush(30) == 0
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "model"
+    make_tiny_model().save_pretrained(path)
+    return path
+
+
+def test_trains_two_steps_commits_offsets_and_emits_trainer_steps(
+        kafka_bootstrap, tokentrail_settings, new_topic, tmp_path, tiny_model_dir) -> None:
+    settings = tokentrail_settings
+    samples_topic, steps_topic, dead_topic = new_topic(3), new_topic(1), new_topic(1)
+    store = PolicyStore(tmp_path / "policies")
+    store.publish(START_VERSION, make_tiny_model().state_dict(), {"run_id": "someone-else", "step": 99})
+
+    codec = get_codec()
+    rng = np.random.default_rng(0)
+    fresh = [sample_record([random_sequence(rng, VOCAB, 6, 4, f"r{i}")], policy_version=START_VERSION - 1)
+             for i in range(8)]
+    stale = sample_record([random_sequence(rng, VOCAB, 6, 4, "old")], policy_version=START_VERSION - 5)
+    # Filtered and undecodable records go first on partition 0, so training on all eight fresh
+    # samples has to read past them.
+    _produce(settings, samples_topic,
+             [(0, codec.encode("Sample", stale)), (0, b"\xc3\x01garbage")]
+             + [(i % 3, codec.encode("Sample", r)) for i, r in enumerate(fresh)])
+
+    group = f"test-trainer-{uuid.uuid4().hex[:8]}"
+    options = TrainOptions(max_steps=2, batch_size=4, idle_timeout_s=2.0, group_id=group, run_id="run-a",
+                           steps_per_version=1, model_dir=tiny_model_dir, checkpoint_dir=store.root,
+                           samples_topic=samples_topic, steps_topic=steps_topic, dead_letter_topic=dead_topic)
+    lines: list[str] = []
+    summary = run_training(settings, options, progress=lines.append)
+
+    assert summary.steps == 2 and summary.stopped == "max_steps"
+    assert summary.samples == 8 and summary.tokens == 80
+    assert summary.versions_published == [START_VERSION + 1, START_VERSION + 2]
+    assert dict(summary.filtered) == {"stale": 1, "decode_error:CorruptRecord": 1}
+    # Every record of the three partitions is accounted for and committed after its step.
+    assert _committed(settings, group, samples_topic, 3) == {0: 4, 1: 3, 2: 3}
+
+    events = _read_all(settings, steps_topic, expect=2)
+    assert [e["step"] for e in events] == [1, 2]
+    assert [(e["policy_version_before"], e["policy_version_after"]) for e in events] == [
+        (START_VERSION, START_VERSION + 1), (START_VERSION + 1, START_VERSION + 2)]
+    assert sorted(sid for e in events for sid in e["sample_ids"]) == sorted(r["event_id"] for r in fresh)
+    assert all(e["tokens"] == 40 and e["run_id"] == "run-a" for e in events)
+    totals: dict[str, int] = {}
+    for e in events:
+        for reason, n in orjson.loads(e["filtered_json"]).items():
+            totals[reason] = totals.get(reason, 0) + n
+    assert totals == {"stale": 1, "decode_error:CorruptRecord": 1}
+    assert len({e["event_id"] for e in events}) == 2
+
+    dead = _read_all(settings, dead_topic, expect=1)
+    assert len(dead) == 1 and dead[0]["stage"] == "trainer" and dead[0]["error_type"] == "CorruptRecord"
+    assert dead[0]["source_topic"] == samples_topic and dead[0]["partition"] == 0 and dead[0]["offset"] == 1
+
+    assert store.latest_version() == START_VERSION + 2
+    assert store.info(START_VERSION + 2).metadata == {"run_id": "run-a", "step": 2}
+    assert any("filtered" in line for line in lines)
+
+    # A restart of the same run resumes from the published policy and step, drains what is left
+    # (a partial batch) and stops when idle.
+    more = [sample_record([random_sequence(rng, VOCAB, 5, 3, f"late{i}")], policy_version=START_VERSION + 2)
+            for i in range(2)]
+    _produce(settings, samples_topic, [(None, codec.encode("Sample", r)) for r in more])
+    again = run_training(settings, TrainOptions(**{**options.__dict__, "max_steps": None, "until_idle": True}))
+    assert again.steps == 1 and again.stopped == "idle" and again.samples == 2
+    assert again.events[0]["step"] == 3
+    assert again.events[0]["policy_version_before"] == START_VERSION + 2
+    assert sum(_committed(settings, group, samples_topic, 3).values()) == 12

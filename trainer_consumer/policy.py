@@ -1,0 +1,62 @@
+"""The trainer's policy: load the newest published weights (or the base model) and publish new ones.
+
+The base model (settings.model.dir, built by ``producers.model_build``) is policy version 0. Every
+published version lives in ``producers.policy_store`` under settings.trainer.checkpoint_dir; the
+embedded engine hot-loads ``latest`` from there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from producers.policy_store import PolicyStore
+
+BASE_VERSION = 0
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    model: Any
+    version: int
+    step: int  # the step recorded with that version by the run that published it (0 otherwise)
+    pad_id: int
+
+
+def load_policy(model_dir: Path, store: PolicyStore, run_id: str, build_if_missing: bool = True,
+                progress: Any = None) -> LoadedPolicy:
+    """The base model from ``model_dir`` with the latest published weights on top, if any."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        if not build_if_missing:
+            raise FileNotFoundError(f"no model in {model_dir}; run `tokentrail model build`")
+        from producers.model_build import build_model
+
+        build_model(model_dir, progress=progress or (lambda _m: None))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    version, step = BASE_VERSION, 0
+    latest = store.latest_version()
+    if latest is not None:
+        model.load_state_dict(store.load_state_dict(latest), strict=True)
+        info = store.info(latest)
+        version = latest
+        if info.metadata.get("run_id") == run_id:
+            step = int(info.metadata.get("step", 0))
+    model.eval()
+    pad_id = model.config.pad_token_id
+    return LoadedPolicy(model=model, version=version, step=step,
+                        pad_id=int(pad_id) if pad_id is not None else 0)
+
+
+class StorePublisher:
+    """Publishes the model's weights as a new version in the policy store."""
+
+    def __init__(self, store: PolicyStore) -> None:
+        self.store = store
+
+    def publish(self, model: Any, version: int, metadata: dict[str, Any]) -> None:
+        self.store.publish(version, model.state_dict(), metadata)

@@ -1,0 +1,223 @@
+"""The trainer loop: poll a batch, step, publish weights when due, emit the TrainerStep, commit.
+
+Order per batch, chosen so a crash never loses the record of what was trained:
+  1. optimizer step on the batch's samples (nothing is committed yet);
+  2. every ``steps_per_version`` steps, publish the weights as a new policy version;
+  3. emit the TrainerStep event and wait for the broker's acknowledgement;
+  4. commit the batch's offsets (trained, filtered and dead-lettered records alike).
+A crash before 4 re-reads the batch; the re-run step has the same deterministic event id.
+
+The loop talks to its surroundings through three small protocols (a batch source, an event sink,
+a policy publisher); ``run_training`` wires them to Kafka and the policy store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from trainer_consumer.batching import Batch, FilterConfig
+from trainer_consumer.events import trainer_step_record
+from trainer_consumer.learner import Learner, LearnerConfig, StepResult
+from trainer_consumer.losses import loss_denominator
+
+if TYPE_CHECKING:
+    from tokentrail.settings import Settings
+
+Progress = Callable[[str], None]
+
+
+class BatchSource(Protocol):
+    def next_batch(self, idle_timeout_s: float, flush_partial: bool) -> Batch[Any] | None: ...
+
+    def commit(self, batch: Batch[Any]) -> object: ...
+
+
+class EventSink(Protocol):
+    def emit_step(self, record: dict[str, Any]) -> None:
+        """Returns once the event is durable."""
+        ...
+
+
+class PolicyPublisher(Protocol):
+    def publish(self, model: Any, version: int, metadata: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class TrainerState:
+    step: int = 0  # optimizer steps completed by this run
+    version: int = 0  # policy version of the weights in memory (last published)
+
+
+@dataclass
+class RunSummary:
+    steps: int = 0
+    samples: int = 0
+    tokens: int = 0
+    filtered: Counter[str] = field(default_factory=Counter)
+    versions_published: list[int] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    stopped: str = ""  # "max_steps" | "idle"
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+class TrainingLoop:
+    def __init__(self, learner: Learner, source: BatchSource, sink: EventSink,
+                 publisher: PolicyPublisher | None, run_id: str, steps_per_version: int = 1,
+                 state: TrainerState | None = None, progress: Progress = _quiet) -> None:
+        if steps_per_version < 1:
+            raise ValueError("steps_per_version must be at least 1")
+        self.learner = learner
+        self.source = source
+        self.sink = sink
+        self.publisher = publisher
+        self.run_id = run_id
+        self.steps_per_version = steps_per_version
+        self.state = state or TrainerState()
+        self.progress = progress
+
+    def current_version(self) -> int:
+        return self.state.version
+
+    def process(self, batch: Batch[Any], summary: RunSummary) -> dict[str, Any]:
+        """Trains on one batch (if anything in it survived the filters), then records and commits."""
+        result: StepResult | None = None
+        if batch.samples and loss_denominator(batch.samples, self.learner.cfg.loss.normalization) <= 0:
+            # Only reachable with the zero-weight filter off: the whole batch carries no loss weight.
+            batch.filtered["zero_weight_batch"] += len(batch.samples)
+            batch.samples = []
+        if batch.samples:
+            try:
+                result = self.learner.step(batch.samples)
+            except FloatingPointError:
+                batch.filtered["non_finite_gradient"] += len(batch.samples)
+                batch.samples = []
+        before = self.state.version
+        if result is not None:
+            self.state.step += 1
+            if self.state.step % self.steps_per_version == 0 and self.publisher is not None:
+                self.publisher.publish(self.learner.model, before + 1,
+                                       {"run_id": self.run_id, "step": self.state.step})
+                self.state.version = before + 1
+                summary.versions_published.append(self.state.version)
+        record = trainer_step_record(self.run_id, self.state.step, before, self.state.version, batch, result)
+        self.sink.emit_step(record)
+        self.source.commit(batch)
+        summary.events.append(record)
+        summary.filtered.update(batch.filtered)
+        if result is not None:
+            summary.steps += 1
+            summary.samples += result.samples
+            summary.tokens += result.tokens
+        self.progress(_progress_line(record, result, batch))
+        return record
+
+    def run(self, max_steps: int | None = None, until_idle: bool = False,
+            idle_timeout_s: float = 5.0) -> RunSummary:
+        """Trains until ``max_steps`` optimizer steps, or (``until_idle``) until no sample arrives
+        for ``idle_timeout_s``; without either it runs until interrupted."""
+        summary = RunSummary()
+        started = time.perf_counter()
+        waiting_since = time.monotonic()
+        while max_steps is None or summary.steps < max_steps:
+            batch = self.source.next_batch(idle_timeout_s, flush_partial=until_idle)
+            if batch is None:
+                if until_idle:
+                    summary.stopped = "idle"
+                    break
+                self.progress(f"waiting for samples ({time.monotonic() - waiting_since:.0f} s)")
+                continue
+            self.process(batch, summary)
+            waiting_since = time.monotonic()
+        else:
+            summary.stopped = "max_steps"
+        summary.seconds = time.perf_counter() - started
+        return summary
+
+
+def _progress_line(record: dict[str, Any], result: StepResult | None, batch: Batch[Any]) -> str:
+    filtered = f"  filtered {record['filtered_json']}" if batch.filtered else ""
+    if result is None:
+        return f"step {record['step']:>5}  no trainable samples{filtered}"
+    s = result.stats
+    version = (f"v{record['policy_version_before']}->v{record['policy_version_after']}"
+               if record["policy_version_after"] != record["policy_version_before"]
+               else f"v{record['policy_version_before']}")
+    return (f"step {record['step']:>5}  {version:<9} {result.samples:>4} samples {result.tokens:>7,} tok  "
+            f"loss {s.loss:+.4f}  ratio {s.mean_ratio:.3f}  clip {s.clip_fraction:.3f}  "
+            f"kl {s.approx_kl:+.4f}  |g| {result.grad_norm:.3f}  {result.seconds:.2f} s{filtered}")
+
+
+# ---------------------------------------------------------------- wiring: Kafka + policy store
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """What ``tokentrail train`` (or the demo job) asks for; None fields come from settings."""
+
+    max_steps: int | None = None
+    until_idle: bool = False
+    idle_timeout_s: float = 5.0
+    batch_size: int = 8
+    max_batch_tokens: int | None = None
+    run_id: str | None = None  # default: the consumer group id
+    group_id: str | None = None
+    filters: FilterConfig | None = None
+    learner: LearnerConfig | None = None
+    steps_per_version: int | None = None
+    model_dir: Path | None = None
+    checkpoint_dir: Path | None = None
+    samples_topic: str | None = None
+    steps_topic: str | None = None
+    dead_letter_topic: str | None = None
+
+
+def run_training(settings: Settings | None = None, options: TrainOptions = TrainOptions(),
+                 progress: Progress = _quiet) -> RunSummary:
+    """Consume samples, train, publish policy versions and emit TrainerStep events, in-process."""
+    from producers.policy_store import PolicyStore
+    from schemas import topics
+    from tokentrail.settings import get_settings
+    from trainer_consumer.batching import BatchBuilder
+    from trainer_consumer.dataset import SampleStream
+    from trainer_consumer.policy import StorePublisher, load_policy
+    from trainer_consumer.step_sink import KafkaStepSink
+
+    settings = settings or get_settings()
+    ts = settings.trainer
+    group_id = options.group_id or ts.group_id
+    run_id = options.run_id or group_id
+    learner_cfg = options.learner or LearnerConfig(learning_rate=ts.learning_rate)
+    filter_cfg = options.filters or FilterConfig(max_staleness=ts.max_staleness)
+    store = PolicyStore(options.checkpoint_dir or ts.checkpoint_dir)
+    model_dir = options.model_dir or settings.model.dir
+
+    progress(f"loading the policy (model {model_dir}, policies {store.root})")
+    policy = load_policy(model_dir, store, run_id, progress=progress)
+    progress(f"policy version {policy.version}, step {policy.step}; run {run_id}, group {group_id}")
+    sink = KafkaStepSink(topics.producer_config(settings),
+                         options.steps_topic or topics.TRAINER_STEPS_TOPIC,
+                         options.dead_letter_topic or topics.DEAD_LETTER_TOPIC)
+    state = TrainerState(step=policy.step, version=policy.version)
+    builder: BatchBuilder[Any] = BatchBuilder(options.batch_size, options.max_batch_tokens,
+                                              filter_cfg.build())
+    stream = SampleStream(topics.consumer_config(settings, group_id),
+                          options.samples_topic or topics.SAMPLES_TOPIC, builder,
+                          current_version=lambda: state.version, dead_letter=sink.dead_letter)
+    loop = TrainingLoop(Learner(policy.model, learner_cfg, pad_id=policy.pad_id), stream, sink,
+                        StorePublisher(store), run_id,
+                        steps_per_version=options.steps_per_version or ts.steps_per_version,
+                        state=state, progress=progress)
+    try:
+        return loop.run(options.max_steps, options.until_idle, options.idle_timeout_s)
+    finally:
+        stream.close()
+        sink.close()
