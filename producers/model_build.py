@@ -434,6 +434,9 @@ def build_model(out_dir: Path, force: bool = False, spec: BuildSpec = DEFAULT_SP
         staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
         try:
             _build_into(staging, spec, progress)
+            for path in staging.iterdir():  # mkdtemp and some writers use 0600/0700
+                path.chmod(0o644)
+            staging.chmod(0o755)
             if out_dir.exists():
                 retired = out_dir.with_name(f".{out_dir.name}-old-{os.getpid()}")
                 out_dir.rename(retired)

@@ -257,13 +257,12 @@ def ensure_topics(
     to_check = [spec for spec in specs if spec.name not in created]
     if not to_check:
         return report
-    present = admin.list_topics(timeout=timeout_s).topics
-    configs_by_topic = _describe_topic_configs(admin, [spec.name for spec in to_check], timeout_s)
+    names = [spec.name for spec in to_check]
+    partitions = _partition_counts(admin, names, timeout_s)
+    configs_by_topic = describe_topic_configs(admin, names, timeout_s)
     for spec in to_check:
         report.existing.append(spec.name)
-        differences = topic_differences(
-            spec, settings, len(present[spec.name].partitions), configs_by_topic[spec.name]
-        )
+        differences = topic_differences(spec, settings, partitions[spec.name], configs_by_topic[spec.name])
         config_fixes = [d for d in differences if d.setting != "partitions"]
         if fix_configs and config_fixes:
             _set_topic_configs(admin, spec.name, config_fixes, timeout_s)
@@ -273,9 +272,26 @@ def ensure_topics(
     return report
 
 
-def _describe_topic_configs(admin: AdminClient, names: list[str], timeout_s: float) -> dict[str, dict[str, str]]:
-    """Configs of each topic. A topic created a moment ago may not have reached the broker's
-    metadata yet (UNKNOWN_TOPIC_OR_PART), so that answer is retried until ``timeout_s``."""
+# The broker serves metadata and configs from a cache that follows the controller, so a topic
+# created (or changed) a moment ago may not show yet: lookups retry until their timeout.
+
+
+def _partition_counts(admin: AdminClient, names: list[str], timeout_s: float) -> dict[str, int]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        present = admin.list_topics(timeout=timeout_s).topics
+        missing = [name for name in names if name not in present]
+        if not missing:
+            return {name: len(present[name].partitions) for name in names}
+        if time.monotonic() > deadline:
+            raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"topics not found: {missing}"))
+        time.sleep(0.2)
+
+
+def describe_topic_configs(
+    admin: AdminClient, names: list[str], timeout_s: float = 30.0
+) -> dict[str, dict[str, str]]:
+    """Every config of each named topic, as the broker reports it."""
     deadline = time.monotonic() + timeout_s
     found: dict[str, dict[str, str]] = {}
     while True:

@@ -154,6 +154,50 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from processors.errors import ProcessorError
+    from processors.pipeline import StageConfigs
+    from sinks.replay import publish, replay
+    from sinks.store import write_records
+
+    settings = get_settings()
+    p = settings.processors
+    try:
+        configs = StageConfigs.load(
+            args.reward or p.reward_config, args.credit or p.credit_config, args.sample or p.sample_config
+        )
+    except (ProcessorError, OSError) as exc:
+        raise _cli_error(f"configuration: {exc}") from exc
+    client = _client(args)
+    result = replay(
+        client, configs, args.group or None, progress=lambda line: print(line, file=sys.stderr, flush=True)
+    )
+    print(
+        f"configs: reward {result.configs['reward']}, credit {result.configs['credit']}, "
+        f"sample {result.configs['sample']}"
+    )
+    print(
+        f"{result.groups} groups re-derived: "
+        + ", ".join(f"{n} {k}" for k, n in sorted(result.counts().items()))
+    )
+    for group_event_id, reason in result.skipped:
+        print(f"skipped group {group_event_id}: {reason}", file=sys.stderr)
+    if result.rewritten_scores:
+        print(
+            f"warning: {len(result.rewritten_scores)} raw score(s) were rewritten; the first stored content "
+            f"was used ({', '.join(result.rewritten_scores[:5])})",
+            file=sys.stderr,
+        )
+    if args.dry_run:
+        print("dry run: nothing written")
+    elif args.to == "clickhouse":
+        counts = write_records(client, result.events)
+        print(f"inserted into ClickHouse: {counts}")
+    else:
+        print(f"produced {publish(result.events, settings)} events to Kafka")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     ch = sub.add_parser("clickhouse", help="ClickHouse schema: migrate, print DDL, dashboard user, counts")
     ch_sub = ch.add_subparsers(dest="clickhouse_command", metavar="ACTION")
@@ -215,6 +259,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("position", nargs="?", type=int, help="token position inside the sample")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_trace)
+
+    p = sub.add_parser(
+        "replay",
+        help="re-derive rewards, credits and samples under new configs from stored "
+        "scores and rollouts (no environment or verifier runs)",
+    )
+    _add_target(p)
+    p.add_argument("--reward", help="reward config YAML (default: settings processors.reward_config)")
+    p.add_argument("--credit", help="credit config YAML (default: settings processors.credit_config)")
+    p.add_argument("--sample", help="sample config YAML (default: settings processors.sample_config)")
+    p.add_argument("--group", action="append", help="only this group id (repeatable)")
+    p.add_argument(
+        "--to",
+        choices=("kafka", "clickhouse"),
+        default="kafka",
+        help="kafka: produce to the topics (the sink stores them); clickhouse: insert directly",
+    )
+    p.add_argument("--dry-run", action="store_true", help="derive and summarize, write nothing")
+    p.set_defaults(func=_replay)
 
     p = sub.add_parser(
         "report", help="self-contained HTML report (plots embedded) incl. reward vs policy version"

@@ -34,6 +34,8 @@ Log = Callable[[str], None]
 
 SINK_STAGE = "sink"
 INSERT_ATTEMPTS = 5
+# --once normally ends at the partitions' ends; this bounds it if the broker never reports an end.
+ONCE_IDLE_S = 30.0
 
 
 def default_topic_map() -> TopicMap:
@@ -147,6 +149,7 @@ class ClickHouseSink:
         self.assignment: set[tuple[str, int]] = set()
         self.at_end: set[tuple[str, int]] = set()
         self._broken = False
+        self.assigned_at = 0.0
         self.consumer = Consumer(self._consumer_config())
         self.producer = Producer(self._producer_config())
 
@@ -203,7 +206,10 @@ class ClickHouseSink:
             return (opts.once or opts.idle_s is not None) and now - started > opts.max_wait_assignment_s
         if opts.once and self.assignment <= self.at_end:
             return True
-        return opts.idle_s is not None and now - last_message >= opts.idle_s
+        # Idle time counts from the last message or the last (re)assignment, whichever is later, so a
+        # slow group join never ends a run before it has read anything.
+        idle_limit = opts.idle_s if opts.idle_s is not None else (ONCE_IDLE_S if opts.once else None)
+        return idle_limit is not None and now - max(last_message, self.assigned_at) >= idle_limit
 
     def _should_flush(self, now: float) -> bool:
         p, opts = self.pending, self.options
@@ -217,6 +223,7 @@ class ClickHouseSink:
         )
 
     def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assigned_at = time.monotonic()
         self.assignment |= {(tp.topic, tp.partition) for tp in partitions}
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:

@@ -16,6 +16,7 @@ COMMAND_MODULES: list[str] = [
     "schemas.fixtures",
     "sinks.cli",
     "trainer_consumer.cli",
+    "processors.worker",
 ]
 
 

@@ -21,6 +21,7 @@ import argparse
 import base64
 import hashlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -134,18 +135,34 @@ def _has_jars(lib_dir: Path) -> bool:
     return lib_dir.is_dir() and any(lib_dir.glob("kafka_2.13-*.jar"))
 
 
+def duplicate_artifacts(lib_dir: Path) -> dict[str, list[str]]:
+    """Artifacts present in more than one version (left by a fetch after a version change)."""
+    versions: dict[str, list[str]] = {}
+    for jar in sorted(lib_dir.glob("*.jar")):
+        match = re.match(r"^(.+?)-(\d.*)\.jar$", jar.name)
+        if match:
+            versions.setdefault(match.group(1), []).append(match.group(2))
+    return {artifact: found for artifact, found in versions.items() if len(found) > 1}
+
+
 def ensure_jars(kafka: KafkaSettings | None = None, echo: Echo = _echo) -> Path:
     """Fetch the broker's jars from Maven Central once; later calls find them cached."""
     kafka = kafka or get_settings().kafka
     lib_dir = Path(kafka.lib_dir)
     if _has_jars(lib_dir):
+        duplicates = duplicate_artifacts(lib_dir)
+        if duplicates:
+            listed = ", ".join(f"{name} {' and '.join(found)}" for name, found in duplicates.items())
+            raise KafkaLocalError(
+                f"{lib_dir} holds two versions of {listed}; delete the folder and start again to refetch"
+            )
         return lib_dir
     mvn = shutil.which("mvn")
     if mvn is None:
         raise KafkaLocalError("Maven (mvn) is needed once to fetch the Kafka jars (apt install maven)")
     echo(f"fetching Apache Kafka jars from Maven Central into {lib_dir} ...")
-    cmd = [mvn, "-B", "-ntp", "-f", str(POM), f"-Dkafka.lib.dir={lib_dir}", "dependency:copy-dependencies"]
-    # Maven's own output is the progress: one line per downloaded artifact.
+    cmd = [mvn, "-B", "-f", str(POM), f"-Dkafka.lib.dir={lib_dir}", "dependency:copy-dependencies"]
+    # Maven's own output is the progress: a line per artifact downloaded and copied.
     result = subprocess.run(cmd, check=False)
     if result.returncode != 0 or not _has_jars(lib_dir):
         raise KafkaLocalError(f"fetching the Kafka jars failed (exit {result.returncode}): {' '.join(cmd)}")

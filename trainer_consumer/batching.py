@@ -59,6 +59,16 @@ def zero_advantage_filter() -> SampleFilter:
     return zero_advantage
 
 
+def vocab_filter(vocab_size: int) -> SampleFilter:
+    """Token ids the model has no embedding for would crash the step; they mean a sample from
+    another tokenizer, so the sample is refused instead."""
+
+    def out_of_vocab(sample: TrainSample, current_version: int) -> str | None:
+        return "token_id_out_of_vocab" if int(sample.input_ids.max()) >= vocab_size else None
+
+    return out_of_vocab
+
+
 def kind_filter(allowed: Sequence[str]) -> SampleFilter:
     allowed_set = frozenset(allowed)
 
@@ -75,9 +85,12 @@ class FilterConfig:
     drop_zero_weight: bool = True
     drop_zero_advantage: bool = False
     kinds: tuple[str, ...] | None = None  # None: every kind
+    vocab_size: int | None = None  # the trainer sets it from the model's embedding table
 
     def build(self) -> list[SampleFilter]:
         filters: list[SampleFilter] = [staleness_filter(self.max_staleness)]
+        if self.vocab_size is not None:
+            filters.append(vocab_filter(self.vocab_size))
         if self.max_tokens is not None:
             filters.append(max_tokens_filter(self.max_tokens))
         if self.drop_zero_weight:

@@ -13,6 +13,7 @@ a policy publisher); ``run_training`` wires them to Kafka and the policy store.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -206,6 +207,9 @@ def run_training(settings: Settings | None = None, options: TrainOptions = Train
     sink = KafkaStepSink(topics.producer_config(settings),
                          options.steps_topic or topics.TRAINER_STEPS_TOPIC,
                          options.dead_letter_topic or topics.DEAD_LETTER_TOPIC)
+    if filter_cfg.vocab_size is None:
+        vocab = int(policy.model.get_input_embeddings().num_embeddings)
+        filter_cfg = dataclasses.replace(filter_cfg, vocab_size=vocab)
     state = TrainerState(step=policy.step, version=policy.version)
     builder: BatchBuilder[Any] = BatchBuilder(options.batch_size, options.max_batch_tokens,
                                               filter_cfg.build())

@@ -7,12 +7,16 @@
   that was spooled before it;
 * a rollout's calls are sequential (the harness waits for call i before it makes call i+1, and the
   gateway answers call i only after ``deliver`` returned), so per-key order follows from the above;
-* the drainer re-sends spooled records in sequence order through the same idempotent producer
-  (which keeps order per partition) and moves the spool cursor only past acknowledged records.
+* the drainer sends spooled records in sequence order through the same idempotent producer (which
+  keeps order per partition) and moves the spool cursor only past acknowledged records.
 
-A record whose delivery timed out may still have reached the broker (its acknowledgement lost) and
-is then sent again from the spool: Kafka can hold such a copy twice, with the same deterministic
-event id, and consumers deduplicate on it. The first copy of every record is always in order.
+No duplicates within a process's lifetime: librdkafka never gives up on a record
+(``message.timeout.ms=0``) and its idempotent retries are deduplicated by the broker, even across a
+broker restart. When a direct delivery outlasts ``delivery_timeout_s`` the record is spooled for
+durability, but the original stays in librdkafka; the drainer then waits for that original's verdict
+instead of sending a second copy. Only a crash of this process between such a spool append and the
+original's acknowledgement can leave a second copy on Kafka (the next process re-sends the spool);
+it carries the same deterministic event id and consumers deduplicate on it.
 
 Threads: one librdkafka poll thread (delivery callbacks are batched onto the event loop) and one
 spool I/O thread (group-committed appends, reads, cursor writes). No per-call threads.
@@ -33,9 +37,13 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from producers.delivery.spool import Spool
+from producers.delivery.spool import Spool, SpoolRecord
 
 log = logging.getLogger(__name__)
+
+Ack = tuple[int, int]  # partition, offset
+# topic, key, value, the caller's future for its spool sequence, the original still in librdkafka
+_PendingAppend = tuple[str, bytes, bytes, "asyncio.Future[int]", "asyncio.Future[Ack] | None"]
 
 
 class DeliveryFailed(RuntimeError):
@@ -43,13 +51,13 @@ class DeliveryFailed(RuntimeError):
 
 
 class KafkaDeliveryError(RuntimeError):
-    """Kafka refused or timed out one record (internal: the record then goes to the spool)."""
+    """Kafka refused one record (internal: the record then goes to the spool)."""
 
 
 @dataclass(frozen=True)
 class DeliveryReceipt:
     topic: str
-    spooled: bool  # True: in the local spool, to be drained to Kafka later
+    spooled: bool  # True: in the local spool, reaching Kafka later
     partition: int | None = None  # set when Kafka acknowledged directly
     offset: int | None = None
     spool_seq: int | None = None  # set when spooled
@@ -73,18 +81,16 @@ REQUIRED_PRODUCER_CONFIG: dict[str, Any] = {
     "acks": "all",
     "enable.idempotence": True,
     "compression.type": "zstd",
+    # Never give up on a record: retries of the same record are deduplicated by the broker, so
+    # waiting is how a record reaches Kafka exactly once. The sink's own timeout decides spooling.
+    "message.timeout.ms": 0,
 }
 
 
-def sink_producer_config(base: dict[str, Any], delivery_timeout_s: float) -> dict[str, Any]:
-    """The producer config of the sink: ``base`` + the required guarantees + timeouts that match ours.
-
-    librdkafka gives up on a record at the same time the sink spools it, so a record stuck in
-    librdkafka's queue does not reach Kafka later as a second copy.
-    """
+def sink_producer_config(base: dict[str, Any]) -> dict[str, Any]:
+    """The producer config of the sink: ``base`` (bootstrap, security, sizes) + the guarantees."""
     conf = dict(base)
     conf.update(REQUIRED_PRODUCER_CONFIG)
-    conf["message.timeout.ms"] = max(1, int(delivery_timeout_s * 1000))
     # Every call waits for its acknowledgement, so lingering is added latency; under load batches
     # still form while earlier requests are in flight.
     conf["linger.ms"] = min(float(conf.get("linger.ms", MAX_LINGER_MS)), MAX_LINGER_MS)
@@ -95,7 +101,7 @@ def sink_producer_config(base: dict[str, Any], delivery_timeout_s: float) -> dic
 class _LibrdkafkaLog:
     """librdkafka's log lines (connection refused while a broker is away...) at debug level.
 
-    The sink reports Kafka trouble through its counters and one warning per spooling episode.
+    The sink reports Kafka trouble through its counters and a warning when spooling begins.
     """
 
     def __init__(self) -> None:
@@ -103,9 +109,6 @@ class _LibrdkafkaLog:
 
     def log(self, level: int, msg: str, *args: object) -> None:
         self._log.debug(msg, *args)
-
-
-Completion = tuple["asyncio.Future[tuple[int, int]]", "KafkaError | None", int, int]
 
 
 class KafkaCallSink:
@@ -123,7 +126,7 @@ class KafkaCallSink:
         producer_factory: Callable[[dict[str, Any]], Producer] = Producer,
     ) -> None:
         self.delivery_timeout_s = delivery_timeout_s
-        self._producer_config = sink_producer_config(producer_config, delivery_timeout_s)
+        self._producer_config = sink_producer_config(producer_config)
         self._producer_config["error_cb"] = self._on_client_error
         self._producer_config["logger"] = _LibrdkafkaLog()
         self._producer_factory = producer_factory
@@ -143,14 +146,18 @@ class KafkaCallSink:
         self._closing = False
 
         # Delivery callbacks arrive on the poll thread; they are handed to the loop in batches.
-        self._completions: deque[Completion] = deque()
+        self._completions: deque[tuple[asyncio.Future[Ack], KafkaError | None, int, int]] = deque()
         self._completion_lock = threading.Lock()
         self._wakeup_scheduled = False
 
         # Group commit: appends queued while the previous fsync runs are written together.
-        self._append_queue: list[tuple[str, bytes, bytes, asyncio.Future[int]]] = []
+        self._append_queue: list[_PendingAppend] = []
         self._appending = 0
         self._flushing = False
+        # Records the drainer may read: appended, and their shadows (below) registered.
+        self._visible_seq = 0
+        # Spooled records whose original is still in librdkafka: its verdict decides, not a re-send.
+        self._shadows: dict[int, asyncio.Future[Ack]] = {}
 
         self._kafka_down = False
         self._delivered_direct = 0
@@ -160,15 +167,12 @@ class KafkaCallSink:
 
     @classmethod
     def from_settings(cls, settings: Any = None) -> KafkaCallSink:
+        """The gateway's sink: schemas.topics.producer_config, settings.gateway spool dir and timeout."""
         from schemas.topics import producer_config
         from tokentrail.settings import get_settings
 
         settings = settings or get_settings()
-        return cls(
-            producer_config(settings),
-            settings.gateway.spool_dir,
-            settings.gateway.delivery_timeout_s,
-        )
+        return cls(producer_config(settings), settings.gateway.spool_dir, settings.gateway.delivery_timeout_s)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -176,6 +180,7 @@ class KafkaCallSink:
         self._loop = asyncio.get_running_loop()
         self._spool = await self._loop.run_in_executor(self._io, Spool, self._spool_dir, self._segment_bytes)
         self._cursor_at_start = self._spool.cursor
+        self._visible_seq = self._spool.next_seq
         if self._spool.recovery.pending:
             log.warning(
                 "spool %s holds %d undelivered records from an earlier run; draining them first",
@@ -189,7 +194,7 @@ class KafkaCallSink:
         self._drainer = asyncio.create_task(self._drain_loop(), name="tokentrail-spool-drainer")
 
     async def close(self, timeout_s: float = 10.0) -> None:
-        """Stop draining, wait up to ``timeout_s`` for records in flight, release the spool."""
+        """Stop draining, give records in flight up to ``timeout_s``, keep the rest spooled."""
         if self._closing:
             return
         self._closing = True
@@ -209,6 +214,11 @@ class KafkaCallSink:
             await loop.run_in_executor(None, self._poll_thread.join)
         self._resolve_completions()
         if self._spool is not None:
+            # Spooled records whose originals were acknowledged meanwhile need no re-send next time.
+            upto = self._spool.cursor
+            while upto < self._visible_seq and self._succeeded(self._shadows.get(upto)):
+                upto += 1
+            await loop.run_in_executor(self._io, self._spool.ack, upto)
             await loop.run_in_executor(self._io, self._spool.close)
         self._io.shutdown(wait=True)
 
@@ -227,13 +237,20 @@ class KafkaCallSink:
             raise DeliveryFailed("the sink is not started (or already closed)")
         began = time.perf_counter()
         if not self._spool_is_empty() or self._kafka_down:
-            return await self._spool_record(topic, key, value, began)
+            return await self._spool_record(topic, key, value, began, None)
+        original = self._submit(topic, key, value)
         try:
-            partition, offset = await self._produce(topic, key, value, self.delivery_timeout_s)
-        except (KafkaDeliveryError, TimeoutError) as exc:
+            async with asyncio.timeout(self.delivery_timeout_s):
+                partition, offset = await asyncio.shield(original)
+        except TimeoutError:
             self._delivery_errors += 1
-            log.warning("delivery to %s failed (%s); spooling", topic, exc or "timed out")
-            return await self._spool_record(topic, key, value, began)
+            if self._spool_is_empty():
+                log.warning("no Kafka acknowledgement within %.1f s; spooling", self.delivery_timeout_s)
+            return await self._spool_record(topic, key, value, began, original)
+        except KafkaDeliveryError as exc:
+            self._delivery_errors += 1
+            log.warning("Kafka refused a record for %s (%s); spooling it", topic, exc)
+            return await self._spool_record(topic, key, value, began, None)
         self._delivered_direct += 1
         return DeliveryReceipt(topic, False, partition, offset, None, (time.perf_counter() - began) * 1000)
 
@@ -270,25 +287,18 @@ class KafkaCallSink:
 
     # ------------------------------------------------------------------ Kafka
 
-    async def _produce(self, topic: str, key: bytes, value: bytes, timeout_s: float) -> tuple[int, int]:
-        future = self._submit(topic, key, value)
-        async with asyncio.timeout(timeout_s):
-            return await future
-
-    def _submit(self, topic: str, key: bytes, value: bytes) -> asyncio.Future[tuple[int, int]]:
+    def _submit(self, topic: str, key: bytes, value: bytes) -> asyncio.Future[Ack]:
         assert self._loop is not None and self._producer is not None
-        future: asyncio.Future[tuple[int, int]] = self._loop.create_future()
+        future: asyncio.Future[Ack] = self._loop.create_future()
         try:
             self._producer.produce(
                 topic, value, key, on_delivery=lambda err, msg: self._on_delivery(future, err, msg)
             )
-        except (BufferError, KafkaException) as exc:  # local queue full, unknown topic, too large...
+        except (BufferError, KafkaException) as exc:  # local queue full, record too large...
             future.set_exception(KafkaDeliveryError(str(exc)))
         return future
 
-    def _on_delivery(
-        self, future: asyncio.Future[tuple[int, int]], err: KafkaError | None, msg: Message
-    ) -> None:
+    def _on_delivery(self, future: asyncio.Future[Ack], err: KafkaError | None, msg: Message) -> None:
         # Poll thread. Wake the loop once per batch of callbacks, not once per record.
         self._completions.append((future, err, msg.partition() or 0, msg.offset() or 0))
         with self._completion_lock:
@@ -306,13 +316,17 @@ class KafkaCallSink:
             self._wakeup_scheduled = False  # cleared before draining, so no completion is stranded
         while self._completions:
             future, err, partition, offset = self._completions.popleft()
-            if future.done():  # timed out and cancelled meanwhile
+            if future.done():
                 continue
             if err is None:
                 self._kafka_down = False
                 future.set_result((partition, offset))
             else:
                 future.set_exception(KafkaDeliveryError(err.str()))
+
+    @staticmethod
+    def _succeeded(future: asyncio.Future[Ack] | None) -> bool:
+        return future is not None and future.done() and not future.cancelled() and future.exception() is None
 
     def _on_client_error(self, err: KafkaError) -> None:
         # Poll thread. "All brokers down": spool at once instead of waiting out the timeout.
@@ -327,10 +341,12 @@ class KafkaCallSink:
 
     # ------------------------------------------------------------------ spool (group commit)
 
-    async def _spool_record(self, topic: str, key: bytes, value: bytes, began: float) -> DeliveryReceipt:
+    async def _spool_record(
+        self, topic: str, key: bytes, value: bytes, began: float, original: asyncio.Future[Ack] | None
+    ) -> DeliveryReceipt:
         assert self._loop is not None
         future: asyncio.Future[int] = self._loop.create_future()
-        self._append_queue.append((topic, key, value, future))
+        self._append_queue.append((topic, key, value, future, original))
         self._appending += 1
         if not self._flushing:
             self._flushing = True
@@ -345,16 +361,19 @@ class KafkaCallSink:
             while self._append_queue:
                 batch, self._append_queue = self._append_queue, []
                 try:
-                    items = [(topic, key, value) for topic, key, value, _ in batch]
+                    items = [(topic, key, value) for topic, key, value, _, _ in batch]
                     seqs = await self._loop.run_in_executor(self._io, self._spool.append_batch, items)
                 except Exception as exc:
                     log.error("spool append failed: %s", exc)
                     failure = DeliveryFailed(f"Kafka unreachable and spool append failed: {exc}")
-                    for *_, future in batch:
+                    for _, _, _, future, _ in batch:
                         future.set_exception(failure)
                 else:
-                    for (*_, future), seq in zip(batch, seqs, strict=True):
+                    for (_, _, _, future, original), seq in zip(batch, seqs, strict=True):
+                        if original is not None:
+                            self._shadows[seq] = original
                         future.set_result(seq)
+                    self._visible_seq = seqs[-1] + 1
                 finally:
                     self._appending -= len(batch)
                 self._drain_wakeup.set()
@@ -363,45 +382,52 @@ class KafkaCallSink:
 
     # ------------------------------------------------------------------ drainer
 
+    def _drain_future(self, record: SpoolRecord) -> asyncio.Future[Ack]:
+        """The original's future while it is pending or acknowledged; else a fresh send."""
+        original = self._shadows.get(record.seq)
+        if original is not None and (not original.done() or self._succeeded(original)):
+            return original
+        if original is not None and not original.cancelled():
+            original.exception()  # retrieved: a refused original is replaced by a fresh send
+        self._shadows.pop(record.seq, None)
+        return self._submit(record.topic, record.key, record.value)
+
     async def _drain_loop(self) -> None:
         assert self._loop is not None and self._spool is not None
         backoff = 0.1
         while True:
-            if self._spool.pending == 0:
+            if self._spool.cursor >= self._visible_seq:
                 self._drain_wakeup.clear()
-                if self._spool.pending == 0:
+                if self._spool.cursor >= self._visible_seq:
                     await self._drain_wakeup.wait()
                     continue
             records = await self._loop.run_in_executor(
                 self._io, self._spool.read, self._spool.cursor,
                 self._drain_batch_records, self._drain_batch_bytes,
             )
+            records = [r for r in records if r.seq < self._visible_seq]
             if not records:
                 continue
-            # All of the batch goes into the producer at once, in order; the idempotent producer keeps
-            # that order per partition. The cursor moves past the acknowledged prefix only.
-            futures = [self._submit(r.topic, r.key, r.value) for r in records]
-            try:
-                async with asyncio.timeout(self.delivery_timeout_s + 1.0):
-                    await asyncio.wait(futures)
-            except TimeoutError:
-                pass
+            # The whole batch goes to the producer at once, in order; the idempotent producer keeps
+            # that order per partition and retries until Kafka takes each record.
+            futures = [self._drain_future(r) for r in records]
+            await asyncio.wait(futures)
             acked = 0
             for future in futures:
-                if not future.done() or future.cancelled() or future.exception() is not None:
+                if not self._succeeded(future):
                     break
                 acked += 1
             for future in futures[acked:]:
-                if future.done() and not future.cancelled():
-                    future.exception()  # retrieved: a failed re-send is expected while Kafka is away
-                else:
-                    future.cancel()
+                future.exception()  # retrieved: the record is sent again in the next round
             if acked:
                 await self._loop.run_in_executor(self._io, self._spool.ack, records[acked - 1].seq + 1)
+                for record in records[:acked]:
+                    self._shadows.pop(record.seq, None)
                 if self._spool.pending == 0:
                     log.info("spool drained: every spooled record is on Kafka")
             if acked < len(records):
                 self._delivery_errors += 1
+                log.warning("Kafka refused a spooled record (%s); retrying", futures[acked].exception())
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             else:

@@ -145,10 +145,11 @@ def conversation(req: CountTokensRequest) -> tuple[list[Message], list[dict[str,
             if tool.type not in (None, "custom"):
                 raise bad_request(f"server tool {tool.type!r} is not supported; only client tools are",
                                   param=f"tools.{i}.type")
-            schema = tool.input_schema or {"type": "object", "properties": {}}
-            function: dict[str, Any] = {"name": tool.name, "parameters": schema}
+            # OpenAI's key order (name, description, parameters): templates serialise tools as they are.
+            function: dict[str, Any] = {"name": tool.name}
             if tool.description:
                 function["description"] = tool.description
+            function["parameters"] = tool.input_schema or {"type": "object", "properties": {}}
             tools.append({"type": "function", "function": function})
     return messages, tools
 

@@ -77,11 +77,6 @@ class ToolDef(_Open):
     cache_control: dict[str, Any] | None = None
 
 
-class ThinkingConfig(_Open):
-    type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = Field(default=None, ge=0)
-
-
 class ToolChoice(_Open):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
@@ -94,7 +89,7 @@ class CountTokensRequest(_Open):
     system: str | list[TextBlock] | None = None
     tools: list[ToolDef] | None = None
     tool_choice: ToolChoice | None = None
-    thinking: ThinkingConfig | None = None
+    thinking: dict[str, Any] | None = None  # recorded with the request; the template decides on reasoning
 
 
 class MessagesRequest(CountTokensRequest):

@@ -37,10 +37,10 @@ def _describe_difference(got: dict[bytes, list[bytes]], expected: dict[bytes, li
         if have == want:
             continue
         first = next((i for i, (a, b) in enumerate(zip(have, want, strict=False)) if a != b), None)
+        at = f"{have[first][:24]!r} vs {want[first][:24]!r}" if first is not None else "-"
         lines.append(
             f"{key!r}: {len(have)} read, {len(want)} expected, {len(set(want) - set(have))} missing, "
-            f"{len(have) - len(set(have))} duplicated, first difference at {first}: "
-            f"{have[first][:24] if first is not None else None!r} vs {want[first][:24] if first is not None else None!r}"
+            f"{len(have) - len(set(have))} duplicated, first difference at {first}: {at}"
         )
     return "\n".join(lines)
 

@@ -70,10 +70,12 @@ def test_anthropic_system_blocks_tools_and_results_become_chat_messages() -> Non
         {"role": "tool", "tool_call_id": "toolu_1", "content": "red"},
         {"role": "user", "content": "and?"},
     ]
+    # Key order too: templates serialise tools as given, so it must match OpenAI's.
+    assert [list(t["function"]) for t in call.tools] == [["name", "description", "parameters"]]
     assert call.tools == [
         {
             "type": "function",
-            "function": {"name": "lookup", "parameters": {"type": "object"}, "description": "Look up."},
+            "function": {"name": "lookup", "description": "Look up.", "parameters": {"type": "object"}},
         }
     ]
     assert call.sampling.max_tokens == 10

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import time
 import uuid
 
 import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from schemas import topics
-from tokentrail.cli import main
+from tokentrail import topics_cli
 from tokentrail.settings import Settings
 
 EXPECTED_NAMES = {
@@ -19,13 +21,29 @@ EXPECTED_NAMES = {
 }
 
 
+def _run(argv: list[str]) -> int:
+    """This area's commands through argparse, without importing every CLI module."""
+    parser = argparse.ArgumentParser(prog="tokentrail")
+    subparsers = parser.add_subparsers()
+    topics_cli.register(subparsers)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
 def _renamed(prefix: str) -> tuple[topics.TopicSpec, ...]:
     return tuple(dataclasses.replace(spec, name=f"{prefix}.{spec.name}") for spec in topics.ALL_TOPICS)
 
 
 def _configs(admin: AdminClient, name: str) -> dict[str, str]:
-    future = admin.describe_configs([ConfigResource(ResourceType.TOPIC, name)])
-    return {key: entry.value for key, entry in next(iter(future.values())).result().items()}
+    return topics.describe_topic_configs(admin, [name])[name]
+
+
+def _wait_for_config(admin: AdminClient, name: str, key: str, value: str, timeout_s: float = 30.0) -> None:
+    """Config changes reach the broker's cache shortly after the controller accepts them."""
+    deadline = time.monotonic() + timeout_s
+    while _configs(admin, name).get(key) != value:
+        assert time.monotonic() < deadline, f"{name}: {key} never became {value}"
+        time.sleep(0.1)
 
 
 def test_declarations() -> None:
@@ -90,6 +108,7 @@ def test_ensure_reports_and_fixes_differences(
             ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)])
         for future in kafka_admin.incremental_alter_configs([drift]).values():
             future.result()
+        _wait_for_config(kafka_admin, calls.name, "retention.ms", "3600000")
         wider = dataclasses.replace(calls, partitions=calls.partition_count(tokentrail_settings) + 2)
 
         report = topics.ensure_topics(kafka_admin, tokentrail_settings, (wider,))
@@ -101,17 +120,17 @@ def test_ensure_reports_and_fixes_differences(
         fixed = topics.ensure_topics(kafka_admin, tokentrail_settings, (wider,), fix_configs=True)
         assert [d.setting for d in fixed.altered] == ["retention.ms"]
         assert [d.setting for d in fixed.differences] == ["partitions"]  # never changed automatically
-        assert _configs(kafka_admin, calls.name)["retention.ms"] == "-1"
+        _wait_for_config(kafka_admin, calls.name, "retention.ms", "-1")
     finally:
         for future in kafka_admin.delete_topics([calls.name]).values():
             future.result()
 
 
 def test_cli_ensure_and_list(kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["topics", "ensure"]) == 0
+    assert _run(["topics", "ensure"]) == 0
     out = capsys.readouterr().out
     assert f"{len(EXPECTED_NAMES)} topics ok" in out
-    assert main(["topics", "list"]) == 0
+    assert _run(["topics", "list"]) == 0
     listing = capsys.readouterr().out
     for name in EXPECTED_NAMES:
         assert any(line.startswith(name + " ") and "missing" not in line for line in listing.splitlines())

@@ -4,70 +4,18 @@ split, merged and packed sample configurations, and replayed configurations side
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
-import numpy as np
 import pytest
 from clickhouse_connect.driver.client import Client
+from sinks_pipeline_data import CONFIGS, pipeline_events, sample_config
 
-from processors.assembler import RolloutAssembly
-from processors.grouper import GrouperState, GroupingConfig
-from processors.pipeline import StageConfigs, process_group, rederive
-from processors.samples import SampleConfig
-from processors.testing import AttemptSpec, attempt_events, growing_turns
-from processors.verifiers import VerifierRunner, load_verifiers
+from processors.pipeline import StageConfigs, rederive
 from schemas.tokens import pack_floats, unpack_floats
 from sinks.audit import run_audit
+from sinks.replay import replay
 from sinks.store import load_records, load_rollouts, write_records
-from sinks.synthetic import Event
-
-CONFIGS = StageConfigs.load(
-    "deploy/config/reward.yaml", "deploy/config/credit.yaml", "deploy/config/sample.yaml"
-)
-VERIFIERS = load_verifiers(["processors.verifiers.answer_match:AnswerMatch"])
-RUNNER = VerifierRunner(timer=lambda: 0.0)
-ANSWERS = ["The answer is 4", "The answer is 5", "The answer is 4", "I don't know"]
-
-
-def sample_config(merge: bool, pack: bool) -> SampleConfig:
-    return SampleConfig.model_validate(
-        {**CONFIGS.sample.model_dump(), "merge": merge, "pack": {"enabled": pack, "max_tokens": 4096}}
-    )
-
-
-def pipeline_events(seed: int, sample_cfg: SampleConfig) -> tuple[list[Event], dict, list[dict]]:
-    """Inputs, rollouts, the group and everything derived, as the processors emit them."""
-    rng = np.random.default_rng(seed)
-    inputs: list[Event] = []
-    for k, answer in enumerate(ANSWERS):
-        turns = growing_turns(rng, 3, 40, 8, 10, vocab=800, texts=["calling a tool", "thinking", answer])
-        inputs += attempt_events(
-            AttemptSpec(
-                f"s{seed}-r{k}",
-                "a1",
-                turns,
-                env_events=2,
-                task_input={"answer": "4", "seed": seed},
-                group_key={"task": "add"},
-                expected_group_size=4,
-                t0_us=1_700_000_000_000_000 + k * 1000,
-            )
-        )
-    states: dict[str, RolloutAssembly] = {}
-    grouper = GrouperState()
-    rollouts: dict[str, dict] = {}
-    groups: list[dict] = []
-    for name, rec in inputs:
-        state = states.setdefault(rec["rollout_id"], RolloutAssembly(rec["rollout_id"]))
-        for rollout in state.accept(name, rec).rollouts:
-            rollouts[rollout["event_id"]] = rollout
-            groups += [e.group for e in grouper.add(rollout, GroupingConfig()).emitted]
-    (group,) = groups
-    members = [rollouts[e] for e in group["rollout_event_ids"]]
-    derived = process_group(
-        group, members, VERIFIERS, CONFIGS.reward, CONFIGS.credit, sample_cfg, runner=RUNNER
-    )
-    events = inputs + [("CompletedRollout", r) for r in rollouts.values()] + [("RolloutGroup", group)]
-    return events + derived.events(), group, members
+from tokentrail.cli import main as cli_main
 
 
 @pytest.mark.parametrize(("merge", "pack"), [(False, False), (True, False), (True, True)])
@@ -122,3 +70,49 @@ def test_pipeline_output_with_a_reweighted_packed_sample_fails(ch: Client) -> No
         if n == "Credit" and r["rollout_id"] in target["rollout_ids"] and r["rollout_weight"] > 0
     }
     assert set(packing.failing_ids()) == credits
+
+
+def test_replay_under_the_running_configs_reproduces_the_stored_events(ch: Client) -> None:
+    events, _group, _members = pipeline_events(4, CONFIGS.sample)
+    write_records(ch, events)
+    result = replay(ch, CONFIGS)
+    assert result.groups == 1 and not result.skipped
+    stored = {(n, r["event_id"]): r for n, r in events if n in ("Reward", "Credit", "Sample")}
+    assert {(n, r["event_id"]): r for n, r in result.events} == stored
+
+
+def test_replay_cli_adds_new_config_events_and_keeps_the_old(
+    ch: Client, chdb_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    events, _group, _members = pipeline_events(5, CONFIGS.sample)
+    write_records(ch, events)
+    sample_yaml = tmp_path / "sample.yaml"
+    sample_yaml.write_text(
+        "version: 1\nname: merged-packed\nmerge: true\npack: {enabled: true, max_tokens: 4096}\n"
+    )
+    reward_yaml = tmp_path / "reward.yaml"
+    reward_yaml.write_text(
+        Path("deploy/config/reward.yaml").read_text().replace("method: grpo", "method: rloo")
+    )
+    args = ["replay", "--dsn", chdb_dsn, "--database", ch.database, "--to", "clickhouse"]
+    assert cli_main([*args, "--dry-run", "--sample", str(sample_yaml)]) == 0
+    assert "dry run" in capsys.readouterr().out
+    assert len(load_records(ch, "samples")) == len([1 for n, _ in events if n == "Sample"])
+    assert cli_main([*args, "--sample", str(sample_yaml), "--reward", str(reward_yaml)]) == 0
+    out = capsys.readouterr().out
+    assert "1 groups re-derived" in out and "inserted into ClickHouse" in out
+    reward_configs = {r["reward_config_id"] for r in load_records(ch, "rewards")}
+    assert reward_configs == {
+        CONFIGS.reward.id,
+        StageConfigs.load(reward_yaml, CONFIGS.credit, CONFIGS.sample).reward.id,
+    }
+    assert {s["kind"] for s in load_records(ch, "samples")} == {"CALL", "PACKED"}
+    before = {t: ch.query(f"SELECT count() FROM {t} FINAL").result_rows[0][0] for t in ("rewards", "samples")}
+    assert cli_main([*args, "--sample", str(sample_yaml), "--reward", str(reward_yaml)]) == 0  # idempotent
+    capsys.readouterr()
+    assert {t: ch.query(f"SELECT count() FROM {t} FINAL").result_rows[0][0] for t in before} == before
+    assert all(r.passed for r in run_audit(ch))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nmerge: maybe-not\n")
+    assert cli_main([*args, "--sample", str(bad)]) == 2
+    assert "configuration" in capsys.readouterr().err

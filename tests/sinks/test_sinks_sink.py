@@ -8,13 +8,16 @@ from collections.abc import Callable
 
 from clickhouse_connect.driver.client import Client
 from confluent_kafka import Consumer, Producer
+from sinks_pipeline_data import CONFIGS, pipeline_events, sample_config
 
+from processors.pipeline import StageConfigs
 from schemas import topics
 from schemas.codec import get_codec
 from sinks.audit import run_audit
+from sinks.replay import publish, replay
 from sinks.rows import TABLE_OF
 from sinks.sink import SinkOptions, run_sink
-from sinks.store import table_counts
+from sinks.store import table_counts, write_records
 from sinks.synthetic import GroupSpec, synthetic_group
 from tokentrail.settings import Settings
 
@@ -106,7 +109,7 @@ def test_sink_stores_every_topic_dead_letters_and_deduplicates(
     again = run_sink(
         ch,
         settings,
-        SinkOptions(group_id=group_id, idle_s=2.0, progress_every_s=0),
+        SinkOptions(group_id=group_id, once=True, progress_every_s=0),
         topic_map=topic_map,
         dead_letter_topic=dead_topic,
         log=lines.append,
@@ -127,4 +130,38 @@ def test_sink_stores_every_topic_dead_letters_and_deduplicates(
     assert rerun.messages >= 2 * len(messages) + len(bad) + 3
     assert ch.query("SELECT count() FROM calls").result_rows[0][0] > expected["calls"]  # stored twice...
     assert table_counts(ch) == counts  # ...but one row per event after FINAL
+    assert all(r.passed for r in run_audit(ch))
+
+
+def test_replay_publishes_to_kafka_and_the_sink_stores_it(
+    kafka_bootstrap: str,
+    tokentrail_settings: Settings,
+    new_topic: Callable[..., str],
+    ch: Client,
+    chdb_dsn: str,
+) -> None:
+    """Stored rollouts and scores -> replay under a packing config -> Kafka -> sink -> new samples."""
+    settings = tokentrail_settings
+    events, _group, _members = pipeline_events(7, CONFIGS.sample)
+    write_records(ch, events)
+    packing = sample_config(merge=True, pack=True)
+    result = replay(ch, StageConfigs(CONFIGS.reward, CONFIGS.credit, packing))
+    topic_map, topic_of, dead_topic = make_topics(new_topic)
+    assert publish(result.events, settings, topic_of) == len(result.events)
+    before = table_counts(ch)
+    run_sink(
+        ch,
+        settings,
+        SinkOptions(group_id=f"test-replay-{uuid.uuid4().hex[:8]}", once=True, progress_every_s=0),
+        topic_map=topic_map,
+        dead_letter_topic=dead_topic,
+        log=lambda _line: None,
+    )
+    after = table_counts(ch)
+    new_samples = [r for n, r in result.events if n == "Sample"]
+    assert new_samples and {s["sample_config_id"] for s in new_samples} == {packing.id}
+    assert after["samples"] == before["samples"] + len(new_samples)
+    assert (
+        after["rewards"] == before["rewards"] and after["credits"] == before["credits"]
+    )  # same configs: same ids
     assert all(r.passed for r in run_audit(ch))

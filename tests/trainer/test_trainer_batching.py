@@ -6,7 +6,7 @@ import numpy as np
 import orjson
 from trainer_helpers import VOCAB, decode_round_trip
 
-from schemas.tokens import pack_floats, pack_int32, pack_mask
+from schemas.tokens import pack_floats, pack_ids, pack_int32, pack_mask
 from trainer_consumer.batching import BatchBuilder, FilterConfig, batches_from_samples
 from trainer_consumer.sample_view import check_sample
 from trainer_consumer.synthetic import random_sequence, sample_record
@@ -40,17 +40,22 @@ def test_batches_close_at_batch_size_and_token_budget() -> None:
 
 
 def test_optional_filters_each_count_their_reason() -> None:
-    cfg = FilterConfig(max_staleness=100, max_tokens=8, drop_zero_advantage=True, kinds=("CALL",))
+    cfg = FilterConfig(max_staleness=100, max_tokens=8, drop_zero_advantage=True, kinds=("CALL",),
+                       vocab_size=VOCAB)
     builder: BatchBuilder[int] = BatchBuilder(batch_size=10, filters=cfg.build())
     rng = np.random.default_rng(0)
     long_one = sample_record([random_sequence(rng, VOCAB, 5, 5, "long")])
     packed = sample_record([random_sequence(rng, VOCAB, 2, 2, "a"), random_sequence(rng, VOCAB, 1, 1, "b")])
-    inputs = [_record(0, 1), long_one, _record(0, 2, advantage=0.0), _record(0, 3, weight=0.0), packed]
+    foreign = sample_record([random_sequence(rng, VOCAB, 3, 1, "f")])
+    foreign["input_ids"] = pack_ids([1, 2, VOCAB, 3])  # an id the model has no embedding for
+    inputs = [_record(0, 1), long_one, _record(0, 2, advantage=0.0), _record(0, 3, weight=0.0), packed,
+              foreign]
     for i, rec in enumerate(inputs):
         builder.add(decode_round_trip(rec), i, 0)
     batch = builder.take()
     assert len(batch.samples) == 1
-    assert batch.filtered == {"too_long": 1, "zero_advantage": 1, "zero_weight": 1, "kind:PACKED": 1}
+    assert batch.filtered == {"too_long": 1, "zero_advantage": 1, "zero_weight": 1, "kind:PACKED": 1,
+                              "token_id_out_of_vocab": 1}
 
 
 def test_malformed_samples_are_rejected_with_a_reason() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from trainer_helpers import VOCAB, make_tiny_model
 
 from producers.policy_store import PolicyStore
@@ -20,8 +20,9 @@ START_VERSION = 10
 
 
 def _read_all(settings, topic: str, expect: int, timeout_s: float = 30.0) -> list[dict]:
+    """Reads a one-partition topic from the start (assigned, so no group join to wait for)."""
     consumer = Consumer(topics.consumer_config(settings, f"test-read-{uuid.uuid4().hex}"))
-    consumer.subscribe([topic])
+    consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
     out: list[dict] = []
     codec = get_codec()
     try:
@@ -71,10 +72,11 @@ def test_trains_two_steps_commits_offsets_and_emits_trainer_steps(
     fresh = [sample_record([random_sequence(rng, VOCAB, 6, 4, f"r{i}")], policy_version=START_VERSION - 1)
              for i in range(8)]
     stale = sample_record([random_sequence(rng, VOCAB, 6, 4, "old")], policy_version=START_VERSION - 5)
+    foreign = sample_record([random_sequence(rng, 10 * VOCAB, 6, 4, "foreign")], policy_version=START_VERSION)
     # Filtered and undecodable records go first on partition 0, so training on all eight fresh
     # samples has to read past them.
     _produce(settings, samples_topic,
-             [(0, codec.encode("Sample", stale)), (0, b"\xc3\x01garbage")]
+             [(0, codec.encode("Sample", stale)), (0, b"this is not avro"), (0, codec.encode("Sample", foreign))]
              + [(i % 3, codec.encode("Sample", r)) for i, r in enumerate(fresh)])
 
     group = f"test-trainer-{uuid.uuid4().hex[:8]}"
@@ -87,9 +89,9 @@ def test_trains_two_steps_commits_offsets_and_emits_trainer_steps(
     assert summary.steps == 2 and summary.stopped == "max_steps"
     assert summary.samples == 8 and summary.tokens == 80
     assert summary.versions_published == [START_VERSION + 1, START_VERSION + 2]
-    assert dict(summary.filtered) == {"stale": 1, "decode_error:CorruptRecord": 1}
+    assert dict(summary.filtered) == {"stale": 1, "decode_error:CorruptRecord": 1, "token_id_out_of_vocab": 1}
     # Every record of the three partitions is accounted for and committed after its step.
-    assert _committed(settings, group, samples_topic, 3) == {0: 4, 1: 3, 2: 3}
+    assert _committed(settings, group, samples_topic, 3) == {0: 6, 1: 3, 2: 2}
 
     events = _read_all(settings, steps_topic, expect=2)
     assert [e["step"] for e in events] == [1, 2]
@@ -101,7 +103,7 @@ def test_trains_two_steps_commits_offsets_and_emits_trainer_steps(
     for e in events:
         for reason, n in orjson.loads(e["filtered_json"]).items():
             totals[reason] = totals.get(reason, 0) + n
-    assert totals == {"stale": 1, "decode_error:CorruptRecord": 1}
+    assert totals == {"stale": 1, "decode_error:CorruptRecord": 1, "token_id_out_of_vocab": 1}
     assert len({e["event_id"] for e in events}) == 2
 
     dead = _read_all(settings, dead_topic, expect=1)
@@ -117,8 +119,38 @@ def test_trains_two_steps_commits_offsets_and_emits_trainer_steps(
     more = [sample_record([random_sequence(rng, VOCAB, 5, 3, f"late{i}")], policy_version=START_VERSION + 2)
             for i in range(2)]
     _produce(settings, samples_topic, [(None, codec.encode("Sample", r)) for r in more])
-    again = run_training(settings, TrainOptions(**{**options.__dict__, "max_steps": None, "until_idle": True}))
+    restart = TrainOptions(**{**options.__dict__, "max_steps": None, "until_idle": True})
+    again = run_training(settings, restart)
     assert again.steps == 1 and again.stopped == "idle" and again.samples == 2
     assert again.events[0]["step"] == 3
     assert again.events[0]["policy_version_before"] == START_VERSION + 2
-    assert sum(_committed(settings, group, samples_topic, 3).values()) == 12
+    assert sum(_committed(settings, group, samples_topic, 3).values()) == 13
+
+
+def test_iterable_dataset_yields_batches_and_commits_only_when_told(
+        kafka_bootstrap, tokentrail_settings, new_topic) -> None:
+    from torch.utils.data import DataLoader
+
+    from trainer_consumer.batching import BatchBuilder, FilterConfig
+    from trainer_consumer.dataset import SampleBatchDataset, SampleStream
+
+    settings = tokentrail_settings
+    topic = new_topic(1)
+    rng = np.random.default_rng(1)
+    records = [sample_record([random_sequence(rng, VOCAB, 4, 2, f"d{i}")]) for i in range(5)]
+    _produce(settings, topic, [(0, get_codec().encode("Sample", r)) for r in records])
+    group = f"test-dataset-{uuid.uuid4().hex[:8]}"
+    builder: BatchBuilder = BatchBuilder(batch_size=2, filters=FilterConfig().build())
+    stream = SampleStream(topics.consumer_config(settings, group), topic, builder, current_version=lambda: 0)
+    try:
+        loader = DataLoader(SampleBatchDataset(stream, idle_timeout_s=1.5, until_idle=True), batch_size=None)
+        batches = []
+        for batch in loader:
+            batches.append(batch)
+            if len(batches) == 2:
+                stream.commit(batch)  # only the second batch: it covers offsets 0..3
+        assert [len(b.samples) for b in batches] == [2, 2, 1]
+        assert [s.sample_id for b in batches for s in b.samples] == [r["event_id"] for r in records]
+        assert stream.committed() == {0: 4}
+    finally:
+        stream.close()

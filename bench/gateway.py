@@ -1,0 +1,385 @@
+"""Gateway overhead: the same chat requests sent straight to a model server and through the gateway.
+
+Two servers run in processes of their own, on the same HTTP stack (uvicorn + Starlette):
+
+* **direct**: answers ``POST /v1/chat/completions`` at once with a fixed completion, as an
+  infinitely fast model server would (it parses the request; it does not tokenize);
+* **gateway**: the real tokentrail gateway app with an in-process upstream that answers at once. It
+  renders and tokenizes the conversation, records the call (Avro) and returns only after the record
+  is acknowledged by the local Kafka broker (acks=all, the production sink with its spool).
+
+Requests carry a user message of about ``--prompt-tokens`` tokens (4k by default), each call in a
+rollout of its own (started before timing, so no call is delta-encoded on an earlier one). At
+concurrency 1 the two servers are called alternately, so both see the same machine state;
+``added_*`` is gateway minus direct. ``cpu_ms_per_call`` is the gateway process's CPU time (all its
+threads: HTTP, rendering, encoding, librdkafka) per call at concurrency 1; ``calls_per_s_c64`` is
+the throughput of one gateway process with 64 calls in flight. The client runs on the same machine.
+
+    python -m bench.gateway [--calls N] [--c64-calls N] [--prompt-tokens T] [--output-tokens K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from bench.common import emit
+from producers.upstream import GenerateRequest, GenerateResult, TokenChunk
+
+OUTPUT_TEXT = "The answer is forty-two, and here is why it holds in every case we tried."
+MODEL = "bench"
+
+
+# ---------------------------------------------------------------- the two servers
+
+
+class FastUpstream:
+    """An Upstream that samples nothing: it answers at once with fixed output ids."""
+
+    name = "bench-fast"
+
+    def __init__(self, output_ids: list[int]) -> None:
+        self.output_ids = output_ids
+        self.logprobs = [-0.5] * len(output_ids)
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        n = min(request.sampling.max_tokens, len(self.output_ids))
+        return GenerateResult(
+            prompt_ids=list(request.prompt_ids), output_ids=self.output_ids[:n],
+            output_logprobs=self.logprobs[:n], finish_reason="length" if n < len(self.output_ids) else "stop",
+            logprob_kind="RAW", policy_version=0, engine="bench/fast", upstream="in-process",
+        )
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+        result = await self.generate(request)
+        yield TokenChunk(result.output_ids, result.output_logprobs)
+        yield result
+
+    async def policy_version(self) -> int:
+        return 0
+
+    async def close(self) -> None:
+        return None
+
+
+def _text_side() -> Any:
+    from producers.gateway.text_side import ModelTextSide
+    from producers.model_build import build_model
+    from tokentrail.settings import get_settings
+
+    return ModelTextSide.from_dir(build_model(get_settings().model.dir))
+
+
+def _output_ids(text: Any, count: int) -> list[int]:
+    ids = text.encode_text(OUTPUT_TEXT)
+    while len(ids) < count:
+        ids += ids
+    return ids[:count]
+
+
+def direct_app(output_text: str, completion_tokens: int) -> Any:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def chat(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        answer = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model", MODEL),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": output_text},
+                         "finish_reason": "stop", "logprobs": None}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": completion_tokens,
+                      "total_tokens": completion_tokens},
+        }
+        return Response(orjson.dumps(answer), media_type="application/json")
+
+    async def health(request: Request) -> Response:
+        return Response(b'{"status":"ok"}', media_type="application/json")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
+                             Route("/health", health, methods=["GET"])])
+
+
+def gateway_app(spool_dir: str, calls_topic: str, env_topic: str, output_tokens: int) -> Any:
+    from producers.delivery import KafkaCallSink
+    from producers.gateway.cli import build_app
+    from tokentrail.settings import get_settings
+
+    settings = get_settings()
+    settings = settings.model_copy(update={
+        "model": settings.model.model_copy(update={"name": MODEL}),
+        "gateway": settings.gateway.model_copy(update={"spool_dir": Path(spool_dir)}),
+    })
+    text = _text_side()
+    return build_app(
+        settings, upstream=FastUpstream(_output_ids(text, output_tokens)),
+        sink=KafkaCallSink.from_settings(settings), text=text,
+        topics={"calls_topic": calls_topic, "env_topic": env_topic}, progress=lambda _: None,
+    )
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    if args.serve == "direct":
+        text = _text_side()
+        app = direct_app(text.decode(_output_ids(text, args.output_tokens)), args.output_tokens)
+    else:
+        app = gateway_app(args.spool_dir, args.calls_topic, args.env_topic, args.output_tokens)
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    return 0
+
+
+# ---------------------------------------------------------------- the client side
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _cpu_seconds(pid: int) -> float:
+    """user + system CPU of a process (all threads) from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _prompt(text: Any, tokens: int) -> str:
+    """A user message whose rendered chat prompt has about ``tokens`` tokens."""
+    rng = random.Random(0)
+    vocabulary = ["alpha", "river", "stone", "quietly", "compute", "seven", "orange", "because", "table",
+                  "the", "of", "model", "gradient", "window", "north", "plain", "under", "vector"]
+    words = [rng.choice(vocabulary) for _ in range(tokens)]
+    for _ in range(4):
+        content = " ".join(words)
+        rendered = len(text.render_chat([{"role": "user", "content": content}], None,
+                                        prefix_mode="retokenize", prior=[]).prompt_ids)
+        if abs(rendered - tokens) <= 8:
+            break
+        words = (words * 2)[: max(1, int(len(words) * tokens / rendered))]
+    return content
+
+
+async def _wait_healthy(client: httpx.AsyncClient, url: str, proc: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the {what} server exited ({proc.returncode})")
+        try:
+            if (await client.get(f"{url}/health")).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"the {what} server did not become healthy")
+
+
+async def _start_rollouts(client: httpx.AsyncClient, url: str, count: int) -> list[str]:
+    """Start ``count`` rollouts (not timed); returns their per-attempt base paths."""
+    bases: list[str] = []
+
+    async def worker(n: int) -> None:
+        for _ in range(n):
+            response = await client.post(f"{url}/v1/rollouts", json={"task_input": {"bench": True}})
+            response.raise_for_status()
+            body = response.json()
+            bases.append(f"/rollouts/{body['rollout_id']}/attempts/{body['attempt_id']}")
+
+    per = [count // 16 + (1 if i < count % 16 else 0) for i in range(16)]
+    await asyncio.gather(*(worker(n) for n in per))
+    return bases
+
+
+async def _call(client: httpx.AsyncClient, url: str, body: bytes) -> float:
+    began = time.perf_counter()
+    response = await client.post(url, content=body, headers={"content-type": "application/json"})
+    elapsed = time.perf_counter() - began
+    if response.status_code != 200:
+        raise RuntimeError(f"{url}: HTTP {response.status_code}: {response.text[:300]}")
+    return elapsed
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from schemas.topics import admin_config, consumer_config
+    from tokentrail import kafka_local
+    from tokentrail.settings import get_settings
+
+    settings = get_settings()
+    print(f"Kafka at {settings.kafka.bootstrap_servers} ...", flush=True)
+    if not kafka_local.broker_answers(settings.kafka):
+        kafka_local.start(wait_s=120, kafka=settings.kafka)
+    admin = AdminClient(admin_config(settings))
+    tag = uuid.uuid4().hex[:8]
+    calls_topic, env_topic = f"bench.gateway.calls.{tag}", f"bench.gateway.env.{tag}"
+    for future in admin.create_topics([NewTopic(calls_topic, 6, replication_factor=-1),
+                                       NewTopic(env_topic, 6, replication_factor=-1)]).values():
+        future.result(timeout=60)
+
+    text = _text_side()
+    content = _prompt(text, args.prompt_tokens)
+    prompt_len = len(text.render_chat([{"role": "user", "content": content}], None,
+                                      prefix_mode="retokenize", prior=[]).prompt_ids)
+    body = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": content}],
+                         "max_tokens": args.output_tokens, "temperature": 1.0})
+    print(f"prompt: {prompt_len} tokens ({len(body)} bytes of JSON); output: {args.output_tokens} tokens",
+          flush=True)
+
+    spool = tempfile.mkdtemp(prefix="bench-gateway-spool-")
+    direct_port, gateway_port = _free_port(), _free_port()
+    common = [sys.executable, "-m", "bench.gateway", "--output-tokens", str(args.output_tokens)]
+    direct = subprocess.Popen([*common, "--serve", "direct", "--port", str(direct_port)])
+    gateway = subprocess.Popen([*common, "--serve", "gateway", "--port", str(gateway_port), "--spool-dir", spool,
+                                "--calls-topic", calls_topic, "--env-topic", env_topic])
+    direct_url, gateway_url = f"http://127.0.0.1:{direct_port}", f"http://127.0.0.1:{gateway_port}"
+    limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
+    figures: dict[str, Any] = {}
+    try:
+        async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+            await _wait_healthy(client, direct_url, direct, "direct")
+            await _wait_healthy(client, gateway_url, gateway, "gateway")
+            total = args.warmup + args.calls + args.c64_calls
+            print(f"starting {total} rollouts ...", flush=True)
+            bases = await _start_rollouts(client, gateway_url, total)
+            chat = "/v1/chat/completions"
+
+            print(f"warm-up: {args.warmup} calls each ...", flush=True)
+            for i in range(args.warmup):
+                await _call(client, direct_url + chat, body)
+                await _call(client, gateway_url + bases[i] + chat, body)
+
+            print(f"concurrency 1: {args.calls} calls each, alternating ...", flush=True)
+            direct_s: list[float] = []
+            gateway_s: list[float] = []
+            cpu_before = _cpu_seconds(gateway.pid)
+            for i in range(args.calls):
+                gateway_path = gateway_url + bases[args.warmup + i] + chat
+                if i % 2:
+                    direct_s.append(await _call(client, direct_url + chat, body))
+                    gateway_s.append(await _call(client, gateway_path, body))
+                else:
+                    gateway_s.append(await _call(client, gateway_path, body))
+                    direct_s.append(await _call(client, direct_url + chat, body))
+                if (i + 1) % max(1, args.calls // 5) == 0:
+                    print(f"  {i + 1}/{args.calls}", flush=True)
+            cpu_c1 = _cpu_seconds(gateway.pid) - cpu_before
+
+            print(f"concurrency 64: {args.c64_calls} gateway calls ...", flush=True)
+            queue = list(bases[args.warmup + args.calls:])
+            c64_latencies: list[float] = []
+
+            async def worker() -> None:
+                while queue:
+                    base = queue.pop()
+                    c64_latencies.append(await _call(client, gateway_url + base + chat, body))
+
+            cpu_before = _cpu_seconds(gateway.pid)
+            began = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(64)))
+            c64_s = time.perf_counter() - began
+            cpu_c64 = _cpu_seconds(gateway.pid) - cpu_before
+
+            health = (await client.get(f"{gateway_url}/health")).json()
+        sink = health.get("sink", {})
+
+        # Durable delivery included: every call's record is on the calls topic.
+        consumer = Consumer(consumer_config(settings, f"bench-{tag}"))
+        metadata = admin.list_topics(calls_topic, timeout=30).topics[calls_topic]
+        on_kafka = sum(consumer.get_watermark_offsets(TopicPartition(calls_topic, p), timeout=30)[1]
+                       for p in metadata.partitions)
+        consumer.close()
+
+        direct_p50, gateway_p50 = statistics.median(direct_s), statistics.median(gateway_s)
+        paired = [g - d for g, d in zip(gateway_s, direct_s, strict=True)]
+        figures = {
+            "prompt_tokens": prompt_len,
+            "direct_p50_ms_c1": direct_p50 * 1000,
+            "gateway_p50_ms_c1": gateway_p50 * 1000,
+            "direct_p99_ms_c1": _percentile(direct_s, 0.99) * 1000,
+            "gateway_p99_ms_c1": _percentile(gateway_s, 0.99) * 1000,
+            "added_p50_ms_c1": (gateway_p50 - direct_p50) * 1000,
+            "added_p99_ms_c1": (_percentile(gateway_s, 0.99) - _percentile(direct_s, 0.99)) * 1000,
+            "added_paired_p50_ms_c1": statistics.median(paired) * 1000,
+            "cpu_ms_per_call": cpu_c1 / args.calls * 1000,
+            "cpu_ms_per_call_c64": cpu_c64 / args.c64_calls * 1000,
+            "calls_per_s_c64": args.c64_calls / c64_s,
+            "gateway_p50_ms_c64": statistics.median(c64_latencies) * 1000,
+            "gateway_p99_ms_c64": _percentile(c64_latencies, 0.99) * 1000,
+            "records_on_kafka": on_kafka,
+            "gateway_calls": args.warmup + args.calls + args.c64_calls,
+            "spool_depth_at_end": sink.get("spool_depth", -1),
+            "delivery_errors": sink.get("delivery_errors", -1),
+        }
+    finally:
+        for proc in (direct, gateway):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in (direct, gateway):
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for future in admin.delete_topics([calls_topic, env_topic], operation_timeout=30).values():
+            try:
+                future.result(timeout=60)
+            except Exception as exc:  # best effort: the figures matter more than the cleanup
+                print(f"could not delete a bench topic: {exc}", file=sys.stderr)
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.gateway",
+        description="Latency, CPU and throughput the gateway adds over a direct call to a model server, "
+                    "with durable Kafka delivery of every call record.")
+    parser.add_argument("--calls", type=int, default=400, help="timed calls per server at concurrency 1")
+    parser.add_argument("--c64-calls", type=int, default=3000, help="gateway calls at concurrency 64")
+    parser.add_argument("--warmup", type=int, default=50, help="untimed calls per server first")
+    parser.add_argument("--prompt-tokens", type=int, default=4096, help="rendered prompt length")
+    parser.add_argument("--output-tokens", type=int, default=16, help="sampled tokens per call")
+    # Internal: run one of the two servers (the benchmark starts them as subprocesses).
+    parser.add_argument("--serve", choices=["direct", "gateway"], help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--spool-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--calls-topic", help=argparse.SUPPRESS)
+    parser.add_argument("--env-topic", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        return serve(args)
+    figures = asyncio.run(run_bench(args))
+    if figures["records_on_kafka"] < figures["gateway_calls"]:
+        print(f"WARNING: only {figures['records_on_kafka']} of {figures['gateway_calls']} call records "
+              "are on Kafka", file=sys.stderr)
+    emit(figures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

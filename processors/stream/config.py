@@ -1,0 +1,62 @@
+"""Everything one processors worker needs to know, resolved from settings and configuration files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from processors.config import parse_config
+from processors.errors import ConfigError
+from processors.grouper import GroupingConfig
+from processors.pipeline import StageConfigs
+from processors.stream.topics import StreamTopics
+from processors.verifiers.base import Verifier, load_verifiers, load_verifiers_file
+from tokentrail.settings import REPO_ROOT, Settings
+
+DEFAULT_GROUPING = REPO_ROOT / "deploy" / "config" / "grouping.yaml"
+
+
+def load_grouping(settings: Settings, path: Path | None = None) -> GroupingConfig:
+    """The grouping YAML with window and grace taken from settings.processors (they win)."""
+    path = path or DEFAULT_GROUPING
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read grouping config {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    data.update(window_s=settings.processors.group_window_s, grace_s=settings.processors.group_grace_s)
+    return parse_config(GroupingConfig, data, str(path))
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    settings: Settings
+    topics: StreamTopics
+    grouping: GroupingConfig
+    stages: StageConfigs
+    verifiers: tuple[Verifier, ...]
+    # Emitted-attempt and closed-group markers are kept this long after their last event, so
+    # re-deliveries and stragglers are recognised; then the state is dropped.
+    state_retention_s: float = 3600.0
+    tick_s: float = 1.0  # how often the timers look for expired attempts and due groups
+    session_timeout_s: float = 10.0  # a killed worker's partitions move after this long
+
+    @property
+    def app_id(self) -> str:
+        return self.settings.processors.app_id
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, topic_prefix: str = "", grouping_path: Path | None = None,
+                      verifiers_file: Path | None = None, state_retention_s: float = 3600.0,
+                      tick_s: float = 1.0, session_timeout_s: float = 10.0) -> StreamConfig:
+        proc = settings.processors
+        verifiers = (load_verifiers_file(str(verifiers_file)) if verifiers_file
+                     else load_verifiers(list(proc.verifiers)))
+        return cls(settings=settings, topics=StreamTopics(topic_prefix),
+                   grouping=load_grouping(settings, grouping_path),
+                   stages=StageConfigs.load(proc.reward_config, proc.credit_config, proc.sample_config),
+                   verifiers=tuple(verifiers), state_retention_s=state_retention_s, tick_s=tick_s,
+                   session_timeout_s=session_timeout_s)

@@ -1,0 +1,182 @@
+"""``tokentrail process``: run one processors worker (the faust app) until it is stopped.
+
+Workers started with the same app id (settings.processors.app_id) form one consumer group and share
+the partitions; start more for more throughput, up to settings.kafka.partitions. A worker that is
+killed leaves its partitions to the others after ``--session-timeout`` seconds; restarted, it
+restores its tables from their changelog topics and resumes from the committed offsets.
+
+``start_worker_process`` / ``stop_worker_process`` run a worker as a subprocess with given settings
+(the demo and the tests use them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tokentrail.settings import REPO_ROOT, Settings, get_settings
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+SETTINGS_SECTIONS = ("kafka", "clickhouse", "model", "gateway", "processors", "trainer")
+
+
+class WorkerError(RuntimeError):
+    """The worker cannot start (configuration, topics); the message says why."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--loglevel", choices=LOG_LEVELS, default="info",
+                        help="log level of the worker (default: info; progress is logged every 10 s)")
+    parser.add_argument("--app-id", default=None,
+                        help="consumer group / state id (default: settings.processors.app_id)")
+    parser.add_argument("--topic-prefix", default="", metavar="PREFIX",
+                        help="read and write PREFIX + every topic name (isolated pipelines, tests)")
+    parser.add_argument("--grouping-config", type=Path, default=None, metavar="YAML",
+                        help="grouping configuration (default: deploy/config/grouping.yaml; window and "
+                        "grace come from settings.processors)")
+    parser.add_argument("--verifiers", type=Path, default=None, metavar="YAML",
+                        help="YAML list of verifier specs (default: settings.processors.verifiers)")
+    parser.add_argument("--state-retention", type=float, default=3600.0, metavar="SECONDS",
+                        help="how long emitted-attempt markers are kept after a rollout's last event "
+                        "(default: 3600)")
+    parser.add_argument("--tick", type=float, default=1.0, metavar="SECONDS",
+                        help="how often expired attempts and due groups are looked for (default: 1)")
+    parser.add_argument("--session-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="how long before a dead worker's partitions move to the others (default: 10)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "process",
+        help="run a stream-processors worker: calls + env -> rollouts -> groups, scores, rewards, "
+             "credits, samples",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.set_defaults(func=_cmd_process)
+
+
+def _settings_with(settings: Settings, app_id: str | None) -> Settings:
+    if not app_id:
+        return settings
+    return settings.model_copy(update={"processors": settings.processors.model_copy(update={"app_id": app_id})})
+
+
+def run_worker(args: argparse.Namespace, settings: Settings | None = None) -> int:
+    """Create the topics if needed, then run the faust worker until SIGTERM / Ctrl-C."""
+    from confluent_kafka import KafkaException
+    from faust.worker import Worker
+
+    from processors.errors import ConfigError
+    from processors.faust_app import ProcessorsApp
+    from processors.stream.config import StreamConfig
+    from processors.stream.topics import ensure_stream_topics
+
+    settings = _settings_with(settings or get_settings(), args.app_id)
+    try:
+        cfg = StreamConfig.from_settings(settings, topic_prefix=args.topic_prefix,
+                                         grouping_path=args.grouping_config, verifiers_file=args.verifiers,
+                                         state_retention_s=args.state_retention, tick_s=args.tick,
+                                         session_timeout_s=args.session_timeout)
+    except ConfigError as exc:
+        raise WorkerError(str(exc)) from exc
+    try:
+        report = ensure_stream_topics(settings, cfg.topics)
+    except KafkaException as exc:
+        raise WorkerError(f"Kafka at {settings.kafka.bootstrap_servers} is not usable: {exc}") from exc
+    wrong_partitions = [d for d in report.differences if d.setting == "partitions"]
+    if wrong_partitions:
+        # Input topics and the changelogs must have the same partition count (co-partitioning).
+        raise WorkerError("; ".join(d.describe() for d in wrong_partitions))
+    (settings.processors.state_dir / cfg.app_id).mkdir(parents=True, exist_ok=True)
+    processors = ProcessorsApp(cfg)
+    log = logging.getLogger("tokentrail.processors")
+    worker = Worker(processors.app, loglevel=args.loglevel, redirect_stdouts=False, quiet=True)
+    log.info("processors worker: app id %s, %d partitions, topics %s*, verifiers %s", cfg.app_id,
+             settings.kafka.partitions, cfg.topics.prefix or "", [v.name for v in cfg.verifiers])
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    else:
+        code = 0
+    return 1 if processors.crashed is not None else code
+
+
+def _cmd_process(args: argparse.Namespace) -> int:
+    from tokentrail.cli import CliError
+
+    try:
+        return run_worker(args)
+    except WorkerError as exc:
+        raise CliError(str(exc)) from exc
+
+
+# ---------------------------------------------------------------------------------- subprocesses
+
+
+def settings_env(settings: Settings, base: dict[str, str] | None = None) -> dict[str, str]:
+    """An environment that makes a child process see exactly ``settings``: every section as JSON,
+    and no other TOKENTRAIL_* variable that could override it."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("TOKENTRAIL_")}
+    for section in SETTINGS_SECTIONS:
+        env[f"TOKENTRAIL_{section.upper()}"] = getattr(settings, section).model_dump_json()
+    env["TOKENTRAIL_VAR_DIR"] = str(settings.var_dir)
+    return env
+
+
+def worker_command(topic_prefix: str = "", loglevel: str = "info", extra_args: Sequence[str] = ()) -> list[str]:
+    cmd = [sys.executable, "-m", "processors.worker", "--loglevel", loglevel]
+    if topic_prefix:
+        cmd += ["--topic-prefix", topic_prefix]
+    return cmd + list(extra_args)
+
+
+def start_worker_process(settings: Settings | None = None, *, topic_prefix: str = "", loglevel: str = "info",
+                         log_path: Path | None = None, extra_args: Sequence[str] = ()) -> subprocess.Popen:
+    """Start ``python -m processors.worker`` with these settings; its output goes to ``log_path``
+    (appended) or to this process's stderr. Stop it with ``stop_worker_process``."""
+    settings = settings or get_settings()
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+    out = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115 - owned by the child
+    try:
+        return subprocess.Popen(worker_command(topic_prefix, loglevel, extra_args), cwd=REPO_ROOT,
+                                env=settings_env(settings), stdin=subprocess.DEVNULL,
+                                stdout=out if out is not None else sys.stderr, stderr=subprocess.STDOUT)
+    finally:
+        if out is not None:
+            out.close()
+
+
+def stop_worker_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:
+    """SIGTERM (faust stops gracefully and commits), SIGKILL after ``timeout_s``; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return int(proc.returncode)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m processors.worker", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_worker(args)
+    except WorkerError as exc:
+        print(f"processors worker: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""`tokentrail replay`: re-derive rewards, credits and samples under new configurations from the raw
+scores and rollouts stored in ClickHouse, without running any environment or verifier.
+
+The derivation is the processors' own ``rederive`` (the function the stream processors call), so a
+replay under the running configuration reproduces the stored events exactly (same ids, deduplicated),
+and a replay under a new one adds events carrying the new config ids next to the old ones, which stay.
+Output goes to the Kafka topics (default: the sink stores them and trainers can read them), straight
+into ClickHouse, or nowhere (``--dry-run``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from clickhouse_connect.driver.client import Client
+
+from processors.errors import PipelineInputError
+from processors.pipeline import StageConfigs, rederive
+from sinks.rows import Record, from_row
+from sinks.store import CallTokenCache, load_records, load_rollouts, select_rows
+
+Event = tuple[str, Record]
+GROUP_BATCH = 200
+
+
+@dataclass
+class ReplayResult:
+    configs: dict[str, str]  # stage -> config id
+    groups: int = 0
+    events: list[Event] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (group event id, reason)
+    rewritten_scores: list[str] = field(default_factory=list)  # score ids with several contents
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(name for name, _ in self.events))
+
+
+def first_scores(client: Client, rollout_event_ids: list[str]) -> tuple[list[Record], list[str]]:
+    """One record per score id: the first stored content (raw scores never change; a later rewrite is
+    the audit's business, not the replay's input). Also returns the ids that were rewritten."""
+    rows = select_rows(
+        client,
+        "scores",
+        "rollout_event_id IN {ids:Array(String)}",
+        {"ids": rollout_event_ids},
+        order_by="ingested_at, content_hash",
+    )
+    by_id: dict[str, Record] = {}
+    rewritten = set()
+    for row in rows:
+        if row["event_id"] in by_id:
+            if by_id[row["event_id"]]["content_hash"] != row["content_hash"]:
+                rewritten.add(row["event_id"])
+            continue
+        by_id[row["event_id"]] = row
+    return [from_row("scores", row) for row in by_id.values()], sorted(rewritten)
+
+
+def _group_batches(client: Client, group_ids: list[str] | None) -> Iterator[list[Record]]:
+    where, params = "", {}
+    if group_ids:
+        where, params = "group_id IN {ids:Array(String)}", {"ids": group_ids}
+    groups = load_records(client, "groups", where, params, order_by="created_at_us, event_id")
+    for i in range(0, len(groups), GROUP_BATCH):
+        yield groups[i : i + GROUP_BATCH]
+
+
+def replay(
+    client: Client,
+    configs: StageConfigs,
+    group_ids: list[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ReplayResult:
+    """Derive events for every stored group (or the given group ids) under ``configs``."""
+    result = ReplayResult(
+        {"reward": configs.reward.id, "credit": configs.credit.id, "sample": configs.sample.id}
+    )
+    cache = CallTokenCache(client)
+    for batch in _group_batches(client, group_ids):
+        member_ids = sorted({e for g in batch for e in g["rollout_event_ids"]})
+        rollouts = {
+            r["event_id"]: r
+            for r in load_rollouts(
+                client, "event_id IN {ids:Array(String)}", {"ids": member_ids}, cache=cache
+            )
+        }
+        scores, rewritten = first_scores(client, member_ids)
+        result.rewritten_scores += rewritten
+        for group in batch:
+            members = [rollouts[e] for e in group["rollout_event_ids"] if e in rollouts]
+            if len(members) != len(group["rollout_event_ids"]):
+                result.skipped.append((group["event_id"], "rollouts of the group are not all stored"))
+                continue
+            try:
+                derived = rederive(group, members, scores, configs.reward, configs.credit, configs.sample)
+            except PipelineInputError as exc:
+                result.skipped.append((group["event_id"], str(exc)))
+                continue
+            result.events += [e for e in derived.events() if e[0] != "Score"]
+            result.groups += 1
+        if progress:
+            progress(
+                f"replay: {result.groups} groups, {len(result.events)} events, {len(result.skipped)} skipped"
+            )
+    return result
+
+
+def publish(events: list[Event], settings: Any, topic_of: dict[str, str] | None = None) -> int:
+    """Produce the events to their topics (keyed like the processors key them); returns how many."""
+    from confluent_kafka import KafkaException, Producer
+
+    from schemas import topics
+    from schemas.codec import get_codec
+
+    codec = get_codec(settings.kafka.schema_registry_url)
+    topic_of = topic_of or {name: spec.name for spec in topics.ALL_TOPICS for name in spec.value_schemas}
+    producer = Producer(topics.producer_config(settings))
+    errors: list[str] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    for name, record in events:
+        key = record["rollout_ids"][0] if name == "Sample" else record["rollout_id"]
+        producer.produce(
+            topic_of[name], value=codec.encode(name, record), key=key.encode(), on_delivery=on_delivery
+        )
+        producer.poll(0)
+    remaining = producer.flush(60)
+    if remaining or errors:
+        raise KafkaException(f"{remaining} replayed events not acknowledged; errors: {errors[:3]}")
+    return len(events)

@@ -1,0 +1,29 @@
+"""A private pipeline per test: its own topic prefix, app id and state dir on the shared broker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from stream_rig import StreamRig, delete_topics, make_rig
+
+from tokentrail.settings import Settings
+
+
+@pytest.fixture
+def make_stream_rig(kafka_bootstrap: str, tokentrail_settings: Settings,
+                    tmp_path: Path) -> Iterator[Callable[..., StreamRig]]:
+    """``make_stream_rig(**processor_settings) -> StreamRig``; workers stopped, topics deleted after."""
+    rigs: list[StreamRig] = []
+
+    def make(**overrides: Any) -> StreamRig:
+        rig = make_rig(tokentrail_settings, tmp_path / f"rig{len(rigs)}", **overrides)
+        rigs.append(rig)
+        return rig
+
+    yield make
+    for rig in rigs:
+        rig.close()
+        delete_topics(rig.settings, [rig.topics.prefix, f"{rig.settings.processors.app_id}-"])
