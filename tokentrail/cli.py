@@ -14,6 +14,7 @@ COMMAND_MODULES: list[str] = [
     "tokentrail.kafka_local",
     "tokentrail.topics_cli",
     "schemas.fixtures",
+    "tokentrail.demo.run",
     "sinks.cli",
     "trainer_consumer.cli",
     "processors.worker",

@@ -7,7 +7,6 @@ Run: ``python -m tokentrail.deploy_check``; exit code 1 with the problems listed
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -39,9 +38,9 @@ def _check_env(name: str, where: str, problems: list[str]) -> None:
 
 
 def _check_command(command: Any, where: str, known: set[str], problems: list[str]) -> None:
-    if isinstance(command, list) and command and command[0] == "tokentrail":
-        if len(command) < 2 or command[1] not in known:
-            problems.append(f"{where}: `{' '.join(command)}` is not a tokentrail subcommand")
+    is_ours = isinstance(command, list) and bool(command) and command[0] == "tokentrail"
+    if is_ours and (len(command) < 2 or command[1] not in known):
+        problems.append(f"{where}: `{' '.join(command)}` is not a tokentrail subcommand")
 
 
 def check() -> list[str]:

@@ -30,6 +30,7 @@ def send(client: anthropic.Anthropic, stream: bool, beta: bool, **kwargs: Any) -
     if beta:  # POST /v1/messages?beta=true with an anthropic-beta header, as Claude Code sends
         create = client.beta.messages
         kwargs["betas"] = ["interleaved-thinking-2025-05-14"]
+        kwargs["extra_query"] = {"beta": "true"}  # as Claude Code sends (this SDK version does not add it)
     else:
         create = client.messages
     if not stream:

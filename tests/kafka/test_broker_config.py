@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+import pytest
+
 from tokentrail import kafka_local
 from tokentrail.settings import KafkaSettings
 
@@ -38,3 +40,17 @@ def test_cluster_id_is_a_base64url_uuid() -> None:
         cid = kafka_local.new_cluster_id()
         assert len(cid) == 22 and not cid.startswith("-")
         assert len(base64.urlsafe_b64decode(cid + "==")) == 16
+
+
+def test_two_versions_of_one_artifact_are_found(tmp_path: Path) -> None:
+    jars = ("log4j-core-2.24.3.jar", "log4j-core-2.25.5.jar", "kafka_2.13-4.4.0.jar", "zstd-jni-1.5.7-17.jar")
+    for name in jars:
+        (tmp_path / name).touch()
+    assert kafka_local.duplicate_artifacts(tmp_path) == {"log4j-core": ["2.24.3", "2.25.5"]}
+    kafka = KafkaSettings(lib_dir=tmp_path)
+    with pytest.raises(kafka_local.KafkaLocalError, match="two versions of log4j-core"):
+        kafka_local.ensure_jars(kafka, echo=lambda _: None)
+
+
+def test_fetched_classpath_has_one_version_of_each_artifact() -> None:
+    assert kafka_local.duplicate_artifacts(KafkaSettings().lib_dir) == {}

@@ -71,27 +71,44 @@ def interleave(events: list[Event], seed: int = 0) -> list[Event]:
 
 
 def core_outputs(events: Iterable[Event], grouping: GroupingConfig, stages: StageConfigs,
-                 verifier_specs: list[str]) -> dict[str, dict[str, Record]]:
-    """Rollouts, groups and derived events the pure core emits for these events (FULL groups only:
-    no timers run here)."""
+                 verifier_specs: list[str], *, expire_after_us: int | None = None,
+                 close_groups: bool = False) -> dict[str, dict[str, Record]]:
+    """Rollouts, groups and derived events the pure core emits for these events, in this order.
+
+    ``expire_after_us``: then expire every open attempt with that time-out (INCOMPLETE rollouts);
+    ``close_groups``: then close every open group (PARTIAL), as the timers eventually do."""
     verifiers = load_verifiers(verifier_specs)
     states: dict[str, RolloutAssembly] = {}
     grouper = GrouperState()
     out: dict[str, dict[str, Record]] = {name: {} for name in OUTPUT_NAMES}
     rollouts: dict[str, Record] = {}
+
+    def close(group: Record) -> None:
+        out["RolloutGroup"][group["event_id"]] = group
+        members = [rollouts[e] for e in group["rollout_event_ids"]]
+        derived = process_group(group, members, verifiers, stages.reward, stages.credit, stages.sample,
+                                runner=VerifierRunner())
+        for kind, record in derived.events():
+            out[kind][record["event_id"]] = record
+
+    def emit(rollout: Record) -> None:
+        out["CompletedRollout"][rollout["event_id"]] = rollout
+        rollouts[rollout["event_id"]] = rollout
+        for emitted in grouper.add(rollout, grouping).emitted:
+            close(emitted.group)
+
     for name, rec in events:
         state = states.setdefault(rec["rollout_id"], RolloutAssembly(rec["rollout_id"]))
         for rollout in state.accept(name, rec).rollouts:
-            out["CompletedRollout"][rollout["event_id"]] = rollout
-            rollouts[rollout["event_id"]] = rollout
-            for emitted in grouper.add(rollout, grouping).emitted:
-                group = emitted.group
-                out["RolloutGroup"][group["event_id"]] = group
-                members = [rollouts[e] for e in group["rollout_event_ids"]]
-                derived = process_group(group, members, verifiers, stages.reward, stages.credit,
-                                        stages.sample, runner=VerifierRunner())
-                for kind, record in derived.events():
-                    out[kind][record["event_id"]] = record
+            emit(rollout)
+    far_future = 2**62
+    if expire_after_us is not None:
+        for state in states.values():
+            for rollout in state.expire_due(far_future, expire_after_us):
+                emit(rollout)
+    if close_groups:
+        for emitted in grouper.close_due(far_future, grouping):
+            close(emitted.group)
     return out
 
 
@@ -107,6 +124,11 @@ class Collected:
     """Every output message seen, in arrival order, decoded."""
 
     records: dict[str, list[Record]] = field(default_factory=lambda: {n: [] for n in OUTPUT_NAMES})
+    keys: dict[str, list[bytes | None]] = field(default_factory=lambda: {n: [] for n in OUTPUT_NAMES})
+
+    def add(self, name: str, key: bytes | None, record: Record) -> None:
+        self.records[name].append(record)
+        self.keys[name].append(key)
 
     def ids(self, name: str) -> set[str]:
         return {r["event_id"] for r in self.records[name]}
@@ -142,8 +164,11 @@ class StreamRig:
         proc = self.settings.processors
         return StageConfigs.load(proc.reward_config, proc.credit_config, proc.sample_config)
 
-    def expected(self, events: Iterable[Event]) -> dict[str, dict[str, Record]]:
-        return core_outputs(events, self.grouping, self.stages, list(self.settings.processors.verifiers))
+    def expected(self, events: Iterable[Event], *, timers: bool = False) -> dict[str, dict[str, Record]]:
+        """What the worker must emit; ``timers``: including expired attempts and PARTIAL groups."""
+        timeout_us = round(self.settings.processors.attempt_timeout_s * 1e6) if timers else None
+        return core_outputs(events, self.grouping, self.stages, list(self.settings.processors.verifiers),
+                            expire_after_us=timeout_us, close_groups=timers)
 
     # -- input
 
@@ -207,7 +232,7 @@ class StreamRig:
                 if msg.error():
                     continue
                 name = by_topic[msg.topic()]
-                self.collected.records[name].append(self.codec.decode(msg.value(), expect=name)[1])
+                self.collected.add(name, msg.key(), self.codec.decode(msg.value(), expect=name)[1])
         return self.collected
 
     def settle(self, quiet_s: float = 3.0) -> Collected:
@@ -219,7 +244,7 @@ class StreamRig:
             msgs = [m for m in consumer.consume(500, timeout=0.5) if not m.error()]
             for msg in msgs:
                 name = by_topic[msg.topic()]
-                self.collected.records[name].append(self.codec.decode(msg.value(), expect=name)[1])
+                self.collected.add(name, msg.key(), self.codec.decode(msg.value(), expect=name)[1])
             if msgs:
                 last = time.monotonic()
         return self.collected

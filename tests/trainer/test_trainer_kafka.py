@@ -76,7 +76,8 @@ def test_trains_two_steps_commits_offsets_and_emits_trainer_steps(
     # Filtered and undecodable records go first on partition 0, so training on all eight fresh
     # samples has to read past them.
     _produce(settings, samples_topic,
-             [(0, codec.encode("Sample", stale)), (0, b"this is not avro"), (0, codec.encode("Sample", foreign))]
+             [(0, codec.encode("Sample", stale)), (0, b"this is not avro"),
+              (0, codec.encode("Sample", foreign))]
              + [(i % 3, codec.encode("Sample", r)) for i, r in enumerate(fresh)])
 
     group = f"test-trainer-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,102 @@
+"""Live progress of the online loop, read from the topics themselves (the source of truth).
+
+Joins rewards to their rollouts' policy versions, and counts trainer steps, so the demo can show
+reward against policy version while it trains. Runs on a background thread with its own consumer.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer
+
+from schemas import topics
+from schemas.codec import DecodeError, get_codec
+from tokentrail.settings import Settings
+
+
+@dataclass
+class VersionStats:
+    rewards: list[float] = field(default_factory=list)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else float("nan")
+
+
+class ProgressTracker:
+    def __init__(self, settings: Settings) -> None:
+        group = f"tokentrail-demo-progress-{uuid.uuid4().hex}"
+        self._consumer = Consumer(topics.consumer_config(settings, group, **{"auto.offset.reset": "earliest"}))
+        self._consumer.subscribe([topics.ROLLOUTS_TOPIC, topics.REWARDS_TOPIC, topics.TRAINER_STEPS_TOPIC,
+                                  topics.SAMPLES_TOPIC])
+        self._codec = get_codec()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._version_of: dict[str, int] = {}
+        self._reward_of: dict[str, float] = {}
+        self.rollouts = self.incomplete = self.samples = 0
+        self.trainer_steps = 0
+        self.last_loss = float("nan")
+        self.policy_version = 0
+        self._seen: set[str] = set()
+        self._thread = threading.Thread(target=self._run, name="demo-progress", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._consumer.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for message in self._consumer.consume(500, timeout=0.5):
+                if message.error() or message.value() is None:
+                    continue
+                try:
+                    name, record = self._codec.decode(message.value())
+                except DecodeError:
+                    continue
+                with self._lock:
+                    self._apply(name, record)
+
+    def _apply(self, name: str, record: dict) -> None:
+        if record["event_id"] in self._seen:  # at-least-once delivery: count each event once
+            return
+        self._seen.add(record["event_id"])
+        if name == "CompletedRollout":
+            if record["status"] != "COMPLETE":
+                self.incomplete += 1
+                return
+            self.rollouts += 1
+            self._version_of[record["rollout_id"]] = max(record["policy_versions"] or [0])
+        elif name == "Reward":
+            self._reward_of[record["rollout_id"]] = record["raw_reward"]
+        elif name == "Sample":
+            self.samples += 1
+        elif name == "TrainerStep":
+            self.trainer_steps += 1
+            self.last_loss = record["loss"]
+            self.policy_version = max(self.policy_version, record["policy_version_after"])
+
+    def reward_by_version(self) -> dict[int, VersionStats]:
+        with self._lock:
+            stats: dict[int, VersionStats] = defaultdict(VersionStats)
+            for rollout_id, reward in self._reward_of.items():
+                version = self._version_of.get(rollout_id)
+                if version is not None:
+                    stats[version].rewards.append(reward)
+            return dict(sorted(stats.items()))
+
+    def line(self) -> str:
+        by_version = self.reward_by_version()
+        recent = list(by_version.items())[-3:]
+        shown = "  ".join(f"v{v}: {s.mean:.2f} (n={len(s.rewards)})" for v, s in recent)
+        return (f"rollouts {self.rollouts} (incomplete {self.incomplete})  samples {self.samples}  "
+                f"trainer steps {self.trainer_steps} (loss {self.last_loss:.4f})  policy v{self.policy_version}"
+                f"  reward by version: {shown or '-'}")

@@ -1,0 +1,195 @@
+"""``tokentrail demo``: the main job, end to end on this machine.
+
+Brings up Kafka, the embedded ClickHouse, the gateway on the embedded engine, the stream processors,
+the ClickHouse sink and the trainer; runs agent rollouts of the lookup task through the official
+``openai`` SDK; trains online (the engine follows each new policy version); then drains the pipeline,
+runs the four audit checks and writes the HTML report. Prints the reward per policy version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+
+from tokentrail.demo.agent import RolloutOutcome, run_rollout
+from tokentrail.demo.environment import make_task
+from tokentrail.demo.progress import ProgressTracker
+from tokentrail.demo.services import Service, http_ok, log_dir, wait_until
+from tokentrail.settings import REPO_ROOT, Settings, get_settings
+
+STATE_DIRS = ("kafka", "clickhouse", "policies", "spool", "processors", "logs")
+
+
+def _step(n: int, total: int, text: str) -> None:
+    print(f"[{n}/{total}] {text}", flush=True)
+
+
+def _cli(*argv: str) -> None:
+    """Run a tokentrail subcommand to completion (the same commands a person would type)."""
+    result = subprocess.run([sys.executable, "-m", "tokentrail.cli", *argv], cwd=REPO_ROOT)
+    if result.returncode != 0:
+        raise RuntimeError(f"`tokentrail {' '.join(argv)}` failed with exit code {result.returncode}")
+
+
+def _fresh_state(settings: Settings) -> None:
+    _cli("kafka", "stop")
+    for name in STATE_DIRS:
+        shutil.rmtree(settings.var_dir / name, ignore_errors=True)
+
+
+class Workload:
+    """Keeps ``concurrency`` groups of rollouts in flight until the deadline."""
+
+    def __init__(self, gateway_url: str, model: str, group_size: int, concurrency: int, seed: int) -> None:
+        self.gateway_url, self.model, self.group_size = gateway_url, model, group_size
+        self.pool = ThreadPoolExecutor(max_workers=concurrency * group_size, thread_name_prefix="agent")
+        self.concurrency, self.next_seed = concurrency, seed
+        self.outcomes: list[RolloutOutcome] = []
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+
+    def _group(self) -> list[Future[RolloutOutcome]]:
+        task = make_task(self.next_seed)
+        group_id = f"{task.task_id}-g"
+        self.next_seed += 1
+        return [self.pool.submit(run_rollout, self.gateway_url, self.model, task, group_id, self.group_size)
+                for _ in range(self.group_size)]
+
+    def run_until(self, deadline: float, on_tick: Callable[[int], None]) -> None:
+        in_flight: set[Future[RolloutOutcome]] = set()
+        groups_started = 0
+        last_tick = time.monotonic()
+        while time.monotonic() < deadline or in_flight:
+            while time.monotonic() < deadline and len(in_flight) < self.concurrency * self.group_size:
+                in_flight.update(self._group())
+                groups_started += 1
+            done, in_flight = wait(in_flight, timeout=1.0, return_when=FIRST_COMPLETED)
+            for future in done:
+                try:
+                    self.outcomes.append(future.result())
+                except Exception as exc:  # a failed rollout is reported, the run goes on
+                    self.errors.append(repr(exc))
+            if time.monotonic() - last_tick >= 10:
+                on_tick(groups_started)
+                last_tick = time.monotonic()
+        self.pool.shutdown()
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    total = 8
+    if not args.keep_data:
+        _fresh_state(settings)
+    _step(1, total, "Kafka broker (KRaft, jars from Maven Central) and topics")
+    _cli("kafka", "start")
+    _cli("topics", "ensure")
+    _step(2, total, "ClickHouse tables (embedded chDB)")
+    _cli("clickhouse", "migrate")
+    _step(3, total, "reference model (built locally, cached)")
+    _cli("model", "build")
+
+    logs = log_dir()
+    gateway_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
+    services = [
+        Service("gateway", ["gateway"], logs / "gateway.log"),
+        Service("processors", ["process"], logs / "processors.log"),
+        Service("sink", ["sink"], logs / "sink.log"),
+        Service("trainer", ["train", "--batch-size", str(args.train_batch), "--steps-per-version", "1",
+                            "--lr", str(args.lr)], logs / "trainer.log"),
+    ]
+    _step(4, total, f"services: {', '.join(s.name for s in services)} (logs in {logs.relative_to(REPO_ROOT)})")
+    tracker: ProgressTracker | None = None
+    try:
+        for service in services:
+            service.start()
+        wait_until(http_ok(f"{gateway_url}/health"), 180, "the gateway", services[0])
+        tracker = ProgressTracker(settings)
+        tracker.start()
+
+        _step(5, total, f"online RL: {args.minutes:g} min of lookup-task rollouts, groups of {args.group_size}, "
+                        f"{args.concurrency} groups in flight")
+        workload = Workload(gateway_url, settings.model.name, args.group_size, args.concurrency, args.seed)
+        start = time.monotonic()
+
+        def tick(groups: int) -> None:
+            for service in services:
+                if not service.alive():
+                    raise RuntimeError(f"{service.name} exited:\n{service.tail()}")
+            elapsed = time.monotonic() - start
+            print(f"  {elapsed:5.0f}s  groups {groups}  {tracker.line()}", flush=True)
+
+        workload.run_until(start + args.minutes * 60, tick)
+        correct = sum(o.correct for o in workload.outcomes)
+        print(f"  workload done: {len(workload.outcomes)} rollouts, {correct} answered right, "
+              f"{len(workload.errors)} failed" + (f" (first: {workload.errors[0]})" if workload.errors else ""))
+
+        _step(6, total, "draining: processors close the last groups, the trainer takes the last samples")
+        _drain(tracker, args.drain_s)
+        for service in reversed(services):
+            service.stop()
+        tracker.stop()
+        tracker_summary = tracker.reward_by_version()
+    finally:
+        for service in services:
+            service.stop()
+    _step(7, total, "ClickHouse catch-up, then the four audit checks")
+    _cli("sink", "--once")
+    audit = subprocess.run([sys.executable, "-m", "tokentrail.cli", "audit"], cwd=REPO_ROOT)
+    _step(8, total, "report")
+    report_path = settings.var_dir / "report.html"
+    _cli("report", "--out", str(report_path))
+    return _summarize(tracker_summary, audit.returncode, report_path)
+
+
+def _drain(tracker: ProgressTracker, budget_s: float) -> None:
+    deadline = time.monotonic() + budget_s
+    last = (-1, -1)
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline:
+        now = (tracker.samples, tracker.trainer_steps)
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+        elif time.monotonic() - quiet_since > 20:
+            return
+        time.sleep(1)
+        print(f"  {tracker.line()}", flush=True)
+
+
+def _summarize(by_version: dict, audit_rc: int, report_path: Path) -> int:
+    print("\nreward (fraction answered right) by policy version:")
+    for version, stats in by_version.items():
+        print(f"  v{version:<4} {stats.mean:.3f}  ({len(stats.rewards)} rollouts)")
+    versions = [v for v, s in by_version.items() if s.rewards]
+    first = by_version[versions[0]].mean if versions else float("nan")
+    # The last versions each see few rollouts; compare the first with the mean of the last quarter.
+    tail = versions[-max(1, len(versions) // 4):]
+    tail_rewards = [r for v in tail for r in by_version[v].rewards]
+    last = sum(tail_rewards) / len(tail_rewards) if tail_rewards else float("nan")
+    print(f"\naudit: {'PASSED' if audit_rc == 0 else 'FAILED'}   report: {report_path}")
+    summary = {"policy_versions": len(versions), "reward_first_version": first,
+               "reward_last_versions": last, "audit_passed": audit_rc == 0, "report": str(report_path)}
+    print(json.dumps(summary))
+    return 0 if audit_rc == 0 else 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("demo", help="the main job: online RL end to end on the embedded defaults",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--minutes", type=float, default=8.0, help="how long to run the workload (default 8)")
+    p.add_argument("--group-size", type=int, default=8, help="rollouts per group (default 8)")
+    p.add_argument("--concurrency", type=int, default=2, help="groups in flight at once (default 2)")
+    p.add_argument("--train-batch", type=int, default=16, help="samples per optimizer step (default 16)")
+    p.add_argument("--lr", type=float, default=3e-3, help="trainer learning rate (default 3e-3)")
+    p.add_argument("--seed", type=int, default=0, help="first task seed (default 0)")
+    p.add_argument("--drain-s", type=float, default=120.0, help="longest wait for the pipeline to drain")
+    p.add_argument("--keep-data", action="store_true",
+                   help="keep var/ (Kafka data, ClickHouse, policies) from an earlier run instead of starting fresh")
+    p.set_defaults(func=run_demo)
