@@ -143,7 +143,8 @@ def serve(args: argparse.Namespace) -> int:
         app = direct_app(text.decode(_output_ids(text, args.output_tokens)), args.output_tokens)
     else:
         app = gateway_app(args.spool_dir, args.calls_topic, args.env_topic, args.output_tokens)
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
+                timeout_keep_alive=120)  # the client keeps its connections; no race with idle closes
     return 0
 
 
@@ -180,7 +181,9 @@ def _prompt(text: Any, tokens: int) -> str:
     return content
 
 
-async def _wait_healthy(client: httpx.AsyncClient, url: str, proc: subprocess.Popen[bytes], what: str) -> None:
+async def _wait_healthy(
+    client: httpx.AsyncClient, url: str, proc: subprocess.Popen[bytes], what: str
+) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -221,7 +224,7 @@ async def _call(client: httpx.AsyncClient, url: str, body: bytes) -> float:
 
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -256,8 +259,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     direct_port, gateway_port = _free_port(), _free_port()
     common = [sys.executable, "-m", "bench.gateway", "--output-tokens", str(args.output_tokens)]
     direct = subprocess.Popen([*common, "--serve", "direct", "--port", str(direct_port)])
-    gateway = subprocess.Popen([*common, "--serve", "gateway", "--port", str(gateway_port), "--spool-dir", spool,
-                                "--calls-topic", calls_topic, "--env-topic", env_topic])
+    gateway = subprocess.Popen([*common, "--serve", "gateway", "--port", str(gateway_port),
+                                "--spool-dir", spool, "--calls-topic", calls_topic, "--env-topic", env_topic])
     direct_url, gateway_url = f"http://127.0.0.1:{direct_port}", f"http://127.0.0.1:{gateway_port}"
     limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
     figures: dict[str, Any] = {}

@@ -87,9 +87,7 @@ def full_prompt_calls(client: object) -> None:
             for k, v in row.items()
             if k not in ("event_time", "ingested_at", "output_tokens", "prompt_stored_tokens")
         }
-        row.update(
-            prompt_ids=full["ids"], prompt_base_call_id=None, prompt_base_prefix_len=0, prompt_new_ids=None
-        )
+        row.update(prompt_ids=full["ids"], prompt_base_call_id=None, prompt_base_prefix_len=0, prompt_new_ids=None)
         batch.append(row)
         if len(batch) >= BATCH_ROWS:
             _insert_full(client, batch)
@@ -113,9 +111,7 @@ def table_bytes(client: object, table: str) -> tuple[int, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--groups", type=int, default=2, help="groups of 8 rollouts")
     parser.add_argument("--turns", type=int, default=12, help="calls per rollout")
     parser.add_argument("--prompt", type=int, default=4000, help="first prompt tokens")
@@ -135,9 +131,7 @@ def main() -> None:
             client.command(f"OPTIMIZE TABLE {table} FINAL")
         delta_disk, delta_raw = table_bytes(client, "calls")
         full_disk, full_raw = table_bytes(client, "calls_full")
-        n_calls, logical = client.query(
-            "SELECT count(), sum(prompt_length + output_tokens) FROM calls"
-        ).result_rows[0]
+        n_calls, logical = client.query("SELECT count(), sum(prompt_length + output_tokens) FROM calls").result_rows[0]
         all_disk = client.query(
             "SELECT sum(bytes_on_disk) FROM system.parts WHERE database = currentDatabase() "
             "AND active AND table != 'calls_full'"

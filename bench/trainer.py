@@ -45,7 +45,7 @@ def encoded_from_topic(limit: int, timeout_s: float = 10.0) -> list[bytes]:
     conf = topics.consumer_config(get_settings(), f"bench-trainer-{time.time_ns()}")
     conf.update({"enable.auto.commit": False, "auto.offset.reset": "earliest"})
     consumer = Consumer(conf)
-    consumer.subscribe([topics.SAMPLES])
+    consumer.subscribe([topics.SAMPLES_TOPIC])
     out: list[bytes] = []
     deadline = time.monotonic() + timeout_s
     try:

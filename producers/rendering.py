@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +184,9 @@ class ChatRenderer:
             covered = len(base_text)
             base_message = max((k for k, c in matches.items() if c == base[0].call_index), default=-1)
         latest = _latest_matched(matches)
+        if latest is None and base is None:
+            # Nothing of this attempt recurs (a side conversation, or a history the harness rewrote).
+            latest = (-1, prior_calls[-1].call_index)
         if latest is not None and (base is None or latest[1] != base[0].call_index):
             breaks.append(self._prefix_break(text, prior_calls, latest, outputs, messages))
 
@@ -201,12 +204,17 @@ class ChatRenderer:
 
     def _longest_prefix_call(self, text: str, prior_calls: Sequence[PriorCall],
                              outputs: Mapping[int, _OutputView]) -> tuple[PriorCall, str] | None:
-        best: tuple[PriorCall, str] | None = None
-        for call in prior_calls:
+        """The earlier call with the longest ``prompt ‖ output`` whose text starts ``text``. Candidates
+        are tried longest (in tokens) first, so usually only the latest call is decoded."""
+        ordered = sorted(prior_calls, key=lambda c: (len(c.prompt_ids) + len(c.output_ids), c.call_index),
+                         reverse=True)
+        for call in ordered:
+            if not call.prompt_ids:
+                continue
             chain_text = self.decode(call.prompt_ids) + outputs[call.call_index].text
-            if text.startswith(chain_text) and (best is None or len(chain_text) > len(best[1])):
-                best = (call, chain_text)
-        return best
+            if text.startswith(chain_text):
+                return call, chain_text
+        return None
 
     def _prefix_break(self, text: str, prior_calls: Sequence[PriorCall], latest: tuple[int, int],
                       outputs: Mapping[int, _OutputView], messages: Sequence[Message]) -> PrefixBreak:
@@ -220,7 +228,7 @@ class ChatRenderer:
             k for k, m in enumerate(messages)
             if m.get("role") == "assistant" and _reasoning_of(m) and _reasoning_of(m) not in text
         ]
-        if sampled.get("reasoning_content") and _reasoning_of(sampled) not in text:
+        if message_index >= 0 and sampled.get("reasoning_content") and _reasoning_of(sampled) not in text:
             dropped.append(message_index)
         reason = (
             f"prompt ‖ output is not a prefix of this prompt; texts differ from character {at}: "
@@ -228,7 +236,9 @@ class ChatRenderer:
         )
         if dropped:
             reason += f"; the template dropped the reasoning of assistant message(s) {sorted(set(dropped))}"
-        return PrefixBreak(call_index, message_index, reason)
+        if message_index < 0:
+            reason += "; no assistant message in the history equals an output of this attempt"
+        return PrefixBreak(call_index, message_index if message_index >= 0 else None, reason)
 
     def _locate_outputs(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
                         text: str, pending: Mapping[int, int], outputs: Mapping[int, _OutputView],
@@ -286,21 +296,16 @@ class ChatRenderer:
 
 
 # ---------------------------------------------------------------------------------------- helpers
-@dataclass
 class _OutputView:
-    """An earlier call's output as text: ``text`` decodes all its ids, ``body`` without the stop."""
-
-    call: PriorCall
-    text: str = ""
-    body: str = ""
-    message: Message = field(default_factory=dict)
+    """An earlier call's output as text: ``text`` decodes all its ids, ``body`` without the stop, and
+    ``message`` is the assistant message it became."""
 
     def __init__(self, renderer: ChatRenderer, call: PriorCall) -> None:
         self.call = call
         self.text = renderer.decode(call.output_ids)
         self.body = renderer.output_text(call.output_ids)
         parsed = call.message if call.message is not None else renderer.parse(call.output_ids).to_message()
-        self.message = parsed
+        self.message: Message = parsed
 
 
 def _check_messages(messages: Sequence[Message]) -> None:

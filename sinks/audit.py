@@ -112,9 +112,7 @@ FROM samples FINAL
 
 
 def check_token_traceability(client: Client, page: int = SAMPLE_PAGE) -> CheckResult:
-    result = CheckResult(
-        "token_traceability", "every loss token traces to the call that sampled it and its prompt"
-    )
+    result = CheckResult("token_traceability", "every loss token traces to the call that sampled it and its prompt")
     coverage = _rows(client, SQL_MASK_COVERAGE)
     result.checked = len(coverage)
     bad_samples: set[str] = set()
@@ -127,12 +125,9 @@ def check_token_traceability(client: Client, page: int = SAMPLE_PAGE) -> CheckRe
                 f"{loss_tokens} loss tokens but {covered} lie in OUTPUT segments "
                 "(a loss token with no sampling call, or overlapping segments)",
             )
-    for sample_id, call_id, s_start, c_start, length, found, in_range, _equal in _rows(
-        client, SQL_OUTPUT_SEGMENTS
-    ):
+    for sample_id, call_id, s_start, c_start, length, found, in_range, _equal in _rows(client, SQL_OUTPUT_SEGMENTS):
         where = (
-            f"segment at sample[{s_start}:{s_start + length}] <- call {call_id} "
-            f"output[{c_start}:{c_start + length}]"
+            f"segment at sample[{s_start}:{s_start + length}] <- call {call_id} output[{c_start}:{c_start + length}]"
         )
         if not found:
             reason = f"{where}: call not in the calls table"
@@ -146,10 +141,7 @@ def check_token_traceability(client: Client, page: int = SAMPLE_PAGE) -> CheckRe
     calls_checked: set[str] = set()
     for batch in _sample_pages(client, page):
         cache.fetch(
-            c
-            for row in batch
-            for c, src in zip(row["seg_call_id"], row["seg_source"], strict=True)
-            if src == "OUTPUT"
+            c for row in batch for c, src in zip(row["seg_call_id"], row["seg_source"], strict=True) if src == "OUTPUT"
         )
         for row in batch:
             for reason in _conditioning_problems(row, cache, calls_checked):
@@ -263,9 +255,7 @@ LEFT JOIN (SELECT DISTINCT rollout_id, attempt_id, 1 AS found FROM attempt_finis
 
 
 def check_rollout_traceability(client: Client) -> CheckResult:
-    result = CheckResult(
-        "rollout_traceability", "every rollout names its group, policy version and env evidence"
-    )
+    result = CheckResult("rollout_traceability", "every rollout names its group, policy version and env evidence")
     groups = _rows(client, SQL_ROLLOUTS_IN_GROUPS)
     result.checked = len(groups)
     for event_id, rollout_id, group_id, group_ids in groups:
@@ -278,9 +268,7 @@ def check_rollout_traceability(client: Client) -> CheckResult:
                 f"rollout {rollout_id} names group {group_id}, but only {sorted(group_ids)} contain it",
             )
     for (event_id,) in _rows(client, SQL_ROLLOUT_EVENT_IN_GROUP):
-        result.fail(
-            event_id, "CompletedRollout", "its group lists other attempts of the rollout, not this one"
-        )
+        result.fail(event_id, "CompletedRollout", "its group lists other attempts of the rollout, not this one")
     for event_id, found_start, found_finish, no_versions in _rows(client, SQL_ROLLOUT_START_FINISH):
         if no_versions:
             result.fail(event_id, "CompletedRollout", "names no policy version")
@@ -328,9 +316,7 @@ HAVING versions > 1
 
 
 def check_score_reviewability(client: Client) -> CheckResult:
-    result = CheckResult(
-        "score_reviewability", "rewards and credits name raw scores and configs; scores unchanged"
-    )
+    result = CheckResult("score_reviewability", "rewards and credits name raw scores and configs; scores unchanged")
     rewards = _rows(client, SQL_REWARD_SCORES_JOIN)
     for event_id, rollout_id, config_id, n_scores, missing in rewards:
         if n_scores == 0:
@@ -353,9 +339,7 @@ def check_score_reviewability(client: Client) -> CheckResult:
             result.fail(event_id, "Credit", "names no credit_config_id")
     edited = _rows(client, SQL_EDITED_SCORES)
     for event_id, versions, _hashes in edited:
-        result.fail(
-            event_id, "Score", f"raw score was rewritten: {versions} different contents under one event id"
-        )
+        result.fail(event_id, "Score", f"raw score was rewritten: {versions} different contents under one event id")
     n_scores = _rows(client, "SELECT uniqExact(event_id) FROM scores FINAL")[0][0]
     result.checked = len(rewards) + len(credits) + int(n_scores)
     return result
@@ -370,9 +354,7 @@ FROM samples FINAL
 
 
 def check_packing_preserves_weight(client: Client, page: int = SAMPLE_PAGE) -> CheckResult:
-    result = CheckResult(
-        "packing_preserves_weight", "per rollout, sample weights sum to the credit's rollout_weight"
-    )
+    result = CheckResult("packing_preserves_weight", "per rollout, sample weights sum to the credit's rollout_weight")
     credits = {
         row[0]: (row[1], float(row[2]))
         for row in _rows(
@@ -406,8 +388,7 @@ def check_packing_preserves_weight(client: Client, page: int = SAMPLE_PAGE) -> C
                     result.fail(
                         sample_id,
                         "Sample",
-                        f"carries weight {weight:.6g} of rollout {rollout_id} but "
-                        "names no credit of that rollout",
+                        f"carries weight {weight:.6g} of rollout {rollout_id} but names no credit of that rollout",
                     )
                 continue
             totals[(credit_id, config_id)] += weight
@@ -439,9 +420,9 @@ def _verify_derived_weights(client: Client, result: CheckResult, page: int) -> N
                 for s, n in zip(row["seg_sample_start"], row["seg_length"], strict=True)
             ]
             recomputed = segment_weight_sums(weights, segments)
-            if not all(
-                _close(a, b) for a, b in zip(recomputed, row["seg_weight"], strict=True)
-            ) or not _close(float(weights.sum()), row["weight_total"]):
+            if not all(_close(a, b) for a, b in zip(recomputed, row["seg_weight"], strict=True)) or not _close(
+                float(weights.sum()), row["weight_total"]
+            ):
                 result.fail(row["event_id"], "Sample", "stored segment weights differ from the weights bytes")
 
 
@@ -468,9 +449,7 @@ def format_table(results: list[CheckResult], max_ids: int = 10) -> str:
     for r in results:
         ids = r.failing_ids()
         shown = ", ".join(ids[:max_ids]) + (f" (+{len(ids) - max_ids} more)" if len(ids) > max_ids else "")
-        lines.append(
-            f"{r.key:<26} {'PASS' if r.passed else 'FAIL':<6} {r.checked:>8} {r.failed_count:>7}  {shown}"
-        )
+        lines.append(f"{r.key:<26} {'PASS' if r.passed else 'FAIL':<6} {r.checked:>8} {r.failed_count:>7}  {shown}")
     for r in results:
         for f in r.failures[:max_ids]:
             lines.append(f"  {r.key}: {f.kind} {f.id}: {f.reason}")

@@ -126,9 +126,7 @@ def _audit(args: argparse.Namespace) -> int:
     results = run_audit(_client(args), only=args.check)
     if args.json:
         print(
-            json.dumps(
-                {"passed": all(r.passed for r in results), "checks": [r.to_dict() for r in results]}, indent=2
-            )
+            json.dumps({"passed": all(r.passed for r in results), "checks": [r.to_dict() for r in results]}, indent=2)
         )
     else:
         print(format_table(results))
@@ -169,17 +167,12 @@ def _replay(args: argparse.Namespace) -> int:
     except (ProcessorError, OSError) as exc:
         raise _cli_error(f"configuration: {exc}") from exc
     client = _client(args)
-    result = replay(
-        client, configs, args.group or None, progress=lambda line: print(line, file=sys.stderr, flush=True)
-    )
+    result = replay(client, configs, args.group or None, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(
         f"configs: reward {result.configs['reward']}, credit {result.configs['credit']}, "
         f"sample {result.configs['sample']}"
     )
-    print(
-        f"{result.groups} groups re-derived: "
-        + ", ".join(f"{n} {k}" for k, n in sorted(result.counts().items()))
-    )
+    print(f"{result.groups} groups re-derived: " + ", ".join(f"{n} {k}" for k, n in sorted(result.counts().items())))
     for group_event_id, reason in result.skipped:
         print(f"skipped group {group_event_id}: {reason}", file=sys.stderr)
     if result.rewritten_scores:
@@ -207,15 +200,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = ch_sub.add_parser("ddl", help="print the full DDL as SQL (for a server)")
     p.add_argument("--database")
     p.set_defaults(func=_ddl)
-    p = ch_sub.add_parser(
-        "readonly-user", help="create the read-only dashboard user (server only; chDB has no users)"
-    )
+    p = ch_sub.add_parser("readonly-user", help="create the read-only dashboard user (server only; chDB has no users)")
     _add_target(p)
     p.add_argument("--user", help="user name (default: settings clickhouse.readonly_user)")
     p.add_argument("--password", required=True)
-    p.add_argument(
-        "--print", dest="print_only", action="store_true", help="print the SQL instead of running it"
-    )
+    p.add_argument("--print", dest="print_only", action="store_true", help="print the SQL instead of running it")
     p.set_defaults(func=_readonly_user)
     p = ch_sub.add_parser("counts", help="events per table (deduplicated)")
     _add_target(p)
@@ -238,9 +227,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-rows", type=int, default=5000)
     p.add_argument("--flush-interval", type=float, default=1.0, help="seconds between inserts at most")
     p.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
-    p.add_argument(
-        "--fail-on-dead-letters", action="store_true", help="exit 1 if any message was dead-lettered"
-    )
+    p.add_argument("--fail-on-dead-letters", action="store_true", help="exit 1 if any message was dead-lettered")
     p.set_defaults(func=_sink)
 
     p = sub.add_parser("audit", help="the four audit checks; exit 1 when any fails")
@@ -279,9 +266,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help="derive and summarize, write nothing")
     p.set_defaults(func=_replay)
 
-    p = sub.add_parser(
-        "report", help="self-contained HTML report (plots embedded) incl. reward vs policy version"
-    )
+    p = sub.add_parser("report", help="self-contained HTML report (plots embedded) incl. reward vs policy version")
     _add_target(p)
     p.add_argument("--out", default="report.html")
     p.add_argument("--no-audit", action="store_true", help="leave the audit section out")

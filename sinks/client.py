@@ -55,9 +55,7 @@ def parse_dsn(dsn: str, username: str = "default", password: str = "") -> Target
         if raw in ("memory", ":memory:"):
             return Target("chdb", chdb_path=":memory:")
         if not raw.startswith("/"):
-            raise ClickHouseConfigError(
-                f"chDB DSN needs an absolute directory, e.g. chdb:///srv/ch; got {dsn!r}"
-            )
+            raise ClickHouseConfigError(f"chDB DSN needs an absolute directory, e.g. chdb:///srv/ch; got {dsn!r}")
         return Target("chdb", chdb_path=str(Path(raw)))
     if url.scheme in ("http", "https"):
         if not url.hostname:

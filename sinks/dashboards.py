@@ -73,8 +73,7 @@ PANELS: tuple[Panel, ...] = (
         "Prefix-merge rate (token-level prefix between adjacent calls)",
         "SELECT $__timeInterval(time) AS time, avg(is_prefix) AS prefix_rate, count() AS call_pairs\n"
         "FROM v_prefix_links WHERE $__timeFilter(time) GROUP BY time ORDER BY time",
-        description="Share of adjacent call pairs whose prompt_i || output_i is a token prefix of "
-        "prompt_i+1.",
+        description="Share of adjacent call pairs whose prompt_i || output_i is a token prefix of prompt_i+1.",
     ),
     Panel(
         "Staleness at training (policy versions behind)",

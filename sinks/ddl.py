@@ -430,9 +430,7 @@ class Migration:
 # Append only: a migration, once released, is never edited. Schema evolution (a new Avro field with a
 # default) becomes an ADD COLUMN IF NOT EXISTS whose default matches the Avro default.
 MIGRATIONS: tuple[Migration, ...] = (
-    Migration(
-        "0001_tables", "one immutable table per event type", lambda db: [t.create_sql(db) for t in TABLES]
-    ),
+    Migration("0001_tables", "one immutable table per event type", lambda db: [t.create_sql(db) for t in TABLES]),
     Migration(
         "0002_rollouts_final_output_text",
         "CompletedRollout.final_output_text (schema v2)",

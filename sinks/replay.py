@@ -75,17 +75,13 @@ def replay(
     progress: Callable[[str], None] | None = None,
 ) -> ReplayResult:
     """Derive events for every stored group (or the given group ids) under ``configs``."""
-    result = ReplayResult(
-        {"reward": configs.reward.id, "credit": configs.credit.id, "sample": configs.sample.id}
-    )
+    result = ReplayResult({"reward": configs.reward.id, "credit": configs.credit.id, "sample": configs.sample.id})
     cache = CallTokenCache(client)
     for batch in _group_batches(client, group_ids):
         member_ids = sorted({e for g in batch for e in g["rollout_event_ids"]})
         rollouts = {
             r["event_id"]: r
-            for r in load_rollouts(
-                client, "event_id IN {ids:Array(String)}", {"ids": member_ids}, cache=cache
-            )
+            for r in load_rollouts(client, "event_id IN {ids:Array(String)}", {"ids": member_ids}, cache=cache)
         }
         scores, rewritten = first_scores(client, member_ids)
         result.rewritten_scores += rewritten
@@ -102,9 +98,7 @@ def replay(
             result.events += [e for e in derived.events() if e[0] != "Score"]
             result.groups += 1
         if progress:
-            progress(
-                f"replay: {result.groups} groups, {len(result.events)} events, {len(result.skipped)} skipped"
-            )
+            progress(f"replay: {result.groups} groups, {len(result.events)} events, {len(result.skipped)} skipped")
     return result
 
 
@@ -126,9 +120,7 @@ def publish(events: list[Event], settings: Any, topic_of: dict[str, str] | None 
 
     for name, record in events:
         key = record["rollout_ids"][0] if name == "Sample" else record["rollout_id"]
-        producer.produce(
-            topic_of[name], value=codec.encode(name, record), key=key.encode(), on_delivery=on_delivery
-        )
+        producer.produce(topic_of[name], value=codec.encode(name, record), key=key.encode(), on_delivery=on_delivery)
         producer.poll(0)
     remaining = producer.flush(60)
     if remaining or errors:

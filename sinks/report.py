@@ -41,9 +41,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     if not rows:
         return '<p class="empty">none</p>'
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>" for row in rows
-    )
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -144,13 +142,11 @@ def build_report(client: Client, title: str = "tokentrail report", audit: bool =
     counts = table_counts(client)
     groups = _q(
         client,
-        "SELECT status, count(), avg(size), avg(fill) FROM v_group_completion GROUP BY status "
-        "ORDER BY status",
+        "SELECT status, count(), avg(size), avg(fill) FROM v_group_completion GROUP BY status ORDER BY status",
     )
     incomplete = _q(
         client,
-        "SELECT rollout_id, attempt_id, missing, finish_status FROM v_incomplete_rollouts "
-        "ORDER BY time DESC LIMIT 20",
+        "SELECT rollout_id, attempt_id, missing, finish_status FROM v_incomplete_rollouts ORDER BY time DESC LIMIT 20",
     )
     prefix = _q(client, "SELECT count(), avg(is_prefix) FROM v_prefix_links")[0]
     interval = "toStartOfInterval(time, INTERVAL 60 SECOND)"

@@ -179,9 +179,7 @@ def sample_row(rec: Record) -> Row:
     tokens = n // 4
     for field, width in (("loss_mask", 1), ("rollout_logprobs", 4), ("advantages", 4), ("weights", 4)):
         if len(rec[field]) != tokens * width:
-            raise RowError(
-                f"sample {rec['event_id']}: {field} has {len(rec[field])} bytes for {tokens} tokens"
-            )
+            raise RowError(f"sample {rec['event_id']}: {field} has {len(rec[field])} bytes for {tokens} tokens")
     for seg in rec["segments"]:
         if seg["sample_start"] < 0 or seg["length"] < 0 or seg["sample_start"] + seg["length"] > tokens:
             raise RowError(f"sample {rec['event_id']}: segment {seg} lies outside its {tokens} tokens")
@@ -245,9 +243,7 @@ def to_row(name: str, record: Record, source: Source | None = None) -> tuple[str
 
 # ---- row -> record -------------------------------------------------------------------------------
 
-METADATA_COLUMNS = frozenset(
-    {"content_hash", "src_topic", "src_partition", "src_offset", "ingested_at", "event_time"}
-)
+METADATA_COLUMNS = frozenset({"content_hash", "src_topic", "src_partition", "src_offset", "ingested_at", "event_time"})
 
 
 def _schema_fields(name: str) -> list[str]:
@@ -341,9 +337,7 @@ def rollout_from_row(row: Row, call_tokens: Callable[[str], CallTokens | None]) 
         tokens = call_tokens(call_id)
         if tokens is None:
             raise RowError(f"rollout {row['rollout_id']}: call {call_id} is not in the calls table")
-        prompt = _prompt_as_recorded(
-            tokens.prompt, row["c_prompt_base_call_id"][i], row["c_prompt_base_prefix_len"][i]
-        )
+        prompt = _prompt_as_recorded(tokens.prompt, row["c_prompt_base_call_id"][i], row["c_prompt_base_prefix_len"][i])
         if prompt["length"] != row["c_prompt_length"][i] or prompt["sha256"] != row["c_prompt_sha256"][i]:
             raise RowError(f"rollout {row['rollout_id']}: call {call_id} prompt differs from the call record")
         if (
@@ -372,9 +366,7 @@ def rollout_from_row(row: Row, call_tokens: Callable[[str], CallTokens | None]) 
             }
         )
     rec["calls"] = calls
-    rec["env_events"] = [
-        {f: row[f"e_{f}"][i] for f in ROLLOUT_ENV_FIELDS} for i in range(len(row["e_event_id"]))
-    ]
+    rec["env_events"] = [{f: row[f"e_{f}"][i] for f in ROLLOUT_ENV_FIELDS} for i in range(len(row["e_event_id"]))]
     rec["prefix_links"] = [
         {f: row[f"p_{f}"][i] for f in PREFIX_LINK_FIELDS} for i in range(len(row["p_from_call_index"]))
     ]
@@ -404,9 +396,7 @@ def _prompt_as_recorded(full: IdArray, base_call_id: str | None, base_prefix_len
 
 def sample_from_row(row: Row) -> Record:
     rec = {k: _plain(row[k]) for k in _schema_fields("Sample") if k != "segments"}
-    rec["segments"] = [
-        {f: row[f"seg_{f}"][i] for f in SEGMENT_FIELDS} for i in range(len(row["seg_call_id"]))
-    ]
+    rec["segments"] = [{f: row[f"seg_{f}"][i] for f in SEGMENT_FIELDS} for i in range(len(row["seg_call_id"]))]
     return _reorder("Sample", rec)
 
 

@@ -143,9 +143,7 @@ def synthetic_group(spec: GroupSpec) -> GroupEvents:
             output = rng.integers(0, VOCAB, spec.output_tokens, dtype=np.uint32)
             logprobs = -rng.random(spec.output_tokens, dtype=np.float32)
             prompt = encode_prompt(prompt_ids, prev_id, prev_seq)
-            call = _call_record(
-                rid, aid, i, prompt, output, logprobs, spec.policy_version, t0 + 1000 * (i + 1)
-            )
+            call = _call_record(rid, aid, i, prompt, output, logprobs, spec.policy_version, t0 + 1000 * (i + 1))
             out.events.append(("CallRecord", call))
             out.call_ids.append(call["call_id"])
             calls.append(call)
@@ -246,9 +244,7 @@ def synthetic_group(spec: GroupSpec) -> GroupEvents:
     if spec.pack:
         for j in range(0, len(rollouts), 2):
             parts = [
-                _call_sample(info, i, PACK_CONFIG)
-                for info in rollouts[j : j + 2]
-                for i in range(len(info["calls"]))
+                _call_sample(info, i, PACK_CONFIG) for info in rollouts[j : j + 2] for i in range(len(info["calls"]))
             ]
             samples.append(pack_samples(parts, PACK_CONFIG))
     for s in samples:
@@ -317,10 +313,7 @@ def _rollout(
         }
         for c in calls
     ]
-    renvs = [
-        {k: e[k] for k in ("event_id", "event_index", "kind", "call_id", "name", "payload_json")}
-        for e in envs
-    ]
+    renvs = [{k: e[k] for k in ("event_id", "event_index", "kind", "call_id", "name", "payload_json")} for e in envs]
     return {
         "event_id": event_id("rollout", rid, aid),
         "rollout_id": rid,
@@ -353,9 +346,7 @@ def _call_sample(info: dict, i: int, config: dict) -> Record:
     rid = call["rollout_id"]
     n_p, n_o = len(prompt), len(output)
     mask = np.concatenate([np.zeros(n_p, np.uint8), np.ones(n_o, np.uint8)])
-    logprobs = np.concatenate(
-        [np.full(n_p, np.nan, np.float32), np.frombuffer(call["output_logprobs"], "<f4")]
-    )
+    logprobs = np.concatenate([np.full(n_p, np.nan, np.float32), np.frombuffer(call["output_logprobs"], "<f4")])
     weight = np.float32(credit["rollout_weight"] / credit["sampled_tokens"])
     weights = mask.astype(np.float32) * weight
     advantages = mask.astype(np.float32) * np.float32(credit["rollout_advantage"])

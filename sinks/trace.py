@@ -79,9 +79,7 @@ def trace_sample(client: Client, sample_id: str, position: int | None = None) ->
     if position is not None:
         if not 0 <= position < len(ids):
             raise TraceError(f"position {position} is outside sample {sample_id} ({len(ids)} tokens)")
-        seg = next(
-            (s for s in segments if s["sample_start"] <= position < s["sample_start"] + s["length"]), None
-        )
+        seg = next((s for s in segments if s["sample_start"] <= position < s["sample_start"] + s["length"]), None)
         token: dict[str, Any] = {
             "position": position,
             "token_id": int(ids[position]),
@@ -113,9 +111,7 @@ def trace_sample(client: Client, sample_id: str, position: int | None = None) ->
         if r["rollout_id"] in wanted
     ]
     out["rewards"] = [
-        _pick(
-            r, "event_id", "rollout_id", "reward_config_id", "score_ids", "raw_reward", "reward", "filtered"
-        )
+        _pick(r, "event_id", "rollout_id", "reward_config_id", "score_ids", "raw_reward", "reward", "filtered")
         for r in rows_by_ids(client, "rewards", sample["reward_ids"])
         if r["rollout_id"] in wanted
     ]

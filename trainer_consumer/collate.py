@@ -160,7 +160,8 @@ def _padded(samples: Sequence[TrainSample], pad_id: int, multiple: int) -> Token
     lengths = np.fromiter((b - a for _, a, b in rows), dtype=np.int64, count=len(rows))
     width = -(-int(lengths.max()) // multiple) * multiple
     shape = (len(rows), width)
-    ids = np.full(shape, pad_id, dtype=np.int64)
+    # np.zeros maps fresh zeroed pages lazily; only a non-zero pad id needs a fill pass.
+    ids = np.zeros(shape, dtype=np.int64) if pad_id == 0 else np.full(shape, pad_id, dtype=np.int64)
     attention = np.zeros(shape, dtype=np.int64)
     mask = np.zeros(shape, dtype=np.bool_)
     logprobs = np.zeros(shape, dtype=np.float32)

@@ -72,18 +72,20 @@ class Learner:
 
     def step(self, samples: Sequence[TrainSample]) -> StepResult:
         started = time.perf_counter()
-        stats, micro = self.accumulate_gradients(samples)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if self.cfg.max_grad_norm is not None:
-            norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
-        else:
-            norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
-        if not math.isfinite(norm):
-            # A non-finite gradient would poison the weights every later sample is judged against.
-            self.optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"non-finite gradient norm {norm}; step skipped")
-        self.optimizer.step()
-        self.model.eval()
+        try:
+            stats, micro = self.accumulate_gradients(samples)
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            if self.cfg.max_grad_norm is not None:
+                norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
+            else:
+                norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
+            if not math.isfinite(norm):
+                # A non-finite gradient would poison the weights every later sample is judged against.
+                self.optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(f"non-finite gradient norm {norm}; step skipped")
+            self.optimizer.step()
+        finally:
+            self.model.eval()
         return StepResult(stats=stats, grad_norm=norm, samples=len(samples),
                           tokens=sum(s.num_tokens for s in samples), micro_batches=micro,
                           seconds=time.perf_counter() - started)

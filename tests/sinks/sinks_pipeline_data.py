@@ -12,9 +12,7 @@ from processors.testing import AttemptSpec, attempt_events, growing_turns
 from processors.verifiers import VerifierRunner, load_verifiers
 from sinks.synthetic import Event
 
-CONFIGS = StageConfigs.load(
-    "deploy/config/reward.yaml", "deploy/config/credit.yaml", "deploy/config/sample.yaml"
-)
+CONFIGS = StageConfigs.load("deploy/config/reward.yaml", "deploy/config/credit.yaml", "deploy/config/sample.yaml")
 VERIFIERS = load_verifiers(["processors.verifiers.answer_match:AnswerMatch"])
 RUNNER = VerifierRunner(timer=lambda: 0.0)
 ANSWERS = ["The answer is 4", "The answer is 5", "The answer is 4", "I don't know"]
@@ -55,8 +53,6 @@ def pipeline_events(seed: int, sample_cfg: SampleConfig) -> tuple[list[Event], d
             groups += [e.group for e in grouper.add(rollout, GroupingConfig()).emitted]
     (group,) = groups
     members = [rollouts[e] for e in group["rollout_event_ids"]]
-    derived = process_group(
-        group, members, VERIFIERS, CONFIGS.reward, CONFIGS.credit, sample_cfg, runner=RUNNER
-    )
+    derived = process_group(group, members, VERIFIERS, CONFIGS.reward, CONFIGS.credit, sample_cfg, runner=RUNNER)
     events = inputs + [("CompletedRollout", r) for r in rollouts.values()] + [("RolloutGroup", group)]
     return events + derived.events(), group, members

@@ -87,40 +87,28 @@ def test_a_loss_token_outside_every_output_segment_fails(ch: Client) -> None:
 def test_a_broken_delta_chain_fails_token_and_rollout_traceability(ch: Client) -> None:
     groups = clean_groups()
     missing_call = groups[0].call_ids[1]  # the base of call #2 of the first rollout
-    events = [
-        (n, r) for n, r in events_of(groups) if not (n == "CallRecord" and r["call_id"] == missing_call)
-    ]
+    events = [(n, r) for n, r in events_of(groups) if not (n == "CallRecord" and r["call_id"] == missing_call)]
     write_records(ch, events)
     results = by_key(run_audit(ch))
     token = results["token_traceability"]
     assert not token.passed
-    assert any(
-        "prompt not reconstructable" in f.reason and "is not available" in f.reason for f in token.failures
-    )
+    assert any("prompt not reconstructable" in f.reason and "is not available" in f.reason for f in token.failures)
     assert any(
         f"call {missing_call} output" in f.reason and f.reason.endswith("call not in the calls table")
         for f in token.failures
     )
     rollout = results["rollout_traceability"]
-    rollout_event = next(
-        r["event_id"] for n, r in events if n == "CompletedRollout" and missing_call in r["call_ids"]
-    )
+    rollout_event = next(r["event_id"] for n, r in events if n == "CompletedRollout" and missing_call in r["call_ids"])
     assert rollout.failing_ids() == [rollout_event]
 
 
 def test_a_rollout_in_no_group_fails(ch: Client) -> None:
     groups = clean_groups()
-    events = [
-        (n, r)
-        for n, r in events_of(groups)
-        if not (n == "RolloutGroup" and r["group_id"] == groups[1].group_id)
-    ]
+    events = [(n, r) for n, r in events_of(groups) if not (n == "RolloutGroup" and r["group_id"] == groups[1].group_id)]
     write_records(ch, events)
     result = by_key(run_audit(ch))["rollout_traceability"]
     expected = sorted(
-        r["event_id"]
-        for n, r in events
-        if n == "CompletedRollout" and r["rollout_id"] in groups[1].rollout_ids
+        r["event_id"] for n, r in events if n == "CompletedRollout" and r["rollout_id"] in groups[1].rollout_ids
     )
     assert result.failing_ids() == expected
     assert all("in no group record" in f.reason for f in result.failures)
@@ -131,9 +119,7 @@ def test_a_reward_with_no_score_fails(ch: Client) -> None:
     rewards = [r for n, r in events if n == "Reward"]
     dangling = {**rewards[0], "score_ids": ["0" * 32]}
     empty = {**rewards[1], "score_ids": []}
-    events = replace(
-        replace(events, "Reward", dangling["event_id"], dangling), "Reward", empty["event_id"], empty
-    )
+    events = replace(replace(events, "Reward", dangling["event_id"], dangling), "Reward", empty["event_id"], empty)
     write_records(ch, events)
     result = by_key(run_audit(ch))["score_reviewability"]
     assert result.failing_ids() == sorted([dangling["event_id"], empty["event_id"]])
@@ -154,9 +140,7 @@ def test_an_edited_raw_score_fails(ch: Client) -> None:
     score = next(r for n, r in events if n == "Score")
     write_records(ch, events)
     write_records(ch, [("Score", {**score, "raw_json": '{"correct": true, "edited_by": "someone"}'})])
-    write_records(
-        ch, [("Score", {**score, "created_at_us": score["created_at_us"] + 5})]
-    )  # same content: fine
+    write_records(ch, [("Score", {**score, "created_at_us": score["created_at_us"] + 5})])  # same content: fine
     result = by_key(run_audit(ch))["score_reviewability"]
     assert result.failing_ids() == [score["event_id"]]
     assert "2 different contents" in result.failures[0].reason

@@ -58,9 +58,7 @@ def test_pipeline_output_with_a_reweighted_packed_sample_fails(ch: Client) -> No
     weights = unpack_floats(target["weights"]).copy()
     weights *= 1.5
     target["weights"] = pack_floats(weights)
-    events = [
-        (n, target if (n == "Sample" and r["event_id"] == target["event_id"]) else r) for n, r in events
-    ]
+    events = [(n, target if (n == "Sample" and r["event_id"] == target["event_id"]) else r) for n, r in events]
     write_records(ch, events)
     (packing,) = run_audit(ch, only=["packing_preserves_weight"])
     assert not packing.passed
@@ -87,13 +85,9 @@ def test_replay_cli_adds_new_config_events_and_keeps_the_old(
     events, _group, _members = pipeline_events(5, CONFIGS.sample)
     write_records(ch, events)
     sample_yaml = tmp_path / "sample.yaml"
-    sample_yaml.write_text(
-        "version: 1\nname: merged-packed\nmerge: true\npack: {enabled: true, max_tokens: 4096}\n"
-    )
+    sample_yaml.write_text("version: 1\nname: merged-packed\nmerge: true\npack: {enabled: true, max_tokens: 4096}\n")
     reward_yaml = tmp_path / "reward.yaml"
-    reward_yaml.write_text(
-        Path("deploy/config/reward.yaml").read_text().replace("method: grpo", "method: rloo")
-    )
+    reward_yaml.write_text(Path("deploy/config/reward.yaml").read_text().replace("method: grpo", "method: rloo"))
     args = ["replay", "--dsn", chdb_dsn, "--database", ch.database, "--to", "clickhouse"]
     assert cli_main([*args, "--dry-run", "--sample", str(sample_yaml)]) == 0
     assert "dry run" in capsys.readouterr().out

@@ -69,18 +69,14 @@ def test_sink_stores_every_topic_dead_letters_and_deduplicates(
     group_id = f"test-sink-{uuid.uuid4().hex[:8]}"
     options = SinkOptions(group_id=group_id, idle_s=3.0, batch_rows=50, progress_every_s=0)
     lines: list[str] = []
-    stats = run_sink(
-        ch, settings, options, topic_map=topic_map, dead_letter_topic=dead_topic, log=lines.append
-    )
+    stats = run_sink(ch, settings, options, topic_map=topic_map, dead_letter_topic=dead_topic, log=lines.append)
 
     expected = Counter(TABLE_OF[name] for name, _ in events)
     counts = table_counts(ch)
     assert {t: counts[t] for t in expected} == dict(expected)
     assert counts["dead_letters"] == 3 and stats.dead_letters == 3
     assert stats.batches > 1  # small batches: several insert+commit rounds
-    reasons = dict(
-        ch.query("SELECT key, concat(error_type, ': ', reason) FROM dead_letters FINAL").result_rows
-    )
+    reasons = dict(ch.query("SELECT key, concat(error_type, ': ', reason) FROM dead_letters FINAL").result_rows)
     assert reasons["k1"].startswith("CorruptRecord")
     assert reasons["k2"].startswith("TruncatedPayload")
     assert reasons["k3"].startswith("SchemaMismatch") and "expected CallRecord, got Score" in reasons["k3"]
@@ -161,7 +157,5 @@ def test_replay_publishes_to_kafka_and_the_sink_stores_it(
     new_samples = [r for n, r in result.events if n == "Sample"]
     assert new_samples and {s["sample_config_id"] for s in new_samples} == {packing.id}
     assert after["samples"] == before["samples"] + len(new_samples)
-    assert (
-        after["rewards"] == before["rewards"] and after["credits"] == before["credits"]
-    )  # same configs: same ids
+    assert after["rewards"] == before["rewards"] and after["credits"] == before["credits"]  # same configs: same ids
     assert all(r.passed for r in run_audit(ch))

@@ -34,9 +34,7 @@ def test_migrate_is_idempotent_and_creates_everything(ch: Client) -> None:
     assert set(TABLE_NAMES) | set(VIEWS) | {"schema_migrations"} <= names
     applied = [r[0] for r in ch.query("SELECT id FROM schema_migrations FINAL ORDER BY id").result_rows]
     assert applied == [m.id for m in MIGRATIONS]
-    engines = dict(
-        ch.query("SELECT name, engine FROM system.tables WHERE database = currentDatabase()").result_rows
-    )
+    engines = dict(ch.query("SELECT name, engine FROM system.tables WHERE database = currentDatabase()").result_rows)
     assert all(engines[t] == "ReplacingMergeTree" for t in TABLE_NAMES)
 
 
@@ -83,9 +81,7 @@ def test_views_and_dashboard_panels_run(ch: Client) -> None:
     for view in VIEWS:
         ch.query(f"SELECT * FROM {view} LIMIT 5")
     assert ch.query("SELECT count(), min(staleness) FROM v_staleness").result_rows[0] == (2 * 14, 0)
-    by_version = ch.query(
-        "SELECT policy_version, count() FROM v_reward_by_policy GROUP BY 1 ORDER BY 1"
-    ).result_rows
+    by_version = ch.query("SELECT policy_version, count() FROM v_reward_by_policy GROUP BY 1 ORDER BY 1").result_rows
     assert by_version == [(1, 4), (2, 4)]
     assert ch.query("SELECT avg(is_prefix) FROM v_prefix_links").result_rows[0][0] == 1.0
     for panel in dashboards.PANELS:
@@ -136,6 +132,4 @@ def test_clickhouse_cli(chdb_dsn: str, capsys: pytest.CaptureFixture[str]) -> No
 
 def test_committed_server_ddl_is_current() -> None:
     committed = (REPO_ROOT / "deploy" / "clickhouse" / "schema.sql").read_text()
-    assert committed == schema_sql("tokentrail"), (
-        "run: tokentrail clickhouse ddl > deploy/clickhouse/schema.sql"
-    )
+    assert committed == schema_sql("tokentrail"), "run: tokentrail clickhouse ddl > deploy/clickhouse/schema.sql"

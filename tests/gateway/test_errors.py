@@ -1,0 +1,165 @@
+"""Bad input gets each protocol's own error shape and status, through the real SDKs and raw HTTP."""
+
+from __future__ import annotations
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from producers.sdk import Rollout
+from tokentrail.settings import Settings
+
+from .helpers import read_records
+
+MODEL = "tokentrail-tiny"
+USER = [{"role": "user", "content": "hi"}]
+
+
+def _openai_error(response: httpx.Response, status: int, code: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+def _anthropic_error(response: httpx.Response, status: int, kind: str) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == kind and body["error"]["message"]
+    return body["error"]
+
+
+def test_openai_error_shapes(start_gateway, topics: dict[str, str], tokentrail_settings: Settings) -> None:
+    with start_gateway(max_tokens_limit=64, max_body_bytes=64 * 1024) as gw:
+        url = f"{gw.url}/v1/chat/completions"
+        _openai_error(httpx.post(url, content=b'{"model": '), 400, "invalid_json")
+        _openai_error(httpx.post(url, content=b'{"model": "\xff\xfe"}'), 400, "invalid_encoding")
+        _openai_error(httpx.post(url, json=[1, 2]), 400, "invalid_json")
+        error = _openai_error(httpx.post(url, json={"model": MODEL, "messages": "hi"}), 400)
+        assert error["type"] == "invalid_request_error" and error["param"] == "messages"
+        _openai_error(
+            httpx.post(url, json={"model": MODEL, "messages": [{"role": "user", "content": "x" * 70_000}]}),
+            413,
+            "request_too_large",
+        )
+        _openai_error(httpx.get(f"{gw.url}/v1/nothing"), 404)
+        _openai_error(httpx.get(url), 405)
+
+        client = openai.OpenAI(base_url=gw.openai_base_url, api_key="k", max_retries=0)
+        with pytest.raises(openai.NotFoundError) as info:
+            client.chat.completions.create(model="gpt-9", messages=USER)
+        assert info.value.code == "model_not_found" and info.value.param == "model"
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL, messages=USER, max_tokens=65)
+        assert info.value.code == "max_tokens_exceeded" and info.value.param == "max_tokens"
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL, messages=USER, temperature=3.5)
+        assert info.value.param == "temperature"
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}],
+            )
+        assert info.value.param == "messages.0.content.0.type"
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model=MODEL, prompt=[10**9], max_tokens=2)
+        assert info.value.code == "invalid_token_id"
+        # A call that passes validation but exceeds the model's context: the engine refuses it, and the
+        # failed call is recorded (unattributed here) with its error.
+        with pytest.raises(openai.BadRequestError, match="context length"):
+            client.completions.create(model=MODEL, prompt=[5] * 8190, max_tokens=64)
+    ((_, failed),) = read_records(tokentrail_settings, topics["calls_topic"], 1)
+    assert failed["status"] == "ERROR" and failed["rollout_id"] == "unattributed"
+    assert failed["error"]["status_code"] == 400 and "context length" in failed["error"]["message"]
+    assert failed["prompt"]["length"] == 8190 and failed["output_ids"] == b""
+
+
+def test_anthropic_error_shapes(start_gateway) -> None:
+    with start_gateway(max_tokens_limit=64, max_body_bytes=4096) as gw:
+        url = f"{gw.url}/v1/messages"
+        _anthropic_error(httpx.post(url, content=b"not json"), 400, "invalid_request_error")
+        _anthropic_error(httpx.post(url, content=b"\xff"), 400, "invalid_request_error")
+        _anthropic_error(
+            httpx.post(url, json={"model": MODEL, "messages": USER}), 400, "invalid_request_error"
+        )  # max_tokens is required
+        error = _anthropic_error(
+            httpx.post(url, json={"model": MODEL, "max_tokens": "ten", "messages": USER}), 400, "invalid_request_error"
+        )
+        assert "max_tokens" in error["message"]
+        _anthropic_error(
+            httpx.post(
+                url, json={"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x" * 5000}]}
+            ),
+            413,
+            "request_too_large",
+        )
+        _anthropic_error(httpx.post(f"{gw.url}/v1/messages/nothing", json={}), 404, "not_found_error")
+        _anthropic_error(
+            httpx.post(
+                f"{url}/count_tokens",
+                json={"model": MODEL, "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
+            ),
+            400,
+            "invalid_request_error",
+        )
+
+        client = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0)
+        with pytest.raises(anthropic.NotFoundError) as info:
+            client.messages.create(model="claude-opus-9", max_tokens=5, messages=USER)
+        assert info.value.body["error"]["type"] == "not_found_error"
+        with pytest.raises(anthropic.BadRequestError) as info:
+            client.messages.create(model=MODEL, max_tokens=65, messages=USER)
+        assert "limit of 64" in info.value.body["error"]["message"]
+        with pytest.raises(anthropic.BadRequestError):
+            client.messages.create(
+                model=MODEL, max_tokens=5, messages=USER, tools=[{"type": "web_search_20250305", "name": "web_search"}]
+            )
+
+
+def test_rollout_lifecycle_errors(start_gateway) -> None:
+    with start_gateway() as gw:
+        api = f"{gw.url}/v1/rollouts"
+        missing = httpx.post(f"{api}/nope/attempts/nope/events", json={"kind": "STEP"})
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_rollout"
+        assert httpx.post(f"{api}/nope/attempts/x/finish", json={}).status_code == 404
+        assert httpx.post(api, json={"expected_group_size": 0}).status_code == 400
+        assert httpx.post(api, json={"surprise": 1}).status_code == 400
+
+        with Rollout(gw.url, rollout_id="fixed-id-1") as rollout:
+            client = openai.OpenAI(base_url=rollout.openai_base_url, api_key="k", max_retries=0)
+            client.chat.completions.create(model=MODEL, messages=USER, max_tokens=3)
+            base = f"{api}/{rollout.rollout_id}/attempts/{rollout.attempt_id}"
+            assert httpx.post(f"{base}/events", json={"kind": "BOGUS"}).status_code == 400
+            wrong = httpx.post(f"{base}/events", json={"kind": "STEP", "call_index": 5})
+            assert wrong.status_code == 400 and "does not exist yet" in wrong.json()["error"]["message"]
+            batch = httpx.post(
+                f"{base}/events",
+                json={"events": [{"kind": "step", "payload": 1}, {"kind": "ARTIFACT", "payload": {"f": "x"}}]},
+            )
+            assert [e["event_index"] for e in batch.json()["events"]] == [0, 1]
+            assert httpx.post(api, json={"rollout_id": "fixed-id-1"}).status_code == 409  # attempt unfinished
+            finished = rollout.finish("SUCCESS", {"answer": "red"})
+        assert (finished["call_count"], finished["event_count"]) == (1, 2)
+        again = httpx.post(f"{base}/finish", json={})
+        assert again.status_code == 409 and again.json()["error"]["code"] == "attempt_finished"
+        assert httpx.post(f"{base}/events", json={"kind": "STEP"}).status_code == 409
+        with pytest.raises(openai.ConflictError):
+            client.chat.completions.create(model=MODEL, messages=USER, max_tokens=3)
+        late_key = anthropic.Anthropic(base_url=gw.url, api_key=rollout.api_key, max_retries=0)
+        with pytest.raises(anthropic.APIStatusError) as info:
+            late_key.messages.create(model=MODEL, max_tokens=3, messages=USER)
+        assert info.value.status_code == 409 and info.value.body["type"] == "error"
+
+        retry = httpx.post(f"{api}/fixed-id-1/attempts", json={})
+        assert retry.status_code == 201 and retry.json()["attempt_number"] == 2
+
+
+def test_unattributed_calls_refused_when_configured(start_gateway) -> None:
+    with start_gateway(unattributed="refuse") as gw:
+        client = openai.OpenAI(base_url=gw.openai_base_url, api_key="k", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL, messages=USER, max_tokens=3)
+        assert info.value.code == "rollout_required"
