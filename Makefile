@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 $(JARS): deploy/kafka/pom.xml
+	rm -rf deploy/kafka/lib  # never mix jar versions from an older pom
 	mvn -q -B -f deploy/kafka/pom.xml dependency:copy-dependencies
 	touch $(JARS)
 

@@ -1,5 +1,5 @@
 """CLI commands of the ClickHouse side: `clickhouse migrate|ddl|readonly-user|counts`, `sink`, `audit`,
-`trace`, `report`. Registered through tokentrail/cli.py COMMAND_MODULES.
+`trace`, `report`. Registered through tokentrail/cli.py COMMANDS.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The ``tokentrail`` command. Each area registers its own subcommands; this module only wires them.
 
-A module listed in COMMAND_MODULES exposes ``register(subparsers)``, which adds its subcommands and
-sets ``func`` (taking the parsed args, returning an exit code) on each.
+A module in COMMANDS exposes ``register(subparsers)``, which adds its subcommands and sets ``func``
+(taking the parsed args, returning an exit code) on each. Only the module that owns the command
+being run is imported, so ``tokentrail kafka status`` does not pay for torch or transformers.
 """
 
 from __future__ import annotations
@@ -10,33 +11,62 @@ import argparse
 import importlib
 import sys
 
-COMMAND_MODULES: list[str] = [
-    "tokentrail.kafka_local",
-    "tokentrail.topics_cli",
-    "schemas.fixtures",
-    "tokentrail.demo.run",
-    "sinks.cli",
-    "trainer_consumer.cli",
-    "processors.worker",
-]
+# command -> (module that registers it, one-line help for the top-level listing)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("tokentrail.demo.run", "the main job: online RL end to end on the embedded defaults"),
+    "kafka": ("tokentrail.kafka_local", "the local Apache Kafka broker: start | stop | status"),
+    "topics": ("tokentrail.topics_cli", "create or check every topic: ensure | list"),
+    "model": ("producers.model_build", "the embedded reference model: build | info"),
+    "gateway": ("producers.gateway.cli", "run the gateway (OpenAI + Anthropic HTTP) on an upstream"),
+    "process": ("processors.worker", "run a stream-processor worker (faust)"),
+    "clickhouse": ("sinks.cli", "ClickHouse schema: migrate | ddl | readonly-user | counts"),
+    "sink": ("sinks.cli", "consume every topic into ClickHouse"),
+    "audit": ("sinks.cli", "the four audit checks; exit 1 when any fails"),
+    "trace": ("sinks.cli", "trace one sample (and token) back to its call, prompt, rollout and scores"),
+    "replay": ("sinks.cli", "re-derive rewards, credit and samples under a new configuration"),
+    "report": ("sinks.cli", "self-contained HTML report with plots"),
+    "train": ("trainer_consumer.cli", "run the trainer on the samples topic"),
+    "schemas": ("schemas.fixtures", "the Avro contract: fixtures for compatibility tests"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+class CliError(Exception):
+    """An error a person can act on; printed without a traceback."""
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``command``, only that command's module is imported and registered."""
     parser = argparse.ArgumentParser(
         prog="tokentrail",
         description="Token-exact data plane for online agentic RL. See README.md.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    modules = [COMMANDS[command][0]] if command in COMMANDS else list(dict.fromkeys(m for m, _ in COMMANDS.values()))
+    if command in COMMANDS:
+        for name, (_module, help_text) in COMMANDS.items():
+            if _module != modules[0]:
+                sub.add_parser(name, help=help_text)
+    for module in modules:
+        importlib.import_module(module).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command is None:  # top-level help: list commands without importing any of them
+        parser = argparse.ArgumentParser(prog="tokentrail", description="Token-exact data plane for online "
+                                         "agentic RL. See README.md.")
+        sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+        for name, (_module, help_text) in COMMANDS.items():
+            sub.add_parser(name, help=help_text)
+        parser.parse_args(argv)
+        parser.print_help()
+        return 2
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
-        parser.print_help()
+        parser.parse_args([*argv, "--help"])
         return 2
     try:
         return int(args.func(args) or 0)
@@ -45,10 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"tokentrail {args.command}: {exc}", file=sys.stderr)
         return 2
-
-
-class CliError(Exception):
-    """An error a person can act on; printed without a traceback."""
 
 
 if __name__ == "__main__":
