@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import signal
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -133,6 +134,7 @@ class ProcessorsApp:
         app.timer(cfg.tick_s, name="assembler-timer")(self._guarded(self._assembler_tick))
         app.timer(cfg.tick_s, name="grouper-timer")(self._guarded(self._grouper_tick))
         app.timer(10.0, name="progress")(self._report_progress)
+        app.task(self._install_task_dump)
 
     # ------------------------------------------------------------------------------ plumbing
 
@@ -240,6 +242,17 @@ class ProcessorsApp:
         for partition in clocks.known() - owned:
             clocks.forget(partition)
         return entries
+
+    async def _install_task_dump(self) -> None:
+        """``kill -USR1 <pid>`` logs what every asyncio task of the worker is waiting on."""
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, self._dump_tasks)
+
+    def _dump_tasks(self) -> None:
+        for task in asyncio.all_tasks():
+            frames = task.get_stack(limit=12)
+            where = " <- ".join(f"{f.f_code.co_name}@{f.f_code.co_filename.rsplit('/', 2)[-1]}:{f.f_lineno}"
+                                for f in reversed(frames))
+            log.warning("task %s: %s", task.get_name(), where or "(not started)")
 
     async def _report_progress(self) -> None:
         current = dict(self.stats)

@@ -58,6 +58,11 @@ class GatewaySettings(BaseModel):
     port: int = 8400
     # "embedded" or a vLLM base URL list, comma separated (rollout-sticky routing).
     upstream: str = "embedded"
+    # vLLM upstream: served model name (empty: the first of /v1/models), the server's --logprobs-mode
+    # (raw_logprobs | processed_logprobs; recorded on every call) and its API key.
+    vllm_model: str = ""
+    vllm_logprobs_mode: str = "raw_logprobs"
+    vllm_api_key: str = ""
     spool_dir: Path = REPO_ROOT / "var" / "spool"
     # "record": calls with no rollout are recorded as unattributed; "refuse": 400.
     unattributed: str = "record"

@@ -6,7 +6,7 @@ reasons are counted, and the counts travel with the next batch into its TrainerS
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -21,6 +21,7 @@ from trainer_consumer.sample_view import TrainSample, check_sample
 SampleFilter = Callable[[TrainSample, int], str | None]
 
 STALE = "stale"
+DUPLICATE = "duplicate"
 
 
 def staleness_filter(max_staleness: int) -> SampleFilter:
@@ -141,7 +142,7 @@ class BatchBuilder(Generic[P]):
     """Accumulates samples (and rejects) until a batch is full by sample count or token budget."""
 
     def __init__(self, batch_size: int, max_batch_tokens: int | None = None,
-                 filters: Sequence[SampleFilter] = ()) -> None:
+                 filters: Sequence[SampleFilter] = (), dedupe_window: int = 100_000) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         self.batch_size = batch_size
@@ -151,11 +152,19 @@ class BatchBuilder(Generic[P]):
         self._entries: list[tuple[P, TrainSample | None, str | None]] = []
         self._kept = 0
         self._kept_tokens = 0
+        # Ids of samples already handed out in a batch (bounded, oldest forgotten first): a sample
+        # delivered twice (producer retry, replay into the same topic) is trained once.
+        self.dedupe_window = dedupe_window
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._pending_ids: set[str] = set()
 
     def add(self, sample: TrainSample, position: P, current_version: int) -> str | None:
         """Adds a sample, or records why it was filtered (returned)."""
         reason = filter_reason(sample, current_version, self.filters)
+        if reason is None and (sample.sample_id in self._pending_ids or sample.sample_id in self._recent):
+            reason = DUPLICATE
         if reason is None:
+            self._pending_ids.add(sample.sample_id)
             self._entries.append((position, sample, None))
             self._kept += 1
             self._kept_tokens += sample.num_tokens
@@ -178,6 +187,11 @@ class BatchBuilder(Generic[P]):
     def take(self) -> Batch[P]:
         entries, self._entries = self._entries, []
         self._kept = self._kept_tokens = 0
+        for sample_id in self._pending_ids:
+            self._recent[sample_id] = None
+        self._pending_ids = set()
+        while len(self._recent) > self.dedupe_window:
+            self._recent.popitem(last=False)
         return Batch(
             samples=[s for _, s, _ in entries if s is not None],
             filtered=Counter(r for _, _, r in entries if r is not None),
@@ -190,6 +204,7 @@ class BatchBuilder(Generic[P]):
         before = len(self._entries)
         self._entries = [e for e in self._entries if keep(e[0])]
         kept = [s for _, s, _ in self._entries if s is not None]
+        self._pending_ids = {s.sample_id for s in kept}
         self._kept, self._kept_tokens = len(kept), sum(s.num_tokens for s in kept)
         return before - len(self._entries)
 

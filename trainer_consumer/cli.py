@@ -36,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="policy store (default: settings trainer.checkpoint_dir)")
     run.add_argument("--steps-per-version", type=int, default=None,
                      help="publish a policy version every N steps (default: settings)")
+    run.add_argument("--threads", type=int, default=None,
+                     help="torch threads (default: all cores; 1 is faster on a host shared with the "
+                          "gateway and processors)")
     data = p.add_argument_group("batches and filters")
     data.add_argument("--batch-size", type=int, default=8, help="samples per optimizer step (default 8)")
     data.add_argument("--max-batch-tokens", type=int, default=None, help="also close a batch at N tokens")
@@ -67,7 +70,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from tokentrail.settings import get_settings
     from trainer_consumer.trainer import TrainOptions, run_training
 
-    for name in ("max_steps", "batch_size", "steps_per_version", "max_batch_tokens", "max_sample_tokens"):
+    for name in ("max_steps", "batch_size", "steps_per_version", "max_batch_tokens", "max_sample_tokens",
+                 "threads"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise CliError(f"--{name.replace('_', '-')} must be at least 1")
@@ -104,6 +108,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         steps_per_version=args.steps_per_version,
         model_dir=args.model_dir,
         checkpoint_dir=args.checkpoint_dir,
+        torch_threads=args.threads,
     )
     summary = run_training(settings, options, progress=lambda line: print(line, flush=True))
     filtered = ", ".join(f"{k}: {v}" for k, v in sorted(summary.filtered.items())) or "none"

@@ -179,6 +179,7 @@ class TrainOptions:
     samples_topic: str | None = None
     steps_topic: str | None = None
     dead_letter_topic: str | None = None
+    torch_threads: int | None = None  # None: torch's default (all cores)
 
 
 def run_training(settings: Settings | None = None, options: TrainOptions = TrainOptions(),
@@ -193,6 +194,10 @@ def run_training(settings: Settings | None = None, options: TrainOptions = Train
     from trainer_consumer.step_sink import KafkaStepSink
 
     settings = settings or get_settings()
+    if options.torch_threads:
+        import torch
+
+        torch.set_num_threads(options.torch_threads)
     ts = settings.trainer
     group_id = options.group_id or ts.group_id
     run_id = options.run_id or group_id

@@ -24,7 +24,7 @@ from starlette.routing import Route
 from producers.gateway import anthropic_adapter, openai_adapter, records
 from producers.gateway.attempts import AttemptRegistry
 from producers.gateway.body import read_model
-from producers.gateway.chat import CallOutcome, InternalCall
+from producers.gateway.chat import CallOutcome, InternalCall, SamplingSpec
 from producers.gateway.context import GatewayContext
 from producers.gateway.env_api import EnvApi
 from producers.gateway.errors import GatewayError, Protocol
@@ -207,7 +207,7 @@ class Gateway:
             self.service.check_model(req.model)
             messages, tools = anthropic_adapter.conversation(req)
             call = InternalCall(protocol=anthropic_adapter.PROTOCOL, model=req.model, stream=False,
-                                sampling=anthropic_adapter.SamplingSpec(), messages=messages, tools=tools)
+                                sampling=SamplingSpec(), messages=messages, tools=tools)
             count = self.service.count_tokens(identity, call)
         except GatewayError as exc:
             return self._refuse(exc, "anthropic", anthropic_adapter.PROTOCOL)

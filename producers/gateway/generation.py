@@ -63,9 +63,12 @@ TextSink = Callable[[str], Awaitable[None]]
 
 async def run_generation(upstream: Upstream, request: GenerateRequest, *,
                          decode: Callable[[Sequence[int]], str], stop: Sequence[str] = (),
-                         on_text: TextSink | None = None, abort: asyncio.Event | None = None) -> Generated:
-    """Run one generation to its end (or to a stop string, or to ``abort``); raises UpstreamError."""
-    began = time.perf_counter()
+                         on_text: TextSink | None = None, abort: asyncio.Event | None = None,
+                         began: float | None = None) -> Generated:
+    """Run one generation to its end (or to a stop string, or to ``abort``); raises UpstreamError.
+
+    ``began`` (a perf_counter value, default now) is when the clock for first-token time started."""
+    began = time.perf_counter() if began is None else began
     out = Generated()
     decoder = IncrementalDecoder(decode)
     longest_stop = max((len(s) for s in stop), default=0)
@@ -107,8 +110,6 @@ async def run_generation(upstream: Upstream, request: GenerateRequest, *,
             decoder.push(out.output_ids)
         out.finish_reason = res.finish_reason
         out.queue_ms = res.queue_ms
-        if res.first_token_ms and not out.first_token_ms:
-            out.first_token_ms = res.first_token_ms
     if out.stop_string is None:
         out.text = decode(out.output_ids)
     return out

@@ -2,7 +2,9 @@
 
 The harness's response is built from the same outcome that goes into the record, and it is released
 only after the sink has the record (Kafka ack or fsynced spool). Failed upstream calls are recorded
-too (status ERROR), so an attempt's call indices have no holes.
+too (status ERROR), so an attempt's call indices have no holes. For a streamed call the recorded
+response is the equivalent non-streamed body. Timings: ``queue_ms`` is the upstream's queue wait;
+``first_token_ms`` and ``total_ms`` run from the request's arrival at the gateway.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ class CallService:
             request_id=prep.call_id, rollout_id=prep.identity.rollout_id)
         try:
             generated = await run_generation(self.upstream, request, decode=self.text.decode, stop=s.stop,
-                                             on_text=on_text, abort=abort)
+                                             on_text=on_text, abort=abort, began=prep.started)
         except UpstreamError as exc:
             error = _upstream_error(exc)
             await self._record_failure(prep, error, error_body(error), Generated())

@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,13 +94,14 @@ def free_port() -> int:
 
 
 def embedded_gateway_app(settings: Any, *, spool_dir: Path | str | None = None,
-                         topics: dict[str, str] | None = None, text: Any = None, **option_overrides: Any
-                         ) -> Starlette:
+                         topics: dict[str, str] | None = None, text: Any = None, upstream: Any = None,
+                         wrap_sink: Callable[[Any], Any] | None = None, **option_overrides: Any) -> Starlette:
     """The standard app (embedded engine, Kafka sink, the model's text side) from ``settings``.
 
     ``spool_dir`` gives the sink its own spool (tests: a tmp dir); ``topics`` overrides topic names
-    (``calls_topic``, ``env_topic``); ``option_overrides`` set GatewayOptions fields (``prefix_mode``,
-    ``unattributed``, ``max_tokens_limit``, ``max_body_bytes``, ``admin_key``, ``require_auth``, ...).
+    (``calls_topic``, ``env_topic``); ``upstream`` replaces the embedded engine; ``wrap_sink`` wraps the
+    Kafka sink (e.g. to observe deliveries); ``option_overrides`` set GatewayOptions fields
+    (``prefix_mode``, ``unattributed``, ``max_tokens_limit``, ``max_body_bytes``, ``admin_key``, ...).
     """
     from dataclasses import replace
 
@@ -110,9 +111,12 @@ def embedded_gateway_app(settings: Any, *, spool_dir: Path | str | None = None,
     from schemas.topics import producer_config
 
     options = replace(GatewayOptions.from_settings(settings), **option_overrides)
-    sink = KafkaCallSink(producer_config(settings), spool_dir or settings.gateway.spool_dir,
-                         settings.gateway.delivery_timeout_s)
-    return build_app(settings, sink=sink, text=text, options=options, topics=topics, progress=lambda _: None)
+    sink: Any = KafkaCallSink(producer_config(settings), spool_dir or settings.gateway.spool_dir,
+                              settings.gateway.delivery_timeout_s)
+    if wrap_sink is not None:
+        sink = wrap_sink(sink)
+    return build_app(settings, sink=sink, text=text, upstream=upstream, options=options, topics=topics,
+                     progress=lambda _: None)
 
 
 @contextmanager

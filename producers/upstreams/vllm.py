@@ -166,7 +166,10 @@ class VLLMUpstream:
         from tokentrail.settings import get_settings
 
         settings = settings or get_settings()
-        return cls(settings.gateway.upstream, **kwargs)
+        gateway = settings.gateway
+        defaults: dict[str, Any] = {"model": gateway.vllm_model or None, "logprobs_mode": gateway.vllm_logprobs_mode,
+                                    "api_key": gateway.vllm_api_key or None}
+        return cls(gateway.upstream, **{**defaults, **kwargs})
 
     # ------------------------------------------------------------------ routing and metadata
 

@@ -163,3 +163,24 @@ def test_unattributed_calls_refused_when_configured(start_gateway) -> None:
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(model=MODEL, messages=USER, max_tokens=3)
         assert info.value.code == "rollout_required"
+
+
+def test_admin_key_and_required_rollout_keys(start_gateway) -> None:
+    with start_gateway(admin_key="admin-secret", require_auth=True) as gw:
+        assert httpx.post(f"{gw.url}/v1/rollouts", json={}).status_code == 401
+        anonymous = openai.OpenAI(base_url=gw.openai_base_url, api_key="sk-someone", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            anonymous.chat.completions.create(model=MODEL, messages=USER, max_tokens=2)
+        assert [m.id for m in anonymous.models.list()] == [MODEL]  # listing models needs no rollout
+        assert [m.id for m in anthropic.Anthropic(base_url=gw.url, api_key="x").models.list()] == [MODEL]
+
+        with Rollout(gw.url, admin_key="admin-secret") as rollout:
+            by_key = anthropic.Anthropic(base_url=gw.url, api_key=rollout.api_key, max_retries=0)
+            assert by_key.messages.create(model=MODEL, max_tokens=2, messages=USER).usage.output_tokens >= 1
+            wrong = openai.OpenAI(base_url=rollout.openai_base_url, api_key="sk-other", max_retries=0)
+            with pytest.raises(openai.AuthenticationError):
+                wrong.chat.completions.create(model=MODEL, messages=USER, max_tokens=2)
+            events = f"{gw.url}/v1/rollouts/{rollout.rollout_id}/attempts/{rollout.attempt_id}/events"
+            assert httpx.post(events, json={"kind": "STEP"}).status_code == 401
+            rollout.event("STEP", {"n": 1})  # the SDK posts with the admin key
+        assert rollout.finished is not None and rollout.finished["call_count"] == 1

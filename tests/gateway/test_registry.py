@@ -6,7 +6,7 @@ import numpy as np
 import orjson
 import pytest
 
-from producers.gateway.attempts import UNATTRIBUTED, AttemptRegistry
+from producers.gateway.attempts import UNATTRIBUTED, AttemptRegistry, DeliveredCall, SampledOutput
 from producers.gateway.errors import GatewayError
 from producers.gateway.identity import resolve_call
 from producers.gateway.records import REDACTED, request_json
@@ -34,9 +34,7 @@ def test_identity_by_path_header_and_key_and_finish_errors() -> None:
     state = registry.start(None, {})
     by_path = _resolve(registry, path={"rollout_id": state.rollout_id, "attempt_id": state.attempt_id})
     by_header = _resolve(registry, headers={"x-rollout-id": state.rollout_id})
-    by_key = _resolve(
-        registry, headers={"authorization": f"Bearer {state.api_key}", "x-claude-code-session-id": "s1"}
-    )
+    by_key = _resolve(registry, headers={"authorization": f"Bearer {state.api_key}", "x-claude-code-session-id": "s1"})
     assert by_path.state is by_header.state is by_key.state is state
     assert (by_path.via, by_header.via, by_key.via) == ("path", "header", "api_key")
     assert by_key.session_id == "s1"
@@ -84,10 +82,12 @@ def test_retry_attempts_and_best_delta_base() -> None:
     assert registry.latest_attempt_id("r1") == second.attempt_id
 
     ids = np.arange(40, dtype=np.uint32)
-    second.remember("c0", ids[:20], ids[20:30], None)
-    second.remember("c1", ids[:5], ids[5:8], None)
+    second.remember(DeliveredCall("c0", 0, ids[:20], ids[20:30]), None)
+    second.remember(DeliveredCall("c1", 1, ids[:5], ids[5:8]), SampledOutput("c1", 1, ids[5:8], {}))
     base_id, base = second.best_base(ids)
     assert base_id == "c0" and len(base) == 30
+    prior = second.prior_calls()
+    assert [(p.call_index, p.prompt_ids.tolist()) for p in prior] == [(1, list(range(5)))]
 
 
 def test_request_json_redacts_credentials() -> None:

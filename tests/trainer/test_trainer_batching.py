@@ -87,3 +87,17 @@ def test_revoked_partitions_are_forgotten() -> None:
     assert batch.positions == [(0, 0), (0, 2), (0, 4)] and len(batch.samples) == 3
     assert not batch.filtered
     assert orjson.loads(batch.filtered_json()) == {}
+
+
+def test_a_sample_delivered_twice_is_trained_once() -> None:
+    builder: BatchBuilder[int] = BatchBuilder(batch_size=2, dedupe_window=2)
+    a, b, c, d = (decode_round_trip(_record(0, seed=i)) for i in range(4))
+    assert [builder.add(s, i, 0) for i, s in enumerate([a, a, b])] == [None, "duplicate", None]
+    first = builder.take()
+    assert first.sample_ids == [a.sample_id, b.sample_id] and first.filtered == {"duplicate": 1}
+    # Already trained: still a duplicate in a later batch, until it leaves the window.
+    assert builder.add(b, 3, 0) == "duplicate"
+    builder.add(c, 4, 0)
+    builder.add(d, 5, 0)
+    builder.take()  # the window (2) now holds c and d
+    assert builder.add(a, 6, 0) is None

@@ -1,0 +1,142 @@
+"""Acknowledgement order, harness disconnects, unattributed calls, stop strings, health and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from producers.engines.embedded import EmbeddedEngine
+from producers.model_build import LOOKUP_TOOL, task_messages
+from producers.sdk import Rollout
+from producers.upstream import GenerateRequest, GenerateResult, TokenChunk
+from tokentrail.settings import Settings
+
+from .helpers import engine_logprobs, output_of, prompts_of, read_records
+
+MODEL = "tokentrail-tiny"
+
+
+class ObservedSink:
+    """The real Kafka sink, delivering a little late and noting when each delivery returned."""
+
+    def __init__(self, inner: Any, delay_s: float) -> None:
+        self.inner, self.delay_s = inner, delay_s
+        self.delivered_at: list[float] = []
+
+    async def deliver(self, topic: str, key: bytes, value: bytes) -> Any:
+        await asyncio.sleep(self.delay_s)
+        receipt = await self.inner.deliver(topic, key, value)
+        self.delivered_at.append(time.monotonic())
+        return receipt
+
+    def __getattr__(self, name: str) -> Any:  # start, close, spool_depth, stats
+        return getattr(self.inner, name)
+
+
+class SlowEngine:
+    """The real embedded engine, its tokens handed on slowly (so a harness can leave mid-generation)."""
+
+    def __init__(self, engine: EmbeddedEngine, per_token_s: float) -> None:
+        self.engine, self.per_token_s = engine, per_token_s
+        self.name, self.logprob_kind = engine.name, engine.logprob_kind
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+        async for item in self.engine.generate_stream(request):
+            await asyncio.sleep(self.per_token_s)
+            yield item
+
+    async def policy_version(self) -> int:
+        return await self.engine.policy_version()
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+def test_harness_is_answered_only_after_delivery(start_gateway) -> None:
+    sinks: list[ObservedSink] = []
+
+    def wrap(sink: Any) -> ObservedSink:
+        sinks.append(ObservedSink(sink, delay_s=0.4))
+        return sinks[0]
+
+    with start_gateway(wrap_sink=wrap) as gw, Rollout(gw.url) as rollout:
+        sink = sinks[0]
+        client = openai.OpenAI(base_url=rollout.openai_base_url, api_key="k")
+        messages = [{"role": "user", "content": "hi"}]
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
+        answered = time.monotonic()
+        assert sink.delivered_at[-1] < answered
+        last_chunk_at = 0.0
+        for _ in client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, stream=True):
+            last_chunk_at = time.monotonic()
+        # AttemptStarted, two calls: the streamed call's last chunk came after its record was stored.
+        assert len(sink.delivered_at) == 3 and sink.delivered_at[-1] < last_chunk_at
+
+
+def test_a_harness_that_leaves_mid_stream_still_gets_its_call_recorded(
+    start_gateway, topics: dict[str, str], model_dir, reference_model, tokentrail_settings: Settings
+) -> None:
+    slow = SlowEngine(EmbeddedEngine(model_dir), per_token_s=0.2)
+    with start_gateway(upstream=slow) as gw, Rollout(gw.url) as rollout:
+        body = {"model": MODEL, "prompt": "the value of the key is", "max_tokens": 200, "stream": True, "seed": 1}
+        with httpx.stream("POST", f"{rollout.openai_base_url}/completions", json=body, timeout=30) as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    break  # the harness goes away after its first text
+        ((_, call),) = read_records(
+            tokentrail_settings, topics["calls_topic"], 1, where={"rollout_id": rollout.rollout_id}
+        )
+    assert call["status"] == "ERROR" and call["error"]["type"] == "client_disconnected"
+    assert call["finish_reason"] == "abort"
+    output_ids, logprobs = output_of(call)
+    assert 1 <= len(output_ids) < 200
+    (prompt,) = prompts_of([call])
+    assert logprobs == pytest.approx(engine_logprobs(reference_model, call, prompt), abs=2e-3)
+
+
+def test_unattributed_calls_stop_strings_health_and_metrics(
+    start_gateway, topics: dict[str, str], text_side, tokentrail_settings: Settings
+) -> None:
+    with start_gateway() as gw:
+        client = openai.OpenAI(
+            base_url=gw.openai_base_url, api_key="anything", default_headers={"X-Session-Id": "pi-7"}
+        )
+        # Greedy output of the lookup prompt starts with a tool call block: stop on its newline.
+        reply = client.chat.completions.create(
+            model=MODEL, messages=task_messages("cat"), tools=[LOOKUP_TOOL], temperature=0.0, max_tokens=40, stop=["\n"]
+        )
+        health = httpx.get(f"{gw.url}/health").json()
+        metrics = httpx.get(f"{gw.url}/metrics").text
+    ((_, call),) = read_records(tokentrail_settings, topics["calls_topic"], 1)
+    assert call["rollout_id"] == "unattributed" and call["session_id"] == "pi-7"
+    assert call["attempt_id"].endswith("/pi-7") and call["status"] == "OK"
+    output_ids, _ = output_of(call)
+    full_text = text_side.decode(output_ids.tolist())
+    assert "\n" in full_text and reply.choices[0].message.content == full_text[: full_text.index("\n")]
+    assert reply.choices[0].finish_reason == "stop" and call["sampling"]["stop"] == ["\n"]
+    assert health["status"] == "ok" and health["sink"]["kafka_reachable"] is True
+    assert 'tokentrail_gateway_calls_total{protocol="openai.chat",status="OK"} 1.0' in metrics
+    assert "tokentrail_gateway_spool_depth 0.0" in metrics
+    assert "tokentrail_gateway_call_seconds_bucket" in metrics
+
+
+def test_sdk_finishes_failed_attempts(start_gateway, topics: dict[str, str], tokentrail_settings: Settings) -> None:
+    with (
+        start_gateway() as gw,
+        pytest.raises(RuntimeError, match="environment crashed"),
+        Rollout(gw.url, task_input=1) as rollout,
+    ):
+        rollout.event("OBSERVATION", {"screen": "..."})
+        raise RuntimeError("environment crashed")
+    env = read_records(tokentrail_settings, topics["env_topic"], 3, where={"rollout_id": rollout.rollout_id})
+    finished = env[-1][1]
+    assert env[-1][0] == "AttemptFinished" and finished["status"] == "FAILURE"
+    assert (finished["call_count"], finished["event_count"]) == (0, 1)
+    assert "environment crashed" in finished["final_artifacts_json"]
