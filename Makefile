@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JARS   := deploy/kafka/lib/.fetched
 
-.PHONY: setup demo test lint bench clean-var
+.PHONY: setup demo test lint bench clean-var setup-vllm
 
 setup: $(STAMP) $(JARS)
 
@@ -21,6 +21,11 @@ $(JARS): deploy/kafka/pom.xml
 	rm -rf deploy/kafka/lib  # never mix jar versions from an older pom
 	mvn -q -B -f deploy/kafka/pom.xml dependency:copy-dependencies
 	touch $(JARS)
+
+# vLLM (CPU build) in its own environment .venv-vllm, for the live vLLM tests (tests/vllm_live);
+# about 7 minutes and 6 GB on a fresh machine, a no-op once installed.
+setup-vllm:
+	bash deploy/vllm/install.sh
 
 # Sets everything up, then runs the main job: Kafka, embedded ClickHouse, gateway on the embedded
 # engine, processors, sink and trainer, with an agent workload trained online; ends with the audit.

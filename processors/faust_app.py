@@ -248,6 +248,12 @@ class ProcessorsApp:
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, self._dump_tasks)
 
     def _dump_tasks(self) -> None:
+        app = self.app
+        consumer = app.consumer
+        log.warning("state: rebalancing=%s in_recovery=%s flow_active=%s assignment=%s active=%s paused=%s",
+                    app.rebalancing, getattr(app, "in_recovery", None), app.flow_control.is_active(),
+                    sorted(consumer.assignment()), sorted(getattr(consumer, "_active_partitions", None) or []),
+                    sorted(getattr(consumer, "_paused_partitions", None) or []))
         for task in asyncio.all_tasks():
             frames = task.get_stack(limit=12)
             where = " <- ".join(f"{f.f_code.co_name}@{f.f_code.co_filename.rsplit('/', 2)[-1]}:{f.f_lineno}"

@@ -3,15 +3,11 @@ Qwen2 causal LM, saved in Hugging Face format (``save_pretrained``) so that tran
 
 Everything is deterministic for a given torch/tokenizers build: the corpus comes from a seeded RNG, the
 BPE trainer is deterministic for a fixed corpus, and the weights come from a seeded initialisation plus
-an optional short "format warm-up" on the same corpus (single-threaded, seeded).
+a short supervised "format warm-up" (``producers.model_warmup``) on the toy lookup task defined here.
+The warm-up exists for the demo: a random model cannot emit a parseable tool call, so online RL would
+never see a reward. ``--warmup-steps 0`` gives the plain random-weight model.
 
-The warm-up exists for the demo: a purely random model cannot emit a parseable tool call, so online RL
-would see no reward at all. After the warm-up the model reliably calls the ``lookup`` tool for the key
-it is asked about, but answers with a *random* value word, ignoring the tool result (the warm-up
-answers are drawn independently of it). Learning to answer with the tool result is left to RL.
-``--warmup-steps 0`` gives the plain random-weight model.
-
-Output directory layout: tokenizer.json, tokenizer_config.json, chat_template.jinja, config.json,
+Output directory: tokenizer.json, tokenizer_config.json, chat_template.jinja, config.json,
 generation_config.json, model.safetensors and ``tokentrail_model.json`` (the build manifest: spec,
 spec digest, fingerprints). A build is reused when the manifest's spec digest matches.
 """
@@ -175,9 +171,11 @@ class BuildSpec:
     seed: int = 0
     corpus_dialogues: int = 1500
     corpus_sentences: int = 1500
-    warmup_steps: int = 200
-    warmup_batch: int = 8
+    warmup_steps: int = 300
+    warmup_batch: int = 16
     warmup_lr: float = 3e-3
+    warmup_copy_phase: float = 0.5  # fraction of warm-up steps whose answers copy the tool result
+    warmup_late_copy: float = 0.25  # afterwards: probability that an answer copies the tool result
 
     def digest(self) -> str:
         payload = json.dumps({"build_version": BUILD_VERSION, **asdict(self)}, sort_keys=True)
@@ -210,28 +208,24 @@ def _random_sentence(rng: random.Random) -> str:
     return sentence[0].upper() + sentence[1:] + rng.choice([".", "?", "!", ":", ","])
 
 
-def _task_dialogue(rng: random.Random) -> tuple[list[dict[str, Any]], str, str]:
-    """One two-call lookup dialogue of the warm-up distribution: (messages up to the tool result, the
-    call's key, the answer). The call names the asked key; the answer is drawn independently of the
-    tool result, so the warm-up teaches the format but not the use of the result."""
-    key = rng.choice(TASK_KEYS)
-    value = rng.choice(TASK_VALUES)
-    answer = rng.choice(TASK_VALUES)
-    messages = [
-        *task_messages(key, rng.randrange(len(QUESTION_TEMPLATES))),
+def task_dialogue(key: str, value: str, answer: str, variant: int = 0,
+                  system: bool = True) -> list[dict[str, Any]]:
+    """A whole two-call lookup dialogue: question, tool call, tool result ``value``, ``answer``."""
+    head = task_messages(key, variant)
+    return [
+        *(head if system else head[1:]),
         lookup_call(key),
         {"role": "tool", "tool_call_id": "call_0", "content": value},
         {"role": "assistant", "content": answer},
     ]
-    return messages, key, answer
 
 
 def _corpus(spec: BuildSpec, render: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
             ) -> Iterator[str]:
     rng = random.Random(spec.seed)
     for _ in range(spec.corpus_dialogues):
-        messages, _, _ = _task_dialogue(rng)
-        yield render(messages, [LOOKUP_TOOL])
+        key, value, answer = rng.choice(TASK_KEYS), rng.choice(TASK_VALUES), rng.choice(TASK_VALUES)
+        yield render(task_dialogue(key, value, answer, rng.randrange(len(QUESTION_TEMPLATES))), [LOOKUP_TOOL])
     for _ in range(spec.corpus_sentences):
         yield _random_sentence(rng)
         yield json.dumps({rng.choice(_FILLER_WORDS): rng.choice(TASK_VALUES + TASK_KEYS)})
@@ -322,77 +316,6 @@ def _make_model(spec: BuildSpec, tokenizer: Any) -> Any:
     return Qwen2ForCausalLM(config)
 
 
-def _warmup_examples(spec: BuildSpec, tokenizer: Any) -> list[tuple[list[int], list[int]]]:
-    """(ids, loss mask) per dialogue: the loss covers exactly the two sampled assistant outputs,
-    each as the engine would emit it (body ids then <|im_end|>)."""
-    rng = random.Random(spec.seed + 1)
-    eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
-    examples: list[tuple[list[int], list[int]]] = []
-    for _ in range(512):
-        messages, _, _ = _task_dialogue(rng)
-        prompt1 = _apply(tokenizer, messages[:2])
-        prompt2 = _apply(tokenizer, messages[:4])
-        full = _apply(tokenizer, messages, generation_prompt=False)
-        call1_end = prompt2.index(eos, len(prompt1)) + 1  # the call's output ends at its <|im_end|>
-        answer_end = full.index(eos, len(prompt2)) + 1
-        if full[: len(prompt2)] != prompt2 or prompt2[: len(prompt1)] != prompt1:
-            raise RuntimeError("warm-up dialogue does not extend its own prompts; check the template")
-        ids = full[:answer_end]
-        mask = [0] * len(ids)
-        for start, end in ((len(prompt1), call1_end), (len(prompt2), answer_end)):
-            mask[start:end] = [1] * (end - start)
-        examples.append((ids, mask))
-    return examples
-
-
-def _apply(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool = True) -> list[int]:
-    return list(
-        tokenizer.apply_chat_template(
-            messages, tools=[LOOKUP_TOOL], add_generation_prompt=generation_prompt, tokenize=True,
-            return_dict=False,
-        )
-    )
-
-
-def _warm_up(spec: BuildSpec, model: Any, tokenizer: Any, progress: Progress) -> float:
-    import torch
-
-    if spec.warmup_steps <= 0:
-        return float("nan")
-    examples = _warmup_examples(spec, tokenizer)
-    rng = random.Random(spec.seed + 2)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.warmup_lr, weight_decay=0.0)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # deterministic reductions
-    model.train()
-    loss_value = float("nan")
-    try:
-        for step in range(spec.warmup_steps):
-            batch = [examples[rng.randrange(len(examples))] for _ in range(spec.warmup_batch)]
-            width = max(len(ids) for ids, _ in batch)
-            ids = torch.full((len(batch), width), tokenizer.pad_token_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.float32)
-            for row, (seq, loss_mask) in enumerate(batch):
-                ids[row, : len(seq)] = torch.tensor(seq)
-                mask[row, : len(seq)] = torch.tensor(loss_mask, dtype=torch.float32)
-            logits = model(input_ids=ids).logits[:, :-1]
-            nll = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
-            ).view(len(batch), width - 1)
-            target_mask = mask[:, 1:]
-            loss = (nll * target_mask).sum() / target_mask.sum()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_value = float(loss.detach())
-            if step % 50 == 0 or step == spec.warmup_steps - 1:
-                progress(f"  warm-up step {step + 1}/{spec.warmup_steps}  loss {loss_value:.3f}")
-    finally:
-        torch.set_num_threads(threads)
-    model.eval()
-    return loss_value
-
-
 # ------------------------------------------------------------------------------------- fingerprints
 def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -460,7 +383,9 @@ def _build_into(target: Path, spec: BuildSpec, progress: Progress) -> None:
     progress(f"  {params / 1e6:.2f}M parameters")
     if spec.warmup_steps > 0:
         progress(f"format warm-up: {spec.warmup_steps} steps")
-    final_loss = _warm_up(spec, model, tokenizer, progress)
+    from producers.model_warmup import warm_up
+
+    final_loss = warm_up(spec, model, tokenizer, progress)
     model.save_pretrained(target, safe_serialization=True)
     template_path = target / "chat_template.jinja"
     if not template_path.is_file() or template_path.read_text() != CHAT_TEMPLATE:

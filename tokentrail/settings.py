@@ -61,6 +61,8 @@ class GatewaySettings(BaseModel):
     # vLLM upstream: served model name (empty: the first of /v1/models), the server's --logprobs-mode
     # (raw_logprobs | processed_logprobs; recorded on every call) and its API key.
     vllm_model: str = ""
+    # Harness model names mapped to the served model (Claude Code sends its own names; "*" maps all).
+    model_aliases: dict[str, str] = Field(default_factory=dict)
     vllm_logprobs_mode: str = "raw_logprobs"
     vllm_api_key: str = ""
     spool_dir: Path = REPO_ROOT / "var" / "spool"

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -348,12 +349,13 @@ def _error_protocol(path: str) -> Protocol:
 def create_app(settings: Any, upstream: Upstream, sink: Any, renderer: TextSide, *,
                options: GatewayOptions | None = None, registry: AttemptRegistry | None = None,
                topics: dict[str, str] | None = None, manage_sink: bool = True,
-               close_upstream: bool = False) -> Starlette:
+               close_upstream: bool = False, policy_dir: Path | None = None) -> Starlette:
     """The ASGI app. ``renderer`` is the model's text side (see ports.TextSide / text_side.py).
 
     With ``manage_sink`` the app starts the sink (``await sink.start()``) when it starts serving and
     closes it on shutdown, after calls in flight are recorded; ``close_upstream`` closes the upstream too.
-    ``topics`` overrides topic names (``calls_topic``, ``env_topic``), e.g. per test.
+    ``topics`` overrides topic names (``calls_topic``, ``env_topic``), e.g. per test. With ``policy_dir``
+    an upstream that can (the embedded engine) loads each new policy version the trainer publishes there.
     """
     gateway = Gateway(options or GatewayOptions.from_settings(settings), upstream, sink, renderer,
                       registry=registry, topics=topics)
@@ -362,6 +364,11 @@ def create_app(settings: Any, upstream: Upstream, sink: Any, renderer: TextSide,
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if manage_sink and hasattr(sink, "start"):
             await sink.start()
+        follow = getattr(upstream, "follow_policies", None)
+        if policy_dir is not None and follow is not None:
+            from producers.policy_store import PolicyStore
+
+            follow(PolicyStore(policy_dir))
         try:
             yield
         finally:

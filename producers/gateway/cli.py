@@ -74,6 +74,7 @@ def build_app(settings: Any, *, upstream: Any = None, sink: Any = None, text: An
     upstream = upstream if upstream is not None else make_upstream(settings, progress)
     sink = sink if sink is not None else KafkaCallSink.from_settings(settings)
     create_kwargs.setdefault("close_upstream", True)
+    create_kwargs.setdefault("policy_dir", settings.trainer.checkpoint_dir)
     return create_app(settings, upstream, sink, text, **create_kwargs)
 
 
