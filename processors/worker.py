@@ -69,13 +69,8 @@ def _settings_with(settings: Settings, app_id: str | None) -> Settings:
 
 def run_worker(args: argparse.Namespace, settings: Settings | None = None) -> int:
     """Create the topics if needed, then run the faust worker until SIGTERM / Ctrl-C."""
-    from confluent_kafka import KafkaException
-    from faust.worker import Worker
-
     from processors.errors import ConfigError
-    from processors.faust_app import ProcessorsApp
     from processors.stream.config import StreamConfig
-    from processors.stream.topics import ensure_stream_topics
 
     settings = _settings_with(settings or get_settings(), args.app_id)
     try:
@@ -85,6 +80,12 @@ def run_worker(args: argparse.Namespace, settings: Settings | None = None) -> in
                                          session_timeout_s=args.session_timeout)
     except ConfigError as exc:
         raise WorkerError(str(exc)) from exc
+    from confluent_kafka import KafkaException
+    from faust.worker import Worker
+
+    from processors.faust_app import ProcessorsApp
+    from processors.stream.topics import ensure_stream_topics
+
     try:
         report = ensure_stream_topics(settings, cfg.topics)
     except KafkaException as exc:
@@ -109,12 +110,13 @@ def run_worker(args: argparse.Namespace, settings: Settings | None = None) -> in
 
 
 def _cmd_process(args: argparse.Namespace) -> int:
-    from tokentrail.cli import CliError
-
+    # Printed here rather than raised as tokentrail.cli.CliError: under `python -m tokentrail.cli` that
+    # module runs as __main__, and an imported CliError would be a different class there.
     try:
         return run_worker(args)
     except WorkerError as exc:
-        raise CliError(str(exc)) from exc
+        print(f"tokentrail process: {exc}", file=sys.stderr)
+        return 2
 
 
 # ---------------------------------------------------------------------------------- subprocesses

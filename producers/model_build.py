@@ -171,11 +171,11 @@ class BuildSpec:
     seed: int = 0
     corpus_dialogues: int = 1500
     corpus_sentences: int = 1500
-    warmup_steps: int = 300
+    warmup_steps: int = 600  # cap of the "copy" phase (it ends when its probe passes)
+    warmup_dilute_steps: int = 60
+    warmup_answer_copy: float = 0.3  # after the warm-up: how often the answer copies the tool result
     warmup_batch: int = 16
     warmup_lr: float = 3e-3
-    warmup_copy_phase: float = 0.5  # fraction of warm-up steps whose answers copy the tool result
-    warmup_late_copy: float = 0.25  # afterwards: probability that an answer copies the tool result
 
     def digest(self) -> str:
         payload = json.dumps({"build_version": BUILD_VERSION, **asdict(self)}, sort_keys=True)

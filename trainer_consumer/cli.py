@@ -27,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--until-idle", action="store_true",
                      help="train on what is there (last batch may be partial), stop when no sample arrives "
                           "for --idle-timeout seconds")
+    run.add_argument("--flush-partial", action="store_true",
+                     help="keep running, but train on a partial batch whenever no sample arrives for "
+                          "--idle-timeout seconds (drains the tail of a workload)")
     run.add_argument("--idle-timeout", type=float, default=5.0, metavar="S",
                      help="seconds without a new sample that count as idle (default 5)")
     run.add_argument("--run-id", default=None, help="run id in TrainerStep events (default: the group id)")
@@ -75,6 +78,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise CliError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.idle_timeout <= 0:
+        raise CliError("--idle-timeout must be > 0")
     if args.max_staleness is not None and args.max_staleness < 0:
         raise CliError("--max-staleness must be >= 0")
     settings = get_settings()
@@ -88,6 +93,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         max_steps=args.max_steps,
         until_idle=args.until_idle,
         idle_timeout_s=args.idle_timeout,
+        flush_partial=args.flush_partial,
         batch_size=args.batch_size,
         max_batch_tokens=args.max_batch_tokens,
         run_id=args.run_id,

@@ -44,7 +44,7 @@ class SampleStream:
 
     def __init__(self, consumer_conf: dict[str, Any], topic: str, builder: BatchBuilder[Position],
                  current_version: Callable[[], int], dead_letter: DeadLetterFn | None = None,
-                 codec: Codec | None = None) -> None:
+                 codec: Codec | None = None, start_after: list[list[Any]] | None = None) -> None:
         self.topic = topic
         self.builder = builder
         self.current_version = current_version
@@ -52,7 +52,34 @@ class SampleStream:
         self.codec = codec or get_codec()
         self.consumer = Consumer(consumer_conf)
         self._backlog: deque[Message] = deque()
-        self.consumer.subscribe([topic], on_revoke=self._on_revoke)
+        # Offsets already consumed by the weights we start from (see ``checkpoint``): a crash
+        # between publishing a policy and committing its batch must not train that batch twice.
+        self._start_after = {(t, int(p)): int(o) for t, p, o in (start_after or [])}
+        self._frontier: dict[tuple[str, int], int] = dict(self._start_after)
+        self.consumer.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if not self._start_after:
+            return  # the client assigns at the committed offsets
+        committed = consumer.committed(partitions, timeout=30)
+        ahead = []
+        for tp in committed:
+            start = self._start_after.get((tp.topic, tp.partition))
+            if start is not None and tp.offset < start:  # also when nothing is committed (negative)
+                tp.offset = start
+                ahead.append(TopicPartition(tp.topic, tp.partition, start))
+        consumer.assign(committed)
+        if ahead:
+            consumer.commit(offsets=ahead, asynchronous=False)
+
+    def checkpoint(self, batch: Batch[Position]) -> list[list[Any]]:
+        """JSON-able next offsets once ``batch`` is committed (every partition this stream has
+        committed, advanced by the batch), stored with the policy its step publishes."""
+        frontier = dict(self._frontier)
+        for tp in commit_offsets(batch.positions):
+            key = (tp.topic, tp.partition)
+            frontier[key] = max(frontier.get(key, 0), tp.offset)
+        return [[t, p, o] for (t, p), o in sorted(frontier.items())]
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Uncommitted records of a lost partition will be read again by its new owner: forget them.
@@ -108,6 +135,9 @@ class SampleStream:
         failed = [tp for tp in committed if tp.error is not None]
         if failed:
             raise KafkaException(failed[0].error)
+        for tp in offsets:
+            key = (tp.topic, tp.partition)
+            self._frontier[key] = max(self._frontier.get(key, 0), tp.offset)
         return offsets
 
     def committed(self) -> dict[int, int]:

@@ -22,6 +22,7 @@ class LoadedPolicy:
     version: int
     step: int  # the step recorded with that version by the run that published it (0 otherwise)
     pad_id: int
+    metadata: dict[str, Any]  # what this run stored with the version ({} for another run's)
 
 
 def load_policy(model_dir: Path, store: PolicyStore, run_id: str, build_if_missing: bool = True,
@@ -38,7 +39,7 @@ def load_policy(model_dir: Path, store: PolicyStore, run_id: str, build_if_missi
 
         build_model(model_dir, progress=progress or (lambda _m: None))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    version, step = BASE_VERSION, 0
+    version, step, metadata = BASE_VERSION, 0, {}
     latest = store.latest_version()
     if latest is not None:
         model.load_state_dict(store.load_state_dict(latest), strict=True)
@@ -46,10 +47,11 @@ def load_policy(model_dir: Path, store: PolicyStore, run_id: str, build_if_missi
         version = latest
         if info.metadata.get("run_id") == run_id:
             step = int(info.metadata.get("step", 0))
+            metadata = info.metadata
     model.eval()
     pad_id = model.config.pad_token_id
     return LoadedPolicy(model=model, version=version, step=step,
-                        pad_id=int(pad_id) if pad_id is not None else 0)
+                        pad_id=int(pad_id) if pad_id is not None else 0, metadata=metadata)
 
 
 class StorePublisher:

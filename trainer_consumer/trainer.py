@@ -2,10 +2,15 @@
 
 Order per batch, chosen so a crash never loses the record of what was trained:
   1. optimizer step on the batch's samples (nothing is committed yet);
-  2. every ``steps_per_version`` steps, publish the weights as a new policy version;
+  2. every ``steps_per_version`` steps, publish the weights as a new policy version, with the
+     batch's next offsets and the step number in the policy's metadata;
   3. emit the TrainerStep event and wait for the broker's acknowledgement;
   4. commit the batch's offsets (trained, filtered and dead-lettered records alike).
-A crash before 4 re-reads the batch; the re-run step has the same deterministic event id.
+A crash before 2 re-reads the batch and re-runs the step from the last published weights (same
+step number, same event id when the batch re-forms alike). A crash after 2 restarts from the
+published weights and skips to the offsets stored with them, so no batch is trained twice.
+With ``steps_per_version`` > 1, the updates of steps after the last publication live only in
+memory: a crash loses them while their offsets are already committed.
 
 The loop talks to its surroundings through three small protocols (a batch source, an event sink,
 a policy publisher); ``run_training`` wires them to Kafka and the policy store.
@@ -36,6 +41,10 @@ class BatchSource(Protocol):
     def next_batch(self, idle_timeout_s: float, flush_partial: bool) -> Batch[Any] | None: ...
 
     def commit(self, batch: Batch[Any]) -> object: ...
+
+    def checkpoint(self, batch: Batch[Any]) -> Any:
+        """JSON-able: where reading resumes after this batch (kept with the published policy)."""
+        ...
 
 
 class EventSink(Protocol):
@@ -105,8 +114,9 @@ class TrainingLoop:
         if result is not None:
             self.state.step += 1
             if self.state.step % self.steps_per_version == 0 and self.publisher is not None:
-                self.publisher.publish(self.learner.model, before + 1,
-                                       {"run_id": self.run_id, "step": self.state.step})
+                self.publisher.publish(self.learner.model, before + 1, {
+                    "run_id": self.run_id, "step": self.state.step,
+                    "consumed": self.source.checkpoint(batch)})
                 self.state.version = before + 1
                 summary.versions_published.append(self.state.version)
         record = trainer_step_record(self.run_id, self.state.step, before, self.state.version, batch, result)
@@ -122,14 +132,16 @@ class TrainingLoop:
         return record
 
     def run(self, max_steps: int | None = None, until_idle: bool = False,
-            idle_timeout_s: float = 5.0) -> RunSummary:
+            idle_timeout_s: float = 5.0, flush_partial: bool = False) -> RunSummary:
         """Trains until ``max_steps`` optimizer steps, or (``until_idle``) until no sample arrives
-        for ``idle_timeout_s``; without either it runs until interrupted."""
+        for ``idle_timeout_s``; without either it runs until interrupted. A partial batch is
+        trained on once the topic is idle when ``until_idle`` or ``flush_partial``; otherwise the
+        loop waits for a full one."""
         summary = RunSummary()
         started = time.perf_counter()
         waiting_since = time.monotonic()
         while max_steps is None or summary.steps < max_steps:
-            batch = self.source.next_batch(idle_timeout_s, flush_partial=until_idle)
+            batch = self.source.next_batch(idle_timeout_s, flush_partial=until_idle or flush_partial)
             if batch is None:
                 if until_idle:
                     summary.stopped = "idle"
@@ -167,6 +179,7 @@ class TrainOptions:
     max_steps: int | None = None
     until_idle: bool = False
     idle_timeout_s: float = 5.0
+    flush_partial: bool = False  # keep running, but train on a partial batch when the topic is idle
     batch_size: int = 8
     max_batch_tokens: int | None = None
     run_id: str | None = None  # default: the consumer group id
@@ -208,6 +221,7 @@ def run_training(settings: Settings | None = None, options: TrainOptions = Train
 
     progress(f"loading the policy (model {model_dir}, policies {store.root})")
     policy = load_policy(model_dir, store, run_id, progress=progress)
+    consumed = policy.metadata.get("consumed") if policy.step else None
     progress(f"policy version {policy.version}, step {policy.step}; run {run_id}, group {group_id}")
     sink = KafkaStepSink(topics.producer_config(settings),
                          options.steps_topic or topics.TRAINER_STEPS_TOPIC,
@@ -220,13 +234,14 @@ def run_training(settings: Settings | None = None, options: TrainOptions = Train
                                               filter_cfg.build())
     stream = SampleStream(topics.consumer_config(settings, group_id),
                           options.samples_topic or topics.SAMPLES_TOPIC, builder,
-                          current_version=lambda: state.version, dead_letter=sink.dead_letter)
+                          current_version=lambda: state.version, dead_letter=sink.dead_letter,
+                          start_after=consumed)
     loop = TrainingLoop(Learner(policy.model, learner_cfg, pad_id=policy.pad_id), stream, sink,
                         StorePublisher(store), run_id,
                         steps_per_version=options.steps_per_version or ts.steps_per_version,
                         state=state, progress=progress)
     try:
-        return loop.run(options.max_steps, options.until_idle, options.idle_timeout_s)
+        return loop.run(options.max_steps, options.until_idle, options.idle_timeout_s, options.flush_partial)
     finally:
         stream.close()
         sink.close()

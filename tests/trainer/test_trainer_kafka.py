@@ -112,8 +112,21 @@ def test_trains_two_steps_commits_offsets_and_emits_trainer_steps(
     assert dead[0]["source_topic"] == samples_topic and dead[0]["partition"] == 0 and dead[0]["offset"] == 1
 
     assert store.latest_version() == START_VERSION + 2
-    assert store.info(START_VERSION + 2).metadata == {"run_id": "run-a", "step": 2}
+    meta = store.info(START_VERSION + 2).metadata
+    assert meta["run_id"] == "run-a" and meta["step"] == 2
+    assert meta["consumed"] == [[samples_topic, 0, 6], [samples_topic, 1, 3], [samples_topic, 2, 2]]
     assert any("filtered" in line for line in lines)
+
+    # A crash after publishing but before committing leaves the group's offsets behind the
+    # weights: simulate it by rewinding them. The restart skips to the offsets kept with the
+    # policy instead of training those samples a second time.
+    rewind = Consumer(topics.consumer_config(settings, group))
+    rewind.commit(offsets=[TopicPartition(samples_topic, p, 0) for p in range(3)], asynchronous=False)
+    rewind.close()
+    resumed = run_training(settings, TrainOptions(**{**options.__dict__, "max_steps": None, "until_idle": True,
+                                                     "idle_timeout_s": 1.0}))
+    assert resumed.steps == 0 and resumed.events == []
+    assert _committed(settings, group, samples_topic, 3) == {0: 6, 1: 3, 2: 2}
 
     # A restart of the same run resumes from the published policy and step, drains what is left
     # (a partial batch) and stops when idle.
@@ -153,5 +166,11 @@ def test_iterable_dataset_yields_batches_and_commits_only_when_told(
         assert [len(b.samples) for b in batches] == [2, 2, 1]
         assert [s.sample_id for b in batches for s in b.samples] == [r["event_id"] for r in records]
         assert stream.committed() == {0: 4}
+        # Continuous mode keeps a partial batch pending when idle; flushing hands it out.
+        extra = sample_record([random_sequence(rng, VOCAB, 4, 2, "d-extra")])
+        _produce(settings, topic, [(0, get_codec().encode("Sample", extra))])
+        assert stream.next_batch(1.5, flush_partial=False) is None
+        tail = stream.next_batch(0.5, flush_partial=True)
+        assert tail is not None and tail.sample_ids == [extra["event_id"]] and tail.positions[0][2] == 5
     finally:
         stream.close()

@@ -103,7 +103,7 @@ def run_demo(args: argparse.Namespace) -> int:
         Service("processors", ["process"], logs / "processors.log"),
         Service("sink", ["sink"], logs / "sink.log"),
         Service("trainer", ["train", "--batch-size", str(args.train_batch), "--steps-per-version", "1",
-                            "--lr", str(args.lr)], logs / "trainer.log"),
+                            "--lr", str(args.lr), "--threads", "1", "--flush-partial"], logs / "trainer.log"),
     ]
     _step(4, total, f"services: {', '.join(s.name for s in services)} (logs in {logs.relative_to(REPO_ROOT)})")
     tracker: ProgressTracker | None = None
