@@ -41,6 +41,7 @@ import asyncio
 import functools
 import logging
 import signal
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -72,6 +73,10 @@ ENV_NAMES = ("AttemptStarted", "EnvStep", "AttemptFinished")
 BAD_INPUT = (DecodeError, ProcessorError)
 # Room for the table entry header and framing on top of the largest record.
 SIZE_SLACK = 64 * 1024
+
+
+class StalledError(RuntimeError):
+    """Input partitions have messages waiting and nothing is being processed."""
 
 
 class ProcessorsApp:
@@ -123,6 +128,9 @@ class ProcessorsApp:
         self.assembler_clock = PartitionClocks()
         self.grouper_clock = PartitionClocks()
         self._last_stats: dict[str, int] = {}
+        # Watchdog: per input partition, the next offset to process and since when it has been behind.
+        self._next_offset: dict[Any, int] = {}
+        self._behind_since: dict[Any, tuple[int, float]] = {}
 
         app = self.app
         inputs = app.topic(self.topics.calls, self.topics.env, **RAW_TOPIC)
@@ -135,13 +143,17 @@ class ProcessorsApp:
         app.timer(cfg.tick_s, name="grouper-timer")(self._guarded(self._grouper_tick))
         app.timer(10.0, name="progress")(self._report_progress)
         app.task(self._install_task_dump)
+        if cfg.stall_timeout_s > 0:
+            app.timer(min(10.0, cfg.stall_timeout_s / 3), name="watchdog")(self._guarded(self._watchdog))
 
     # ------------------------------------------------------------------------------ plumbing
 
     def _stream_of(self, handle: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
         async def agent(stream: Any) -> None:
             async for event in stream.events():
-                await self._guarded(handle)(event.message)
+                message = event.message
+                await self._guarded(handle)(message)
+                self._next_offset[message.tp] = message.offset + 1
 
         agent.__name__ = agent.__qualname__ = handle.__name__.lstrip("_")
         return agent
@@ -194,11 +206,19 @@ class ProcessorsApp:
     async def _put(self, table: Any, partition: int, key: bytes, value: bytes) -> None:
         """Write a table entry and wait for its changelog write (explicit partition: timers write too)."""
         table.data[key] = value
+        # The memory store drops keys of partitions this worker no longer owns after each recovery,
+        # but knows the partition only of keys it restored itself: tell it about ours.
+        owner = getattr(table.data, "_key_partition", None)
+        if owner is not None:
+            owner[key] = partition
         future = await table.changelog_topic.send(key=key, value=value, partition=partition, force=True)
         await future
 
     async def _delete(self, table: Any, partition: int, key: bytes) -> None:
         table.data.pop(key, None)
+        owner = getattr(table.data, "_key_partition", None)
+        if owner is not None:
+            owner.pop(key, None)
         future = await table.changelog_topic.send(key=key, value=None, partition=partition, force=True)
         await future
 
@@ -226,13 +246,12 @@ class ProcessorsApp:
         return {tp.partition for tp in self.app.consumer.assignment() if tp.topic == topic}
 
     def _scan(self, table: Any, owned: set[int], clocks: PartitionClocks) -> list[tuple[bytes, bytes]]:
-        """Entries of owned partitions; drops entries of partitions this worker no longer owns (the
-        new owner restores them from the changelog) and seeds unknown partition clocks."""
+        """Entries of owned partitions (others belong to another worker now; the store drops them
+        after the next recovery), seeding the clocks of partitions not seen yet."""
         entries, newest = [], {}
         for key, value in list(table.data.items()):
             head = read_head(value)
             if head.partition not in owned:
-                table.data.pop(key, None)
                 continue
             entries.append((key, value))
             newest[head.partition] = max(newest.get(head.partition, head.event_us), head.event_us)
@@ -246,6 +265,35 @@ class ProcessorsApp:
     async def _install_task_dump(self) -> None:
         """``kill -USR1 <pid>`` logs what every asyncio task of the worker is waiting on."""
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, self._dump_tasks)
+
+    async def _watchdog(self) -> None:
+        """A worker whose input partitions have unprocessed messages and make no progress for
+        ``stall_timeout_s`` logs what it is waiting on and stops (exit code 3), so its supervisor
+        restarts it; a restart resumes from committed offsets and restored tables."""
+        if not self._ready():
+            self._behind_since.clear()
+            return
+        inputs = {self.topics.calls, self.topics.env, self.topics.rollouts, self.topics.by_group}
+        tps = [tp for tp in self.app.consumer.assignment() if tp.topic in inputs]
+        if not tps:
+            return
+        ends = await self.app.consumer.highwaters(*tps)
+        committed = getattr(self.app.consumer, "_committed_offset", {})
+        now = time.monotonic()
+        stalled = []
+        for tp in tps:
+            position = self._next_offset.get(tp, committed.get(tp))
+            if position is None or ends.get(tp, 0) <= position:
+                self._behind_since.pop(tp, None)
+                continue
+            since = self._behind_since.get(tp)
+            if since is None or since[0] != position:
+                self._behind_since[tp] = (position, now)
+            elif now - since[1] >= self.cfg.stall_timeout_s:
+                stalled.append(f"{tp.topic}[{tp.partition}] at offset {position} of {ends[tp]}")
+        if stalled:
+            self._dump_tasks()
+            raise StalledError(f"no progress for {self.cfg.stall_timeout_s:g}s on {', '.join(stalled)}")
 
     def _dump_tasks(self) -> None:
         app = self.app

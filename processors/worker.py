@@ -23,6 +23,7 @@ from pathlib import Path
 from tokentrail.settings import REPO_ROOT, Settings, get_settings
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+EXIT_STALLED = 3
 SETTINGS_SECTIONS = ("kafka", "clickhouse", "model", "gateway", "processors", "trainer")
 
 
@@ -49,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how often expired attempts and due groups are looked for (default: 1)")
     parser.add_argument("--session-timeout", type=float, default=10.0, metavar="SECONDS",
                         help="how long before a dead worker's partitions move to the others (default: 10)")
+    parser.add_argument("--stall-timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="input waiting but no progress this long: log what the worker waits on and "
+                        f"exit {EXIT_STALLED} for the supervisor to restart it; keep it above the longest verifier "
+                        "run (default: 120; 0: never)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -77,13 +82,14 @@ def run_worker(args: argparse.Namespace, settings: Settings | None = None) -> in
         cfg = StreamConfig.from_settings(settings, topic_prefix=args.topic_prefix,
                                          grouping_path=args.grouping_config, verifiers_file=args.verifiers,
                                          state_retention_s=args.state_retention, tick_s=args.tick,
-                                         session_timeout_s=args.session_timeout)
+                                         session_timeout_s=args.session_timeout,
+                                         stall_timeout_s=args.stall_timeout)
     except ConfigError as exc:
         raise WorkerError(str(exc)) from exc
     from confluent_kafka import KafkaException
     from faust.worker import Worker
 
-    from processors.faust_app import ProcessorsApp
+    from processors.faust_app import ProcessorsApp, StalledError
     from processors.stream.topics import ensure_stream_topics
 
     try:
@@ -106,6 +112,8 @@ def run_worker(args: argparse.Namespace, settings: Settings | None = None) -> in
         code = exc.code if isinstance(exc.code, int) else 1
     else:
         code = 0
+    if isinstance(processors.crashed, StalledError):
+        return EXIT_STALLED
     return 1 if processors.crashed is not None else code
 
 

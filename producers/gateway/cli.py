@@ -94,5 +94,6 @@ def _run(args: argparse.Namespace) -> int:
     print(f"tokentrail gateway on http://{g.host}:{g.port}  upstream={g.upstream}  "
           f"prefix_mode={g.prefix_mode}  kafka={settings.kafka.bootstrap_servers}  spool={g.spool_dir}",
           flush=True)
-    uvicorn.run(app, host=g.host, port=g.port, log_level=args.log_level.lower())
+    # Harness clients keep connections open between turns; a short server keep-alive races their reuse.
+    uvicorn.run(app, host=g.host, port=g.port, log_level=args.log_level.lower(), timeout_keep_alive=120)
     return 0

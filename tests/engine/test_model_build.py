@@ -22,8 +22,9 @@ from producers.model_build import (
     register,
 )
 
-# Small and without warm-up: seconds to build, same code path as the default build.
-QUICK = replace(DEFAULT_SPEC, corpus_dialogues=300, corpus_sentences=300, warmup_steps=2, warmup_batch=2)
+# Small, with a token warm-up: seconds to build, the same code path as the default build.
+QUICK = replace(DEFAULT_SPEC, corpus_dialogues=300, corpus_sentences=300, warmup_steps=2, warmup_dilute_steps=2,
+                warmup_batch=2)
 
 
 def test_default_model_shape(model_dir: Path) -> None:

@@ -194,7 +194,8 @@ class StreamRig:
             settings = settings.model_copy(update={"processors": settings.processors.model_copy(
                 update={"app_id": app_id})})
         proc = start_worker_process(settings, topic_prefix=self.topics.prefix, log_path=self.log_path,
-                                    extra_args=["--session-timeout", "6", "--tick", "0.5", *extra_args])
+                                    extra_args=["--session-timeout", "6", "--tick", "0.5", "--stall-timeout", "30",
+                                                *extra_args])
         self.workers.append(proc)
         return proc
 

@@ -3,12 +3,15 @@ exactly the rollouts, groups, scores, rewards, credits and samples the pure core
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
+from confluent_kafka.admin import AdminClient
 from stream_rig import Collected, StreamRig, comparable, group_events, interleave
 
 from processors.stream.topics import record_key
 from schemas.ids import call_id
+from schemas.topics import admin_config
 
 ANSWERS = ["The answer is 4", "The answer is 5", "4", "no idea"]
 
@@ -125,3 +128,29 @@ def test_bad_records_become_dead_letters_and_the_worker_carries_on(
         assert letter["reason"]
     assert "not its rollout id" in by_value[codec.encode("CallRecord", wrong_key)]["reason"]
     assert call_id("gd-r0", "a1", 0) in by_value[codec.encode("CallRecord", conflicting)]["reason"]
+
+
+def test_two_workers_with_one_app_id_share_the_partitions(make_stream_rig: Callable[..., StreamRig]) -> None:
+    rig = make_stream_rig()
+    events = interleave(group_events("gx", ANSWERS, seed=11) + group_events("gy", ANSWERS, seed=12)
+                        + group_events("gz", ANSWERS[:3], seed=13), seed=3)
+    expected = rig.expected(events)
+    rig.start_worker()
+    rig.start_worker()
+    admin = AdminClient(admin_config(rig.settings))
+    app_id = rig.settings.processors.app_id
+
+    def members_with_inputs() -> list[set[int]]:
+        group = admin.describe_consumer_groups([app_id])[app_id].result(timeout=30)
+        return [{tp.partition for tp in m.assignment.topic_partitions if tp.topic == rig.topics.calls}
+                for m in group.members]
+
+    deadline = time.monotonic() + 60
+    while sorted(map(len, members_with_inputs())) != [1, 1]:  # two partitions, one per worker
+        assert time.monotonic() < deadline, f"assignment {members_with_inputs()}\n{rig.log_tail()}"
+        time.sleep(0.5)
+    rig.produce(events)
+    got = rig.collect(has_all(expected), timeout_s=90)
+    got = rig.settle(quiet_s=2.0)
+    assert_outputs_equal(got, {n: r for n, r in expected.items() if n != "DeadLetter"})
+    assert not got.records["DeadLetter"]

@@ -157,10 +157,10 @@ def _drain(tracker: ProgressTracker, budget_s: float) -> None:
         now = (tracker.samples, tracker.trainer_steps)
         if now != last:
             last, quiet_since = now, time.monotonic()
-        elif time.monotonic() - quiet_since > 20:
+            print(f"  {tracker.line()}", flush=True)
+        elif time.monotonic() - quiet_since > 30:  # nothing new for a while: the pipeline is drained
             return
         time.sleep(1)
-        print(f"  {tracker.line()}", flush=True)
 
 
 def _summarize(by_version: dict, audit_rc: int, report_path: Path) -> int:
