@@ -30,9 +30,16 @@ already in a closed group) and the outputs are known to be on Kafka, so the re-d
 skipped. The state is the full value for its key, so a later changelog write covers a lost earlier one.
 The timers follow the same order. Every table is a memory store restored from its changelog topic.
 
+Known limits: a timer that closes a group (PARTIAL) or expires an attempt and is cut between its
+outputs and its state write may, after the restart, decide again with more input present (a FULL group
+after a PARTIAL one, an INCOMPLETE rollout with more events); both records keep their own ids. The
+assembler rewrites a rollout's whole state per event, so changelog bytes grow with calls² per rollout.
+
 Bad input never stops a worker: DecodeError, InvalidEvent, ConflictingEvent and any other
 ProcessorError become a DeadLetter on tokentrail.dead-letter with the reason. Anything else (a Kafka
-failure, a bug) crashes the worker, which restarts from the committed offsets.
+failure, a bug) crashes the worker, which restarts from the committed offsets; so does a worker whose
+inputs wait while nothing progresses for ``stall_timeout_s`` (a watchdog; exit code 3).
+``kill -USR1 <pid>`` logs what each asyncio task of a running worker is waiting on.
 """
 
 from __future__ import annotations

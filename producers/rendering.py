@@ -139,6 +139,7 @@ class ChatRenderer:
 
     def render_text(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
                     add_generation_prompt: bool = True) -> str:
+        _check_messages(messages)
         try:
             text = self.tokenizer.apply_chat_template(
                 list(messages), tools=list(tools) if tools else None, tokenize=False,

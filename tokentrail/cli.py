@@ -78,4 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the imported module so that command modules and this one share one CliError class.
+    from tokentrail.cli import main as _main
+
+    sys.exit(_main())

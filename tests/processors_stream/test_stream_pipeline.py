@@ -53,6 +53,7 @@ def test_worker_emits_exactly_what_the_core_derives_and_a_second_app_the_same_id
     rig.settle(quiet_s=2.0)
     assert_outputs_equal(twice, expected)
     assert all(set(twice.counts(n).values()) == {2} for n in expected if expected[n])
+    assert rig.stop_all() == [0, 0]  # SIGTERM: both stop cleanly
 
 
 def test_timers_expire_attempts_close_partial_groups_and_record_late_rollouts(

@@ -1,0 +1,54 @@
+"""The app's small parts: stream clocks, table entry framing, key placement like confluent-kafka's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from confluent_kafka import Producer
+
+from processors.grouper import GroupSlot, Member
+from processors.stream.clock import PartitionClocks
+from processors.stream.entries import GroupEntry, pack_entry, read_body, read_head
+from processors.stream.topics import partition_for
+from schemas.topics import producer_config
+from tokentrail.settings import Settings
+
+
+def test_stream_clock_follows_events_and_wall_time_and_never_runs_back() -> None:
+    wall = [100.0]
+    clocks = PartitionClocks(monotonic=lambda: wall[0])
+    assert clocks.now_us(0) is None
+    clocks.observe(0, 5_000_000)
+    wall[0] += 2.5
+    assert clocks.now_us(0) == 7_500_000  # event time + wall time since
+    clocks.observe(0, 6_000_000)  # an older event does not move it back
+    assert clocks.now_us(0) == 7_500_000
+    clocks.observe(0, 9_000_000)  # a newer one moves it forward
+    assert clocks.now_us(0) == 9_000_000 and clocks.now_us(1) is None
+
+
+def test_entries_round_trip_header_body_and_group_markers() -> None:
+    value = pack_entry(5, None, 123, b"state")
+    head = read_head(value)
+    assert (head.partition, head.due_us, head.event_us, read_body(value)) == (5, None, 123, b"state")
+    assert read_head(pack_entry(1, 777, 9, b"")).due_us == 777
+    slot = GroupSlot("g", "{}", 3, 10, members=[Member("r0", "e0", 10), Member("r1", "e1", 11)])
+    back = GroupEntry.from_bytes(GroupEntry(slot, done=["x", "y"]).to_bytes())
+    assert back.done == ["x", "y"] and [m.event_id for m in back.slot.members] == ["e0", "e1"]
+
+
+def test_outputs_are_placed_where_confluent_kafka_puts_the_same_key(
+        kafka_bootstrap: str, tokentrail_settings: Settings, new_topic: Callable[..., str]) -> None:
+    topic = new_topic(partitions=6)
+    producer = Producer(producer_config(tokentrail_settings))
+    placed: dict[bytes, int] = {}
+
+    def delivered(err: object, msg: object) -> None:
+        assert err is None
+        placed[msg.key()] = msg.partition()  # type: ignore[attr-defined]
+
+    keys = [f"rollout-{i}".encode() for i in range(40)]
+    for key in keys:
+        producer.produce(topic, key=key, value=b"x", on_delivery=delivered)
+    assert producer.flush(30) == 0
+    assert placed == {key: partition_for(key, 6) for key in keys}
