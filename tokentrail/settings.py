@@ -5,6 +5,7 @@ Variables are named ``TOKENTRAIL_<SECTION>__<FIELD>``, e.g. ``TOKENTRAIL_KAFKA__
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -12,13 +13,16 @@ from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# Everything a local run writes (Kafka data, chDB, models, spool, policies, logs) lives under one
+# folder; TOKENTRAIL_VAR_DIR moves all of it at once (a second local stack, or a test's own stack).
+VAR_DIR = Path(os.environ.get("TOKENTRAIL_VAR_DIR", REPO_ROOT / "var")).resolve()
 
 
 class KafkaSettings(BaseModel):
     bootstrap_servers: str = "127.0.0.1:9092"
     controller_port: int = 9093
     # Where the local broker keeps its data and logs (``tokentrail kafka start``).
-    data_dir: Path = REPO_ROOT / "var" / "kafka"
+    data_dir: Path = VAR_DIR / "kafka"
     lib_dir: Path = REPO_ROOT / "deploy" / "kafka" / "lib"
     heap: str = "1G"
     # Raised together on broker, topics, producer and consumer (128k-token prompts fit easily).
@@ -40,7 +44,7 @@ class KafkaSettings(BaseModel):
 
 class ClickHouseSettings(BaseModel):
     # chdb:///abs/path (embedded, default) or http(s)://host:8123 (server).
-    dsn: str = f"chdb://{REPO_ROOT / 'var' / 'clickhouse'}"
+    dsn: str = f"chdb://{VAR_DIR / 'clickhouse'}"
     database: str = "tokentrail"
     username: str = "default"
     password: str = ""
@@ -49,7 +53,7 @@ class ClickHouseSettings(BaseModel):
 
 class ModelSettings(BaseModel):
     # The embedded reference model (built locally, random weights; `tokentrail model build`).
-    dir: Path = REPO_ROOT / "var" / "models" / "tiny-chat"
+    dir: Path = VAR_DIR / "models" / "tiny-chat"
     name: str = "tokentrail-tiny"
 
 
@@ -65,7 +69,7 @@ class GatewaySettings(BaseModel):
     model_aliases: dict[str, str] = Field(default_factory=dict)
     vllm_logprobs_mode: str = "raw_logprobs"
     vllm_api_key: str = ""
-    spool_dir: Path = REPO_ROOT / "var" / "spool"
+    spool_dir: Path = VAR_DIR / "spool"
     # "record": calls with no rollout are recorded as unattributed; "refuse": 400.
     unattributed: str = "record"
     # "splice": reuse exact sampled ids of earlier outputs; "retokenize": render history from text.
@@ -86,12 +90,12 @@ class ProcessorSettings(BaseModel):
     credit_config: Path = REPO_ROOT / "deploy" / "config" / "credit.yaml"
     sample_config: Path = REPO_ROOT / "deploy" / "config" / "sample.yaml"
     verifiers: list[str] = Field(default_factory=lambda: ["processors.verifiers.answer_match:AnswerMatch"])
-    state_dir: Path = REPO_ROOT / "var" / "processors"
+    state_dir: Path = VAR_DIR / "processors"
 
 
 class TrainerSettings(BaseModel):
     group_id: str = "tokentrail-trainer"
-    checkpoint_dir: Path = REPO_ROOT / "var" / "policies"
+    checkpoint_dir: Path = VAR_DIR / "policies"
     max_staleness: int = 4
     steps_per_version: int = 1
     learning_rate: float = 1e-3
@@ -100,7 +104,7 @@ class TrainerSettings(BaseModel):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TOKENTRAIL_", env_nested_delimiter="__", extra="ignore")
 
-    var_dir: Path = REPO_ROOT / "var"
+    var_dir: Path = VAR_DIR
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
     model: ModelSettings = Field(default_factory=ModelSettings)

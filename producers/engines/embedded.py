@@ -117,7 +117,9 @@ class EmbeddedEngine:
     async def load_policy(self, version: int, weights_dir: Path) -> None:
         """Swap in the weights in ``weights_dir`` (a policy store version directory or a file) as
         ``version``; requests already decoding finish on the old weights."""
-        state = await asyncio.to_thread(load_weights_dir, weights_dir)
+        await self._swap_in(version, await asyncio.to_thread(load_weights_dir, weights_dir))
+
+    async def _swap_in(self, version: int, state: dict[str, torch.Tensor]) -> None:
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[None] = loop.create_future()
 
@@ -137,7 +139,7 @@ class EmbeddedEngine:
         latest = await asyncio.to_thread(store.latest_version)
         if latest is None or latest <= self._version:
             return False
-        await self.load_policy(latest, store.path(latest))
+        await self._swap_in(latest, await asyncio.to_thread(store.load_state_dict, latest))  # sha-checked
         return True
 
     def follow_policies(self, store: PolicyStore, interval_s: float = 1.0) -> None:

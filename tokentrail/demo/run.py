@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tokentrail.demo.agent import RolloutOutcome, run_rollout
 from tokentrail.demo.environment import make_task
-from tokentrail.demo.progress import ProgressTracker
+from tokentrail.demo.progress import ProgressTracker, VersionStats
 from tokentrail.demo.services import Service, http_ok, log_dir, wait_until
 from tokentrail.settings import REPO_ROOT, Settings, get_settings
 
@@ -105,7 +105,7 @@ def run_demo(args: argparse.Namespace) -> int:
         Service("trainer", ["train", "--batch-size", str(args.train_batch), "--steps-per-version", "1",
                             "--lr", str(args.lr), "--threads", "1", "--flush-partial"], logs / "trainer.log"),
     ]
-    _step(4, total, f"services: {', '.join(s.name for s in services)} (logs in {logs.relative_to(REPO_ROOT)})")
+    _step(4, total, f"services: {', '.join(s.name for s in services)} (logs in {logs})")
     tracker: ProgressTracker | None = None
     try:
         for service in services:
@@ -121,8 +121,10 @@ def run_demo(args: argparse.Namespace) -> int:
 
         def tick(groups: int) -> None:
             for service in services:
-                if not service.alive():
-                    raise RuntimeError(f"{service.name} exited:\n{service.tail()}")
+                if not service.alive():  # supervise: a restarted service resumes from Kafka
+                    print(f"  {service.name} exited (code {service.process and service.process.returncode}); "
+                          "restarting it", flush=True)
+                    service.start()
             elapsed = time.monotonic() - start
             print(f"  {elapsed:5.0f}s  groups {groups}  {tracker.line()}", flush=True)
 
@@ -163,19 +165,34 @@ def _drain(tracker: ProgressTracker, budget_s: float) -> None:
         time.sleep(1)
 
 
-def _summarize(by_version: dict, audit_rc: int, report_path: Path) -> int:
-    print("\nreward (fraction answered right) by policy version:")
-    for version, stats in by_version.items():
-        print(f"  v{version:<4} {stats.mean:.3f}  ({len(stats.rewards)} rollouts)")
+def version_bands(by_version: dict[int, VersionStats], bands: int = 5) -> list[tuple[int, int, float, int]]:
+    """(first version, last version, mean reward, rollouts) for about ``bands`` equal slices of versions.
+
+    Each policy version serves only a few rollouts in a short run, so single versions are noisy.
+    """
     versions = [v for v, s in by_version.items() if s.rewards]
-    first = by_version[versions[0]].mean if versions else float("nan")
-    # The last versions each see few rollouts; compare the first with the mean of the last quarter.
-    tail = versions[-max(1, len(versions) // 4):]
-    tail_rewards = [r for v in tail for r in by_version[v].rewards]
-    last = sum(tail_rewards) / len(tail_rewards) if tail_rewards else float("nan")
+    if not versions:
+        return []
+    size = max(1, -(-len(versions) // bands))
+    out = []
+    for i in range(0, len(versions), size):
+        chunk = versions[i:i + size]
+        rewards = [r for v in chunk for r in by_version[v].rewards]
+        out.append((chunk[0], chunk[-1], sum(rewards) / len(rewards), len(rewards)))
+    return out
+
+
+def _summarize(by_version: dict[int, VersionStats], audit_rc: int, report_path: Path) -> int:
+    bands = version_bands(by_version)
+    print("\nreward (fraction answered right) by policy version:")
+    for first, last, mean, count in bands:
+        print(f"  v{first:<3}-v{last:<4} {mean:.3f}  ({count} rollouts)")
+    first_mean = bands[0][2] if bands else float("nan")
+    last_mean = bands[-1][2] if bands else float("nan")
     print(f"\naudit: {'PASSED' if audit_rc == 0 else 'FAILED'}   report: {report_path}")
-    summary = {"policy_versions": len(versions), "reward_first_version": first,
-               "reward_last_versions": last, "audit_passed": audit_rc == 0, "report": str(report_path)}
+    summary = {"policy_versions": len(by_version), "reward_first_band": first_mean,
+               "reward_last_band": last_mean, "reward_improved": last_mean > first_mean,
+               "audit_passed": audit_rc == 0, "report": str(report_path)}
     print(json.dumps(summary))
     return 0 if audit_rc == 0 else 1
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from tokentrail.settings import REPO_ROOT
+from tokentrail.settings import REPO_ROOT, VAR_DIR
 
 
 @dataclass
@@ -82,4 +82,4 @@ def http_ok(url: str) -> Callable[[], bool]:
 
 
 def log_dir() -> Path:
-    return REPO_ROOT / "var" / "logs"
+    return VAR_DIR / "logs"
