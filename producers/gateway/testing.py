@@ -115,8 +115,9 @@ def embedded_gateway_app(settings: Any, *, spool_dir: Path | str | None = None,
                               settings.gateway.delivery_timeout_s)
     if wrap_sink is not None:
         sink = wrap_sink(sink)
+    # Tests pin the base policy: a policy store left by a local demo run must not change the engine.
     return build_app(settings, sink=sink, text=text, upstream=upstream, options=options, topics=topics,
-                     progress=lambda _: None)
+                     progress=lambda _: None, policy_dir=None)
 
 
 @contextmanager

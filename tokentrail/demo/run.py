@@ -204,7 +204,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--group-size", type=int, default=8, help="rollouts per group (default 8)")
     p.add_argument("--concurrency", type=int, default=2, help="groups in flight at once (default 2)")
     p.add_argument("--train-batch", type=int, default=16, help="samples per optimizer step (default 16)")
-    p.add_argument("--lr", type=float, default=1e-4, help="trainer learning rate (default 1e-4)")
+    p.add_argument("--lr", type=float, default=3e-4, help="trainer learning rate (default 3e-4)")
     p.add_argument("--seed", type=int, default=0, help="first task seed (default 0)")
     p.add_argument("--drain-s", type=float, default=120.0, help="longest wait for the pipeline to drain")
     p.add_argument("--keep-data", action="store_true",

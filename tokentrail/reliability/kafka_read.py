@@ -1,0 +1,63 @@
+"""Read a topic back from the beginning and count event ids (for lost / duplicated accounting)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from schemas.codec import DecodeError, get_codec
+
+
+def count_event_ids(config: dict[str, Any], topics: list[str], expected: set[str], *, timeout_s: float = 60.0,
+                    settle_s: float = 2.0) -> Counter[str]:
+    """Event id -> copies on ``topics``; reads until every expected id is seen, then ``settle_s`` more
+    (to see any extra copy), or until ``timeout_s``."""
+    consumer = Consumer({**config, "group.id": f"reliability-read-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    codec = get_codec()
+    counts: Counter[str] = Counter()
+    try:
+        metadata = consumer.list_topics(timeout=30)
+        consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in topics
+                         for p in metadata.topics[t].partitions])
+        deadline = time.monotonic() + timeout_s
+        settle_until: float | None = None
+        while time.monotonic() < deadline and (settle_until is None or time.monotonic() < settle_until):
+            for msg in consumer.consume(500, timeout=0.5):
+                if msg.error():
+                    continue
+                try:
+                    counts[codec.decode(msg.value())[1]["event_id"]] += 1
+                except DecodeError:
+                    counts["<undecodable>"] += 1
+            if settle_until is None and expected <= set(counts):
+                settle_until = time.monotonic() + settle_s
+    finally:
+        consumer.close()
+    return counts
+
+
+def lost_and_duplicated(counts: Counter[str], expected: set[str]) -> tuple[int, int]:
+    lost = len(expected - set(counts))
+    duplicated = sum(counts[i] - 1 for i in expected if counts[i] > 1)
+    return lost, duplicated
+
+
+def create_topics(config: dict[str, Any], names: list[str], partitions: int = 2) -> None:
+    admin = AdminClient(config)
+    for future in admin.create_topics([NewTopic(n, partitions, 1) for n in names], operation_timeout=30).values():
+        future.result(timeout=60)
+
+
+def delete_topics(config: dict[str, Any], names: list[str]) -> None:
+    admin = AdminClient(config)
+    for future in admin.delete_topics(names, operation_timeout=30).values():
+        try:
+            future.result(timeout=60)
+        except Exception:  # already gone
+            pass

@@ -1,0 +1,285 @@
+"""A private stream pipeline on a broker: prefixed topics, worker subprocesses, output collection, and
+what the pure core derives from the same input (what a clean run must produce).
+
+Used by the bad-input corpus (topic cases) and the worker / redelivery fault scenarios.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from processors.stream.topics import OUTPUT_SPECS, StreamTopics, ensure_stream_topics
+from processors.worker import start_worker_process, stop_worker_process
+from schemas.codec import DecodeError, get_codec
+from schemas.topics import admin_config, consumer_config, producer_config
+from tokentrail.settings import Settings
+
+Record = dict[str, Any]
+Event = tuple[str, Record]
+OUTPUTS = ("CompletedRollout", "RolloutGroup", "Score", "Reward", "Credit", "Sample", "DeadLetter")
+VOLATILE = {"Score": ("duration_ms",)}  # measured at run time, not derived from the input
+ANSWERS = ("The answer is 4", "The answer is 5", "4", "no idea")
+
+
+# ------------------------------------------------------------------------------------------ workload
+
+
+def group_events(group: str, *, calls: int = 3, env: int = 2, seed: int = 0, answers: Iterable[str] = ANSWERS,
+                 t0_us: int = 1_700_000_000_000_000) -> list[Event]:
+    """One group of rollouts answering "2 + 2" (answer 4), one rollout per answer, prompts delta-encoded."""
+    from processors.testing import AttemptSpec, attempt_events, growing_turns
+
+    answers = list(answers)
+    rng = np.random.default_rng(seed)
+    events: list[Event] = []
+    for k, answer in enumerate(answers):
+        texts = [f"step {i}" for i in range(calls - 1)] + [answer]
+        turns = growing_turns(rng, calls, 24, 6, 8, vocab=900, texts=texts)
+        events += attempt_events(AttemptSpec(f"{group}-r{k}", "a1", turns, env_events=env,
+                                             task_input={"answer": "4"}, group_id=group,
+                                             expected_group_size=len(answers), t0_us=t0_us + 1000 * k))
+    return events
+
+
+def interleave(events: list[Event], seed: int = 0) -> list[Event]:
+    """Shuffle across rollouts, keeping each rollout's own events in order (one producer per rollout)."""
+    rng = np.random.default_rng(seed)
+    queues: dict[str, list[Event]] = {}
+    for ev in events:
+        queues.setdefault(ev[1]["rollout_id"], []).append(ev)
+    out = []
+    while queues:
+        rid = sorted(queues)[int(rng.integers(len(queues)))]
+        out.append(queues[rid].pop(0))
+        if not queues[rid]:
+            del queues[rid]
+    return out
+
+
+def workload(tag: str, groups: int, seed: int) -> list[Event]:
+    events: list[Event] = []
+    for g in range(groups):
+        events += group_events(f"{tag}-g{g}", calls=4, env=3, seed=seed * 100 + g)
+    return interleave(events, seed=seed)
+
+
+def core_outputs(events: Iterable[Event], settings: Settings) -> dict[str, dict[str, Record]]:
+    """Event id -> record of everything the pure core emits for ``events`` with these settings' configs."""
+    from processors.assembler import RolloutAssembly
+    from processors.grouper import GrouperState
+    from processors.pipeline import StageConfigs, process_group
+    from processors.stream.config import load_grouping
+    from processors.verifiers import VerifierRunner, load_verifiers
+
+    proc = settings.processors
+    grouping = load_grouping(settings)
+    stages = StageConfigs.load(proc.reward_config, proc.credit_config, proc.sample_config)
+    verifiers = load_verifiers(list(proc.verifiers))
+    states: dict[str, RolloutAssembly] = {}
+    grouper = GrouperState()
+    out: dict[str, dict[str, Record]] = {name: {} for name in OUTPUTS}
+    for name, rec in events:
+        state = states.setdefault(rec["rollout_id"], RolloutAssembly(rec["rollout_id"]))
+        for rollout in state.accept(name, rec).rollouts:
+            out["CompletedRollout"][rollout["event_id"]] = rollout
+            for emitted in grouper.add(rollout, grouping).emitted:
+                group = emitted.group
+                out["RolloutGroup"][group["event_id"]] = group
+                members = [out["CompletedRollout"][e] for e in group["rollout_event_ids"]]
+                derived = process_group(group, members, verifiers, stages.reward, stages.credit, stages.sample,
+                                        runner=VerifierRunner())
+                for kind, record in derived.events():
+                    out[kind][record["event_id"]] = record
+    return out
+
+
+def comparable(name: str, record: Record) -> Record:
+    return {k: v for k, v in record.items() if k not in VOLATILE.get(name, ())}
+
+
+# ------------------------------------------------------------------------------------------ outputs
+
+
+@dataclass
+class Collected:
+    """Every output message seen, decoded, in arrival order (redeliveries included)."""
+
+    records: dict[str, list[Record]] = field(default_factory=lambda: {n: [] for n in OUTPUTS})
+    undecodable: list[bytes] = field(default_factory=list)
+
+    def ids(self, name: str) -> set[str]:
+        return {r["event_id"] for r in self.records[name]}
+
+    def counts(self, name: str) -> Counter[str]:
+        return Counter(r["event_id"] for r in self.records[name])
+
+
+@dataclass
+class Comparison:
+    """Outputs against a clean run's: missing ids, extra ids or differing copies, identical copies."""
+
+    lost: int
+    duplicated: int
+    redelivered: int
+    detail: str
+
+
+def compare(got: Collected, expected: dict[str, dict[str, Record]], names: Iterable[str] = OUTPUTS[:-1]) -> Comparison:
+    lost = duplicated = redelivered = 0
+    notes = []
+    for name in names:
+        want = expected[name]
+        missing = set(want) - got.ids(name)
+        extra = got.ids(name) - set(want)
+        differing = {r["event_id"] for r in got.records[name]
+                     if r["event_id"] in want and comparable(name, r) != comparable(name, want[r["event_id"]])}
+        copies = sum(n - 1 for n in got.counts(name).values())
+        lost += len(missing)
+        duplicated += len(extra) + len(differing)
+        redelivered += copies
+        if missing or extra or differing:
+            notes.append(f"{name}: {len(missing)} missing, {len(extra)} unexpected, {len(differing)} differing")
+    return Comparison(lost, duplicated, redelivered, "; ".join(notes) or "outputs equal a clean run's")
+
+
+# ------------------------------------------------------------------------------------------ the rig
+
+
+@dataclass
+class Pipeline:
+    settings: Settings
+    topics: StreamTopics
+    workdir: Path
+    workers: list[subprocess.Popen] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, base: Settings, workdir: Path, *, partitions: int = 2, tag: str | None = None,
+               **processor_overrides: Any) -> Pipeline:
+        tag = tag or uuid.uuid4().hex[:8]
+        processors = base.processors.model_copy(update={
+            "app_id": f"reliability-{tag}", "state_dir": workdir / "state", **processor_overrides})
+        settings = base.model_copy(update={
+            "kafka": base.kafka.model_copy(update={"partitions": partitions}), "processors": processors})
+        topics = StreamTopics(f"reliability-{tag}.")
+        report = ensure_stream_topics(settings, topics)
+        if not report.ok:
+            raise RuntimeError(f"topics: {report.differences}")
+        workdir.mkdir(parents=True, exist_ok=True)
+        return cls(settings, topics, workdir)
+
+    def __post_init__(self) -> None:
+        self.codec = get_codec()
+        self._producer = Producer(producer_config(self.settings))
+        self._consumer: Consumer | None = None
+        self.collected = Collected()
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "worker.log"
+
+    def topic(self, short: str) -> str:
+        return {"calls": self.topics.calls, "env": self.topics.env, "rollouts": self.topics.rollouts}[short]
+
+    def produce(self, events: Iterable[Event]) -> None:
+        for name, rec in events:
+            topic = self.topics.calls if name == "CallRecord" else self.topics.env
+            self.produce_raw(topic, rec["rollout_id"].encode(), self.codec.encode(name, rec))
+        self.flush()
+
+    def produce_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
+        self._producer.produce(topic, key=key, value=value)
+        self._producer.poll(0)
+
+    def flush(self) -> None:
+        if self._producer.flush(60) != 0:
+            raise RuntimeError("input records were not acknowledged by Kafka")
+
+    # -- workers
+
+    def start_worker(self) -> subprocess.Popen:
+        proc = start_worker_process(self.settings, topic_prefix=self.topics.prefix, log_path=self.log_path,
+                                    loglevel="warning",
+                                    extra_args=["--session-timeout", "6", "--tick", "0.5", "--stall-timeout", "60"])
+        self.workers.append(proc)
+        return proc
+
+    @staticmethod
+    def kill(proc: subprocess.Popen) -> None:
+        proc.kill()  # SIGKILL: no commit, no flush, no goodbye to the consumer group
+        proc.wait(30)
+
+    def stop_workers(self) -> list[int]:
+        return [stop_worker_process(p) for p in self.workers]
+
+    # -- outputs
+
+    def _output_consumer(self) -> Consumer:
+        if self._consumer is None:
+            consumer = Consumer(consumer_config(self.settings, f"reliability-read-{uuid.uuid4().hex[:8]}"))
+            names = sorted({self.topics.output(n) for n in OUTPUT_SPECS})
+            metadata = consumer.list_topics(timeout=30)
+            consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in names
+                             for p in metadata.topics[t].partitions])
+            self._consumer = consumer
+        return self._consumer
+
+    def poll(self, timeout_s: float = 0.5) -> int:
+        by_topic = {self.topics.output(n): n for n in OUTPUT_SPECS}
+        msgs = [m for m in self._output_consumer().consume(500, timeout=timeout_s) if not m.error()]
+        for msg in msgs:
+            name = by_topic[msg.topic()]
+            try:
+                self.collected.records[name].append(self.codec.decode(msg.value(), expect=name)[1])
+            except DecodeError:  # bad records put on the rollouts topic by the corpus
+                self.collected.undecodable.append(msg.value())
+        return len(msgs)
+
+    def collect(self, until: Callable[[Collected], bool], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not until(self.collected):
+            crashed = [p.returncode for p in self.workers if p.poll() not in (None, 0, -9)]
+            if crashed or time.monotonic() > deadline:
+                return False
+            self.poll()
+        return True
+
+    def settle(self, quiet_s: float = 3.0) -> Collected:
+        last = time.monotonic()
+        while time.monotonic() - last < quiet_s:
+            if self.poll():
+                last = time.monotonic()
+        return self.collected
+
+    def log_tail(self, lines: int = 30) -> str:
+        if not self.log_path.exists():
+            return "(no worker log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def close(self, delete: bool = True) -> None:
+        self.stop_workers()
+        if self._consumer is not None:
+            self._consumer.close()
+        if delete:
+            delete_topics(self.settings, [self.topics.prefix, f"{self.settings.processors.app_id}-"])
+
+
+def delete_topics(settings: Settings, prefixes: Iterable[str]) -> None:
+    admin = AdminClient(admin_config(settings))
+    names = [t for t in admin.list_topics(timeout=30).topics if t.startswith(tuple(prefixes))]
+    if names:
+        for future in admin.delete_topics(names, operation_timeout=30).values():
+            try:
+                future.result(timeout=60)
+            except Exception:  # already gone
+                pass
