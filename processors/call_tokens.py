@@ -1,13 +1,11 @@
 """Exact (prompt, output) ids of calls, rebuilt from full or delta-encoded prompts and verified.
 
-Same contract as ``schemas.prompt_delta.reconstruct_prompt`` (length + sha256 checked, typed errors),
-but a delta's base is given as its (prompt, output) pair so the shared prefix is copied once instead
-of first materialising ``prompt ‖ output``.
+Prompts are rebuilt by ``schemas.prompt_delta.reconstruct_prompt`` (length + sha256 checked, typed
+errors), with a delta's base given as its (prompt, output) pair so the shared prefix is copied once.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -15,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from processors.errors import CallTokensError
-from schemas.prompt_delta import DeltaBaseMissing, DeltaHashMismatch, PromptReconstructionError
-from schemas.tokens import IDS_DTYPE, IdArray, unpack_floats, unpack_ids
+from schemas.prompt_delta import PromptReconstructionError, reconstruct_prompt
+from schemas.tokens import IdArray, unpack_floats, unpack_ids
 
 Record = dict[str, Any]
 
@@ -33,31 +31,7 @@ class CallTokens:
 
 def rebuild_prompt(prompt: Record, base: Callable[[str], tuple[IdArray, IdArray] | None]) -> IdArray:
     """Full prompt ids; ``base(call_id)`` returns that call's (prompt, output) or None."""
-    if prompt.get("ids") is not None:
-        ids = unpack_ids(prompt["ids"])
-    else:
-        base_id = prompt.get("base_call_id")
-        if not base_id:
-            raise PromptReconstructionError("prompt has neither ids nor a delta base")
-        found = base(base_id)
-        if found is None:
-            raise DeltaBaseMissing(f"delta base call {base_id} is not available")
-        base_prompt, base_output = found
-        shared = int(prompt["base_prefix_len"])
-        if shared > len(base_prompt) + len(base_output):
-            raise DeltaHashMismatch(f"delta shares {shared} tokens but base call {base_id} has only "
-                                    f"{len(base_prompt) + len(base_output)}")
-        new = unpack_ids(prompt.get("new_ids") or b"")
-        from_prompt = min(shared, len(base_prompt))
-        ids = np.empty(shared + len(new), dtype=IDS_DTYPE)
-        ids[:from_prompt] = base_prompt[:from_prompt]
-        ids[from_prompt:shared] = base_output[:shared - from_prompt]
-        ids[shared:] = new
-    if len(ids) != prompt["length"]:
-        raise DeltaHashMismatch(f"prompt has {len(ids)} tokens, record says {prompt['length']}")
-    if hashlib.sha256(ids.data).hexdigest() != prompt["sha256"]:
-        raise DeltaHashMismatch("prompt ids do not match the recorded sha256")
-    return ids
+    return reconstruct_prompt(prompt, base)
 
 
 def rebuild_calls(calls: Iterable[Record]) -> tuple[list[CallTokens | None], list[CallTokensError]]:

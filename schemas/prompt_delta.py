@@ -67,10 +67,15 @@ def is_delta(prompt: PromptTokens) -> bool:
     return prompt.get("ids") is None
 
 
-def reconstruct_prompt(prompt: PromptTokens, base_sequence: Callable[[str], IdArray | None]) -> IdArray:
-    """Rebuild the full prompt ids; ``base_sequence(call_id)`` returns that call's prompt ‖ output ids.
+BaseLookup = Callable[[str], "IdArray | tuple[IdArray, IdArray] | None"]
 
-    Raises DeltaBaseMissing when the base is unknown and DeltaHashMismatch when the result is wrong.
+
+def reconstruct_prompt(prompt: PromptTokens, base_sequence: BaseLookup) -> IdArray:
+    """Rebuild the full prompt ids, verified by length and sha256.
+
+    ``base_sequence(call_id)`` returns that call's prompt ‖ output ids, either joined or as the pair
+    (prompt, output) — the pair avoids materialising the join just to copy its prefix. Raises
+    DeltaBaseMissing when the base is unknown and DeltaHashMismatch when the result is wrong.
     """
     if prompt.get("ids") is not None:
         ids = unpack_ids(prompt["ids"])
@@ -81,12 +86,19 @@ def reconstruct_prompt(prompt: PromptTokens, base_sequence: Callable[[str], IdAr
         base = base_sequence(base_id)
         if base is None:
             raise DeltaBaseMissing(f"delta base call {base_id} is not available")
-        prefix_len = int(prompt["base_prefix_len"])
-        if prefix_len > len(base):
-            raise DeltaHashMismatch(
-                f"delta shares {prefix_len} tokens but base call {base_id} has only {len(base)}")
-        ids = np.concatenate([np.asarray(base[:prefix_len], dtype=IDS_DTYPE),
-                              unpack_ids(prompt.get("new_ids") or b"")])
+        parts = base if isinstance(base, tuple) else (base,)
+        available = sum(len(part) for part in parts)
+        shared = int(prompt["base_prefix_len"])
+        if shared > available:
+            raise DeltaHashMismatch(f"delta shares {shared} tokens but base call {base_id} has only {available}")
+        new = unpack_ids(prompt.get("new_ids") or b"")
+        ids = np.empty(shared + len(new), dtype=IDS_DTYPE)
+        filled = 0
+        for part in parts:
+            take = min(len(part), shared - filled)
+            ids[filled:filled + take] = part[:take]
+            filled += take
+        ids[shared:] = new
     if len(ids) != prompt["length"]:
         raise DeltaHashMismatch(f"prompt has {len(ids)} tokens, record says {prompt['length']}")
     if ids_digest(ids.tobytes()) != prompt["sha256"]:

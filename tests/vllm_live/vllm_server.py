@@ -69,13 +69,13 @@ class VLLMServer:
             pass
 
 
-def start_vllm(model_dir: Path, port: int, *, model_name: str, logprobs_mode: str,
-               extra_args: list[str], startup_timeout_s: float = 300.0) -> VLLMServer:
+def start_vllm(model_dir: Path, port: int, *, model_name: str, logprobs_mode: str, serve_options: list[str],
+               vllm_args: list[str], startup_timeout_s: float = 300.0) -> VLLMServer:
     """Start deploy/vllm/serve.sh in its own process group and wait for ``GET /health`` = 200."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = LOG_DIR / f"vllm-server-{port}.log"
     command = ["bash", str(SERVE_SCRIPT), "--model", str(model_dir), "--name", model_name, "--port", str(port),
-               "--host", "127.0.0.1", "--logprobs-mode", logprobs_mode, "--", *extra_args]
+               "--host", "127.0.0.1", "--logprobs-mode", logprobs_mode, *serve_options, "--", *vllm_args]
     started = time.monotonic()
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

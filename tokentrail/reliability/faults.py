@@ -316,11 +316,14 @@ def _sink_kills(pipeline: Pipeline, inputs: list[Any], expected: dict[str, dict[
     group = f"{pipeline.settings.processors.app_id}-sink"
     prefix = pipeline.topics.prefix
     for k in range(sizes.sink_kills):
+        mark = log.stat().st_size if log.exists() else 0
         proc = start_sink(pipeline.settings, prefix, dsn, group, log, idle_s=30.0, batch_rows=20)
-        time.sleep(float(rng.uniform(4.0, 9.0)))  # startup, then somewhere mid-stream
+        storing = _wait_for_rows(log, mark, proc, timeout_s=30)
+        time.sleep(float(rng.uniform(0.0, 1.5)))  # a random point while it is inserting
         proc.kill()
         proc.wait(30)
-        progress(f"fault c: sink killed -9 ({k + 1}/{sizes.sink_kills})")
+        progress(f"fault c: sink killed -9 ({k + 1}/{sizes.sink_kills}) "
+                 f"{'while storing rows' if storing else 'before it stored anything'}")
     run_sink_until_idle(pipeline.settings, prefix, dsn, group, log, idle_s=4.0)
     stored = query_sink(pipeline.settings, dsn)
     want: dict[str, set[str]] = {}
@@ -336,6 +339,19 @@ def _sink_kills(pipeline: Pipeline, inputs: list[Any], expected: dict[str, dict[
     return FaultResult("c. ClickHouse sink kill -9", f"{sizes.sink_kills} kills, {rows} events to store",
                        lost, duplicated, lost == duplicated == 0,
                        f"{raw_extra} raw rows collapsed by FINAL", raw_extra, time.monotonic() - t0)
+
+
+def _wait_for_rows(log: Path, mark: int, proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Wait until this sink run logged a progress line with stored rows (its log from ``mark`` on)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        with open(log, "rb") as fh:
+            fh.seek(mark)
+            text = fh.read().decode(errors="replace")
+        if any(line.startswith("sink: ") and " 0 rows" not in line for line in text.splitlines()):
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def double_delivery(settings: Settings, workdir: Path, sizes: Sizes, progress: Progress) -> FaultResult:
