@@ -11,8 +11,9 @@ usage: deploy/vllm/serve.sh --model DIR [--name NAME] [--port PORT] [--host HOST
                             [-- VLLM_ARGS...]
 
 Starts vLLM's OpenAI-compatible server (python -m vllm.entrypoints.openai.api_server) from
-.venv-vllm (install it with `make setup-vllm`). Ready when GET http://HOST:PORT/health answers 200;
-a first start compiles the model (1-3 minutes), later starts reuse the compile cache.
+.venv-vllm (install it with `make setup-vllm`). Ready when GET http://HOST:PORT/health answers 200.
+On 2 cores a start takes 2-4 minutes (three processes each import vLLM; the first start also
+torch.compiles the model, later ones reuse the compile cache), about 1-2 with --quick-start.
 
   --model DIR          model directory (config.json, tokenizer, safetensors); required
   --name NAME          served model name (default: tokentrail-tiny)

@@ -1,6 +1,6 @@
 """Live vLLM fixtures: the real vLLM (CPU build) serving our tiny model, and the real gateway on it.
 
-The session installs vLLM into .venv-vllm if it is not there yet (deploy/vllm/install.sh, ~7 minutes
+The session installs vLLM into .venv-vllm if it is not there yet (deploy/vllm/install.sh, 1.5-2.5 minutes
 on a fresh machine; CI runs `make setup-vllm` first), builds the reference model (shared with the other
 test areas), and starts one vLLM server for all live tests.
 

@@ -26,7 +26,8 @@ from tokentrail.settings import Settings
 from .records import full_prompts, output_of, read_calls, reference_logprobs
 from .vllm_server import VLLMServer
 
-# Fixture setup can include installing vLLM (~7 min) and building the model: longer than the default.
+# Fixture setup can include installing vLLM (~2 min; 12+ with VLLM_INSTALLER=pip), building the model
+# (~4 min) and the server start (1-4 min): longer than the default per-test timeout.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # float32 on CPU in two implementations (vLLM's CPU kernels vs transformers): observed ~1e-6.

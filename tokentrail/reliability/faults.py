@@ -315,11 +315,16 @@ def _sink_kills(pipeline: Pipeline, inputs: list[Any], expected: dict[str, dict[
     log = workdir / "kills" / "sink.log"
     group = f"{pipeline.settings.processors.app_id}-sink"
     prefix = pipeline.topics.prefix
+    inputs = list(inputs)
     for k in range(sizes.sink_kills):
+        # Fresh input records for each run, so every run has rows to store when it is killed.
+        extra = workload(f"sink{k}", sizes.worker_groups, seed=500 + k)
+        pipeline.produce(extra)
+        inputs += extra
         mark = log.stat().st_size if log.exists() else 0
-        proc = start_sink(pipeline.settings, prefix, dsn, group, log, idle_s=30.0, batch_rows=20)
-        storing = _wait_for_rows(log, mark, proc, timeout_s=30)
-        time.sleep(float(rng.uniform(0.0, 1.5)))  # a random point while it is inserting
+        proc = start_sink(pipeline.settings, prefix, dsn, group, log, idle_s=30.0, batch_rows=5)
+        storing = _wait_for_rows(log, mark, proc, timeout_s=60)
+        time.sleep(float(rng.uniform(0.0, 0.5)))  # a random point while it is inserting
         proc.kill()
         proc.wait(30)
         progress(f"fault c: sink killed -9 ({k + 1}/{sizes.sink_kills}) "

@@ -38,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
     migrate(client)
     topics, dead = topic_map(args.prefix)
     options = SinkOptions(group_id=args.group, batch_rows=args.batch_rows, flush_interval_s=0.5,
-                          idle_s=args.idle_s, progress_every_s=2.0)
+                          idle_s=args.idle_s, progress_every_s=0.5)
     print("sink ready", flush=True)
     run_sink(client, get_settings(), options, topic_map=topics, dead_letter_topic=dead,
              log=lambda line: print(line, flush=True))
