@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 
 class _Open(BaseModel):
@@ -81,6 +81,12 @@ class ToolChoice(_Open):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
+
+    @model_validator(mode="after")
+    def _tool_needs_a_name(self) -> ToolChoice:
+        if self.type == "tool" and not self.name:
+            raise ValueError('tool_choice of type "tool" needs the name of the tool')
+        return self
 
 
 class CountTokensRequest(_Open):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 
 class _Open(BaseModel):
@@ -95,6 +95,16 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _tool_choice_names_a_tool(self) -> ChatCompletionRequest:
+        # As the OpenAI API does: forcing a function that is not among the tools is a 400, not a guess.
+        if isinstance(self.tool_choice, dict):
+            name = (self.tool_choice.get("function") or {}).get("name")
+            known = {tool.function.name for tool in self.tools or []}
+            if name not in known:
+                raise ValueError(f"tool_choice names function {name!r}, which is not among the tools {sorted(known)}")
+        return self
 
 
 class CompletionRequest(_SamplingFields):

@@ -12,7 +12,7 @@ from tokentrail.reliability.results import table
 from tokentrail.settings import Settings
 
 # Cases whose right answer the gateway does not give yet (each must still answer below 500).
-KNOWN_GAPS = {"openai.tool_choice.unknown_function", "anthropic.tool_choice.tool_without_name"}
+KNOWN_GAPS: set[str] = set()
 
 
 def test_the_corpus_is_large_and_every_case_states_an_expectation() -> None:
