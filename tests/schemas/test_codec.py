@@ -55,7 +55,7 @@ def test_single_object_header_is_the_avro_spec_fingerprint() -> None:
 
 def test_token_fields_are_packed_bytes_with_zero_copy_views(call_record_factory) -> None:
     record = call_record_factory(prompt_len=131_072, output_len=1024)
-    name, decoded = CODEC.decode(CODEC.encode("CallRecord", record))
+    _name, decoded = CODEC.decode(CODEC.encode("CallRecord", record))
     ids = unpack_ids(decoded["prompt"]["ids"])
     assert ids.shape == (131_072,)
     assert ids.base is not None  # a view over the decoded bytes, not a copy
