@@ -37,8 +37,11 @@ assembler rewrites a rollout's whole state per event, so changelog bytes grow wi
 
 Bad input never stops a worker: DecodeError, InvalidEvent, ConflictingEvent and any other
 ProcessorError become a DeadLetter on tokentrail.dead-letter with the reason. Anything else (a Kafka
-failure, a bug) crashes the worker, which restarts from the committed offsets; so does a worker whose
-inputs wait while nothing progresses for ``stall_timeout_s`` (a watchdog; exit code 3).
+failure, a bug) crashes the worker, which restarts from the committed offsets. A watchdog watches the
+input partitions: one whose messages wait while its idle agent gets nothing for 10 s is re-seeked to
+its next offset (after a rebalance the faust/aiokafka consumer sometimes never fetches a partition that
+has no committed offset yet); input that still waits after ``stall_timeout_s``, or a rebalance that does
+not finish in that time, stops the worker (exit code 3) for its supervisor to restart.
 ``kill -USR1 <pid>`` logs what each asyncio task of a running worker is waiting on.
 """
 
@@ -80,6 +83,9 @@ ENV_NAMES = ("AttemptStarted", "EnvStep", "AttemptFinished")
 BAD_INPUT = (DecodeError, ProcessorError)
 # Room for the table entry header and framing on top of the largest record.
 SIZE_SLACK = 64 * 1024
+# The watchdog looks this often, and re-seeks an idle input partition that waits this long.
+WATCHDOG_EVERY_S = 5.0
+KICK_AFTER_S = 10.0
 
 
 class StalledError(RuntimeError):
@@ -138,6 +144,8 @@ class ProcessorsApp:
         # Watchdog: per input partition, the next offset to process and since when it has been behind.
         self._next_offset: dict[Any, int] = {}
         self._behind_since: dict[Any, tuple[int, float]] = {}
+        self._unready_since: float | None = None
+        self._kicked: set[Any] = set()
 
         app = self.app
         inputs = app.topic(self.topics.calls, self.topics.env, **RAW_TOPIC)
@@ -151,7 +159,7 @@ class ProcessorsApp:
         app.timer(10.0, name="progress")(self._report_progress)
         app.task(self._install_task_dump)
         if cfg.stall_timeout_s > 0:
-            app.timer(min(10.0, cfg.stall_timeout_s / 3), name="watchdog")(self._guarded(self._watchdog))
+            app.timer(min(WATCHDOG_EVERY_S, cfg.stall_timeout_s / 3), name="watchdog")(self._guarded(self._watchdog))
 
     # ------------------------------------------------------------------------------ plumbing
 
@@ -276,31 +284,68 @@ class ProcessorsApp:
     async def _watchdog(self) -> None:
         """A worker whose input partitions have unprocessed messages and make no progress for
         ``stall_timeout_s`` logs what it is waiting on and stops (exit code 3), so its supervisor
-        restarts it; a restart resumes from committed offsets and restored tables."""
+        restarts it; a restart resumes from committed offsets and restored tables. A rebalance or
+        table recovery that does not finish within the same time stops the worker as well."""
+        now = time.monotonic()
         if not self._ready():
             self._behind_since.clear()
+            if self._unready_since is None:
+                self._unready_since = now
+            elif now - self._unready_since >= self.cfg.stall_timeout_s and not self.crashed:
+                self._dump_tasks()
+                raise StalledError(f"rebalance / table recovery unfinished after {self.cfg.stall_timeout_s:g}s")
             return
+        self._unready_since = None
+        assignment = self.app.consumer.assignment()
+        for tp in [tp for tp in self._next_offset if tp not in assignment]:
+            del self._next_offset[tp]  # revoked: a later assignment starts from the committed offset
         inputs = {self.topics.calls, self.topics.env, self.topics.rollouts, self.topics.by_group}
-        tps = [tp for tp in self.app.consumer.assignment() if tp.topic in inputs]
+        tps = [tp for tp in assignment if tp.topic in inputs]
         if not tps:
             return
         ends = await self.app.consumer.highwaters(*tps)
         committed = getattr(self.app.consumer, "_committed_offset", {})
-        now = time.monotonic()
+        # A partition that never delivered a message has no position of ours and maybe no committed
+        # offset: it starts at its earliest offset (auto_offset_reset=earliest). A stall there is the
+        # worst kind (nothing of it was ever processed), so it must count too.
+        unknown = [tp for tp in tps if self._next_offset.get(tp, committed.get(tp)) is None]
+        earliest = await self.app.consumer.earliest_offsets(*unknown) if unknown else {}
         stalled = []
         for tp in tps:
             position = self._next_offset.get(tp, committed.get(tp))
+            if position is None:
+                position = earliest.get(tp)
             if position is None or ends.get(tp, 0) <= position:
                 self._behind_since.pop(tp, None)
                 continue
             since = self._behind_since.get(tp)
             if since is None or since[0] != position:
                 self._behind_since[tp] = (position, now)
+                self._kicked.discard(tp)
             elif now - since[1] >= self.cfg.stall_timeout_s:
                 stalled.append(f"{tp.topic}[{tp.partition}] at offset {position} of {ends[tp]}")
+            elif (now - since[1] >= min(KICK_AFTER_S, self.cfg.stall_timeout_s / 3) and tp not in self._kicked
+                  and not self._busy(tp.topic)):
+                # First remedy: re-position the fetcher at the next offset to process. After a rebalance
+                # the consumer sometimes never fetches a partition that has no committed offset yet (seen
+                # with faust-streaming 0.15 / aiokafka 0.14); a seek makes it fetch again. Only when the
+                # agent is idle: a busy agent (a slow verifier) is not stuck.
+                self._kicked.add(tp)
+                self.stats["watchdog.seeks"] += 1
+                log.warning("watchdog: %s[%s] waits at offset %s of %s; seeking there", tp.topic, tp.partition,
+                            position, ends[tp])
+                await self.app.consumer.seek(tp, position)
         if stalled:
             self._dump_tasks()
             raise StalledError(f"no progress for {self.cfg.stall_timeout_s:g}s on {', '.join(stalled)}")
+
+    def _busy(self, topic: str) -> bool:
+        """Whether the agent reading ``topic`` is processing a message right now."""
+        if topic in (self.topics.calls, self.topics.env):
+            return self.assembler_lock.locked()
+        if topic == self.topics.by_group:
+            return self.grouper_lock.locked()
+        return False
 
     def _dump_tasks(self) -> None:
         app = self.app

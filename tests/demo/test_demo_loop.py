@@ -43,10 +43,19 @@ def test_short_online_loop_improves_reward_and_passes_audit(tmp_path: Path) -> N
     finally:
         subprocess.run([sys.executable, "-m", "tokentrail.cli", "kafka", "stop"], cwd=REPO_ROOT, env=env,
                        capture_output=True, timeout=120)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
+    report = _failure_report(result.stdout + result.stderr, tmp_path / "var" / "logs")
+    assert result.returncode == 0, report
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["audit_passed"], output[-4000:]
-    assert summary["policy_versions"] >= 5, output[-4000:]
-    assert summary["reward_last_band"] > summary["reward_first_band"], output[-4000:]
+    assert summary["audit_passed"], report
+    assert summary["policy_versions"] >= 5, report
+    assert summary["reward_last_band"] > summary["reward_first_band"], report
     assert Path(summary["report"]).stat().st_size > 10_000
+
+
+def _failure_report(output: str, logs: Path) -> str:
+    """What the demo printed, then the end of every service's log: enough to see which stage stopped."""
+    parts = [output[-6000:]]
+    for log in sorted(logs.glob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        parts.append(f"----- {log.name} (last 40 of {len(lines)} lines)\n" + "\n".join(lines[-40:]))
+    return "\n".join(parts)

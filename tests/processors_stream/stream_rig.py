@@ -23,7 +23,7 @@ from processors.stream.config import load_grouping
 from processors.stream.topics import OUTPUT_SPECS, StreamTopics, ensure_stream_topics
 from processors.testing import AttemptSpec, attempt_events, growing_turns
 from processors.verifiers import VerifierRunner, load_verifiers
-from processors.worker import start_worker_process, stop_worker_process
+from processors.worker import EXIT_STALLED, start_worker_process, stop_worker_process
 from schemas.codec import DecodeError, get_codec
 from schemas.topics import admin_config, consumer_config, producer_config
 from tokentrail.settings import Settings
@@ -147,8 +147,11 @@ class StreamRig:
     topics: StreamTopics
     log_path: Path
     workers: list[subprocess.Popen] = field(default_factory=list)
+    # Workers whose watchdog found them stuck (exit code 3) and that collect() restarted.
+    watchdog_restarts: int = 0
 
     def __post_init__(self) -> None:
+        self._launch: dict[int, tuple[tuple[str, ...], str | None]] = {}  # pid -> start_worker arguments
         self.codec = get_codec()
         self._producer = Producer(producer_config(self.settings))
         self._consumer: Consumer | None = None
@@ -197,6 +200,7 @@ class StreamRig:
                                     extra_args=["--session-timeout", "6", "--tick", "0.5", "--stall-timeout", "30",
                                                 *extra_args])
         self.workers.append(proc)
+        self._launch[proc.pid] = (extra_args, app_id)
         return proc
 
     def kill(self, proc: subprocess.Popen) -> None:
@@ -224,8 +228,13 @@ class StreamRig:
         by_topic = {self.topics.output(n): n for n in OUTPUT_SPECS}
         deadline = time.monotonic() + timeout_s
         while not until(self.collected):
-            for proc in self.workers:
-                if proc.poll() not in (None, 0, -9):
+            for proc in list(self.workers):
+                if proc.poll() == EXIT_STALLED:  # its watchdog stopped it: restart it, as a supervisor would
+                    self.workers.remove(proc)
+                    self.watchdog_restarts += 1
+                    extra_args, app_id = self._launch[proc.pid]
+                    self.start_worker(*extra_args, app_id=app_id)
+                elif proc.poll() not in (None, 0, -9):
                     raise AssertionError(f"worker exited with {proc.returncode}\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 sizes = {n: len(v) for n, v in self.collected.records.items()}

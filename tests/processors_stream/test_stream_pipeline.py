@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import pytest
 from confluent_kafka.admin import AdminClient
 from stream_rig import Collected, StreamRig, comparable, group_events, interleave
 
@@ -132,10 +131,6 @@ def test_bad_records_become_dead_letters_and_the_worker_carries_on(
     assert call_id("gd-r0", "a1", 0) in by_value[codec.encode("CallRecord", conflicting)]["reason"]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open bug (issue 7, scale-out): with two workers on one app id, one worker's grouper agent sometimes "
-    "receives nothing from its rollouts-by-group partition (2 of 3 runs on the loaded dev machine); its "
-    "groups then close PARTIAL on the other worker. Single-worker runs and kill -9 recovery are unaffected."))
 def test_two_workers_with_one_app_id_share_the_partitions(make_stream_rig: Callable[..., StreamRig]) -> None:
     rig = make_stream_rig()
     events = interleave(group_events("gx", ANSWERS, seed=11) + group_events("gy", ANSWERS, seed=12)

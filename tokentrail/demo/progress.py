@@ -11,7 +11,7 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, TopicPartition
 
 from schemas import topics
 from schemas.codec import DecodeError, get_codec
@@ -83,6 +83,21 @@ class ProgressTracker:
             self.trainer_steps += 1
             self.last_loss = record["loss"]
             self.policy_version = max(self.policy_version, record["policy_version_after"])
+
+    def topic_counts(self, names: tuple[str, ...] = (topics.CALLS_TOPIC, topics.ENV_TOPIC, topics.ROLLOUTS_TOPIC,
+                                                     topics.SAMPLES_TOPIC, topics.DEAD_LETTER_TOPIC)) -> str:
+        """Records on each stage's topic (end offsets): where a stuck pipeline stops growing."""
+        counts = []
+        for name in names:
+            try:
+                meta = self._consumer.list_topics(name, timeout=5).topics[name]
+                total = sum(self._consumer.get_watermark_offsets(TopicPartition(name, p), timeout=5)[1]
+                            for p in meta.partitions)
+            except Exception as exc:  # a diagnostic line must never stop the demo
+                counts.append(f"{name.removeprefix('tokentrail.')}=? ({type(exc).__name__})")
+                continue
+            counts.append(f"{name.removeprefix('tokentrail.')}={total}")
+        return "records on topics: " + " ".join(counts)
 
     def reward_by_version(self) -> dict[int, VersionStats]:
         with self._lock:

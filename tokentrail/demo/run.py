@@ -19,6 +19,8 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
+import httpx
+
 from tokentrail.demo.agent import RolloutOutcome, run_rollout
 from tokentrail.demo.environment import make_task
 from tokentrail.demo.progress import ProgressTracker, VersionStats
@@ -100,7 +102,8 @@ def run_demo(args: argparse.Namespace) -> int:
     gateway_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
     services = [
         Service("gateway", ["gateway"], logs / "gateway.log"),
-        Service("processors", ["process"], logs / "processors.log"),
+        # A stuck worker stops itself after 60 s (watchdog) and the supervision below restarts it.
+        Service("processors", ["process", "--stall-timeout", "60"], logs / "processors.log"),
         Service("sink", ["sink"], logs / "sink.log"),
         Service("trainer", ["train", "--batch-size", str(args.train_batch), "--steps-per-version", "1",
                             "--lr", str(args.lr), "--threads", "1", "--flush-partial"], logs / "trainer.log"),
@@ -118,6 +121,7 @@ def run_demo(args: argparse.Namespace) -> int:
                         f"{args.concurrency} groups in flight")
         workload = Workload(gateway_url, settings.model.name, args.group_size, args.concurrency, args.seed)
         start = time.monotonic()
+        ticks = [0]
 
         def tick(groups: int) -> None:
             for service in services:
@@ -127,6 +131,9 @@ def run_demo(args: argparse.Namespace) -> int:
                     service.start()
             elapsed = time.monotonic() - start
             print(f"  {elapsed:5.0f}s  groups {groups}  {tracker.line()}", flush=True)
+            ticks[0] += 1
+            if ticks[0] % 6 == 0:  # about every minute: where the records are, stage by stage
+                print(f"         {tracker.topic_counts()}; gateway {_gateway_delivery(gateway_url)}", flush=True)
 
         workload.run_until(start + args.minutes * 60, tick)
         correct = sum(o.correct for o in workload.outcomes)
@@ -135,6 +142,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
         _step(6, total, "draining: processors close the last groups, the trainer takes the last samples")
         _drain(tracker, args.drain_s)
+        print(f"  {tracker.topic_counts()}", flush=True)
         for service in reversed(services):
             service.stop()
         tracker.stop()
@@ -149,6 +157,15 @@ def run_demo(args: argparse.Namespace) -> int:
     report_path = settings.var_dir / "report.html"
     _cli("report", "--out", str(report_path))
     return _summarize(tracker_summary, audit.returncode, report_path)
+
+
+def _gateway_delivery(gateway_url: str) -> str:
+    """The gateway's delivery state from /health: a growing spool means calls are not reaching Kafka."""
+    try:
+        sink = httpx.get(f"{gateway_url}/health", timeout=5.0).json().get("sink", {})
+    except (httpx.HTTPError, ValueError) as exc:
+        return f"health unavailable ({type(exc).__name__})"
+    return ", ".join(f"{k} {v}" for k, v in sink.items()) or "no sink stats"
 
 
 def _drain(tracker: ProgressTracker, budget_s: float) -> None:

@@ -294,10 +294,15 @@ def worker_and_sink_kills(settings: Settings, workdir: Path, sizes: Sizes, progr
         got = pipeline.settle(quiet_s=3.0)
         cmp = compare(got, expected, names)
         dead = len(got.records["DeadLetter"])
+        passed = cmp.lost == cmp.duplicated == dead == 0
+        detail = cmp.detail + (f"; {pipeline.watchdog_restarts} watchdog restart(s) of a stuck worker"
+                               if pipeline.watchdog_restarts else "")
+        if not passed:
+            detail += f"\nworker log (last lines):\n{pipeline.log_tail(60)}"
         results.append(FaultResult(
             "b. processor worker kill -9", f"{kills} kills at random points over {len(inputs)} input records "
             f"({len(expected['Sample'])} samples expected)", cmp.lost, cmp.duplicated + dead,
-            cmp.lost == cmp.duplicated == dead == 0, cmp.detail, cmp.redelivered, time.monotonic() - t0))
+            passed, detail, cmp.redelivered, time.monotonic() - t0))
         progress(f"fault b: lost {cmp.lost}, duplicated {cmp.duplicated} ({cmp.redelivered} identical redeliveries)")
         pipeline.stop_workers()
         results.append(_sink_kills(pipeline, inputs, expected, workdir, sizes, rng, progress))

@@ -20,7 +20,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from processors.stream.topics import OUTPUT_SPECS, StreamTopics, ensure_stream_topics
-from processors.worker import start_worker_process, stop_worker_process
+from processors.worker import EXIT_STALLED, start_worker_process, stop_worker_process
 from schemas.codec import DecodeError, get_codec
 from schemas.topics import admin_config, consumer_config, producer_config
 from tokentrail.settings import Settings
@@ -162,6 +162,8 @@ class Pipeline:
     topics: StreamTopics
     workdir: Path
     workers: list[subprocess.Popen] = field(default_factory=list)
+    # Workers whose watchdog found them stuck (exit code 3) and that were restarted, as a supervisor would.
+    watchdog_restarts: int = 0
 
     @classmethod
     def create(cls, base: Settings, workdir: Path, *, partitions: int = 2, tag: str | None = None,
@@ -209,7 +211,7 @@ class Pipeline:
 
     def start_worker(self) -> subprocess.Popen:
         proc = start_worker_process(self.settings, topic_prefix=self.topics.prefix, log_path=self.log_path,
-                                    loglevel="warning",
+                                    loglevel="info",
                                     extra_args=["--session-timeout", "6", "--tick", "0.5", "--stall-timeout", "60"])
         self.workers.append(proc)
         return proc
@@ -248,11 +250,20 @@ class Pipeline:
     def collect(self, until: Callable[[Collected], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while not until(self.collected):
+            self._restart_stalled()
             crashed = [p.returncode for p in self.workers if p.poll() not in (None, 0, -9)]
             if crashed or time.monotonic() > deadline:
                 return False
             self.poll()
         return True
+
+    def _restart_stalled(self) -> None:
+        """Restart a worker that stopped itself because it was stuck, as a production supervisor does."""
+        for proc in list(self.workers):
+            if proc.poll() == EXIT_STALLED:
+                self.workers.remove(proc)
+                self.watchdog_restarts += 1
+                self.start_worker()
 
     def settle(self, quiet_s: float = 3.0) -> Collected:
         last = time.monotonic()
