@@ -6,10 +6,16 @@ rows and inserted in batches, as the sink does after polling Kafka (the broker i
 of every table.
 
 Storage: the same calls stored twice, as recorded (later prompts delta-encoded on the previous call)
-and with every prompt in full; compressed bytes on disk from system.parts after merging.
-``stored_vs_full_prompts`` is their ratio on disk (ZSTD on rows sorted by rollout and call already
-removes much of the repetition of full prompts, so this is well above the uncompressed ratio,
-``stored_vs_full_prompts_uncompressed``, which is what Kafka, the network and memory see).
+and with every prompt in full, in the same table design (``CREATE TABLE calls_full AS calls``, written
+through the same EPHEMERAL byte inputs); compressed bytes on disk from system.parts after merging, all
+parts wide as in production (the default makes parts under 10 MB compact). ``stored_vs_full_prompts``
+is their ratio on disk; ``stored_vs_full_prompts_uncompressed`` is what Kafka, the network and memory see.
+
+Full prompts compress very differently per layout: ZSTD over packed bytes (the released 0001 layout)
+finds a prompt's repeat of the previous one inside its 1 MB block, while T64's bit-transposed blocks
+hide it. So the stored calls are also compared with full prompts in the 0001 byte layout,
+``stored_vs_full_prompts_bytes_layout``: the cheapest way to store full prompts we know, hence the
+hardest baseline (with random synthetic ids the stored deltas are already at their entropy).
 
     python -m bench.sink [--groups N] [--turns T]
 """
@@ -17,6 +23,7 @@ removes much of the repetition of full prompts, so this is well above the uncomp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 import time
 
@@ -26,7 +33,7 @@ from bench.common import emit
 from schemas.codec import get_codec
 from schemas.prompt_delta import full_prompt
 from sinks.client import connect
-from sinks.ddl import migrate
+from sinks.ddl import CALL_STORED_TOKEN_COLUMNS, TABLES, migrate
 from sinks.rows import to_row
 from sinks.store import insert_rows
 from sinks.synthetic import GroupSpec, synthetic_group
@@ -71,11 +78,18 @@ def ingest(client: object, messages: list[tuple[str, bytes]]) -> tuple[int, int,
     return rows, tokens, time.perf_counter() - start
 
 
+FULL_TABLES = ("calls_full", "calls_full_bytes")
+
+
 def full_prompt_calls(client: object) -> None:
-    """Copy the calls table with every prompt stored in full (the naive layout)."""
+    """Copy the calls table with every prompt stored in full (the naive layout), in the current design
+    and in the released 0001 design (token ids as packed bytes, String + ZSTD)."""
     from sinks.store import CallTokenCache, select_rows
 
     client.command("CREATE TABLE calls_full AS calls")  # type: ignore[attr-defined]
+    (v1,) = [t for t in TABLES if t.name == "calls"]
+    client.command(dataclasses.replace(v1, name="calls_full_bytes").create_sql(client.database))  # type: ignore
+    client.command("ALTER TABLE calls_full_bytes MODIFY SETTING min_bytes_for_wide_part = 0")  # type: ignore
     cache = CallTokenCache(client)  # type: ignore[arg-type]
     rows = select_rows(client, "calls", columns="*")  # type: ignore[arg-type]
     cache.fetch(r["call_id"] for r in rows)
@@ -98,7 +112,8 @@ def full_prompt_calls(client: object) -> None:
 def _insert_full(client: object, rows: list[dict]) -> None:
     if rows:
         columns = list(rows[0])
-        client.insert("calls_full", [[r[c] for c in columns] for r in rows], column_names=columns)  # type: ignore
+        for table in FULL_TABLES:
+            client.insert(table, [[r[c] for c in columns] for r in rows], column_names=columns)  # type: ignore
 
 
 def table_bytes(client: object, table: str) -> tuple[int, int]:
@@ -127,21 +142,31 @@ def main() -> None:
         client.command("ALTER TABLE calls MODIFY SETTING min_bytes_for_wide_part = 0")
         rows, tokens, seconds = ingest(client, messages)
         full_prompt_calls(client)
-        for table in ("calls", "calls_full"):
+        for table in ("calls", *FULL_TABLES):
             client.command(f"OPTIMIZE TABLE {table} FINAL")
         delta_disk, delta_raw = table_bytes(client, "calls")
         full_disk, full_raw = table_bytes(client, "calls_full")
+        bytes_disk, _ = table_bytes(client, "calls_full_bytes")
+        part_types = sorted(
+            f"{t}:{k}"
+            for t, k in client.query(
+                "SELECT DISTINCT table, part_type FROM system.parts WHERE database = currentDatabase() "
+                "AND active AND table LIKE 'calls%'"
+            ).result_rows
+        )
         n_calls, logical = client.query("SELECT count(), sum(prompt_length + output_tokens) FROM calls").result_rows[0]
         all_disk = client.query(
             "SELECT sum(bytes_on_disk) FROM system.parts WHERE database = currentDatabase() "
-            "AND active AND table != 'calls_full'"
+            "AND active AND table NOT IN ('calls_full', 'calls_full_bytes')"
         ).result_rows[0][0]
         sample_tokens = client.query("SELECT sum(tokens) FROM samples").result_rows[0][0]
         token_columns = dict(
             client.query(
                 "SELECT table, sum(data_compressed_bytes) FROM system.columns "
                 "WHERE database = currentDatabase() "
-                "AND name IN ('prompt_ids', 'prompt_new_ids', 'output_ids', 'output_logprobs') GROUP BY table"
+                "AND (name IN ('prompt_ids', 'prompt_new_ids', 'output_ids', 'output_logprobs') "
+                "OR name IN {stored:Array(String)}) GROUP BY table",
+                parameters={"stored": list(CALL_STORED_TOKEN_COLUMNS)},
             ).result_rows
         )
     emit(
@@ -159,10 +184,14 @@ def main() -> None:
             "calls_uncompressed_full_prompts": int(full_raw),
             "token_column_bytes_delta": int(token_columns.get("calls", 0)),
             "token_column_bytes_full_prompts": int(token_columns.get("calls_full", 0)),
+            "token_column_bytes_full_prompts_bytes_layout": int(token_columns.get("calls_full_bytes", 0)),
+            "calls_bytes_full_prompts_bytes_layout": int(bytes_disk),
+            "part_types": part_types,
             "calls_bytes_per_token": round(delta_disk / logical, 4),
             "all_tables_bytes_per_call_token": round(all_disk / logical, 4),
             "sample_tokens": int(sample_tokens),
             "stored_vs_full_prompts_uncompressed": round(delta_raw / full_raw, 4),
+            "stored_vs_full_prompts_bytes_layout": round(delta_disk / bytes_disk, 4),
             "stored_vs_full_prompts": round(delta_disk / full_disk, 4),
         }
     )

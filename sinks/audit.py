@@ -27,6 +27,7 @@ from clickhouse_connect.driver.client import Client
 
 from schemas.prompt_delta import PromptReconstructionError
 from schemas.tokens import unpack_floats, unpack_ids, unpack_int32, unpack_mask
+from sinks.ddl import packed_read_sql
 from sinks.rows import segment_weight_sums
 from sinks.store import CallTokenCache, select_rows
 
@@ -95,10 +96,10 @@ FROM (
     ARRAY JOIN seg_call_id, seg_source, seg_sample_start, seg_call_start, seg_length
     WHERE seg_source = 'OUTPUT'
 ) AS s
-LEFT JOIN (SELECT call_id, any(output_ids) AS output_ids, 1 AS found FROM calls FINAL GROUP BY call_id) AS c
+LEFT JOIN (SELECT call_id, any(OUTPUT_BYTES) AS output_ids, 1 AS found FROM calls FINAL GROUP BY call_id) AS c
     ON s.call_id = c.call_id
 WHERE NOT (c.found = 1 AND in_range AND equal)
-"""
+""".replace("OUTPUT_BYTES", packed_read_sql("output_ids"))  # calls keep ids as arrays
 
 # Per sample: loss tokens in total vs loss tokens inside OUTPUT segments (must be equal).
 SQL_MASK_COVERAGE = """

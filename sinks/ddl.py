@@ -4,10 +4,14 @@ Every table is immutable event storage: ReplacingMergeTree whose sorting key end
 a re-delivered event collapses into one row at merge time (read with FINAL). Inserts also carry a
 deduplication token (see sinks/sink.py), so a retried batch is dropped on arrival.
 
-Token arrays stay the packed little-endian bytes of the Avro record (String + ZSTD): no Python
-conversion on the way in, exact bytes on the way out, and SQL can compare token runs with
-``substring``. Rollouts do not repeat their calls' tokens: they keep each call's lengths and hashes
-and are rebuilt from the calls table (sinks/store.py), so storage grows with the rollout once.
+Calls' token arrays arrive as the packed little-endian bytes of the Avro record and are stored as
+typed arrays (migrations 0003/0004): ids as Array(UInt32) with T64 (keeps only the bits the vocabulary
+needs) then ZSTD, logprobs as Array(Float32) with ZSTD. The bytes go into EPHEMERAL columns and the
+server converts them (``reinterpret``), so Python never converts; reads turn the arrays back into the
+exact bytes (``packed_read_sql``). A later call's prompt is only its delta (new tokens after a prefix
+of an earlier call), never the full prompt again. Rollouts do not repeat their calls' tokens: they keep
+each call's lengths and hashes and are rebuilt from the calls table (sinks/store.py), so storage grows
+with the rollout once. Other tables (samples, dead letters) keep packed bytes as String + ZSTD.
 
 Tables are partitioned by day of the event's own timestamp (not the ingestion time), so every copy of
 an event lands in the same partition and deduplicates.
@@ -56,6 +60,8 @@ class Table:
         )
 
 
+# As released in 0001 (migrations are never edited): the calls' token bytes columns below become
+# EPHEMERAL inputs of typed arrays in 0003/0004 (see CALL_PACKED).
 TABLES: tuple[Table, ...] = (
     Table(
         "calls",
@@ -439,7 +445,129 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CODEC(ZSTD(3)) AFTER final_artifacts_json"
         ],
     ),
+    Migration(
+        "0003_calls_token_arrays",
+        "calls: typed token arrays (T64 + ZSTD), filled from the packed bytes",
+        lambda db: _calls_token_arrays(f"{db}.calls"),
+    ),
+    Migration(
+        "0004_calls_ephemeral_token_bytes",
+        "calls: packed token bytes become EPHEMERAL inputs of the arrays",
+        lambda db: _calls_ephemeral_token_bytes(f"{db}.calls"),
+    ),
 )
+
+
+# ---- calls: packed token bytes in, typed arrays stored ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoredColumn:
+    """A stored column derived from a packed input: its empty default and its default from the bytes."""
+
+    name: str
+    type: str
+    codec: str
+    empty: str
+    expr: str
+
+    def spec(self, default: str) -> str:
+        codec = f" CODEC({self.codec})" if self.codec else ""
+        return f"{self.name} {self.type} DEFAULT {default}{codec}"
+
+
+@dataclass(frozen=True)
+class PackedColumn:
+    """An Avro bytes field of packed little-endian 4-byte values (token ids or logprobs).
+
+    ``name`` is an EPHEMERAL input taking the bytes; stored are ``{name}_arr`` (the values), ``{name}_odd``
+    (the bytes verbatim when their length is not a multiple of 4, so even a malformed record stays
+    exact; normally empty) and, for nullable fields, ``{name}_null``.
+    """
+
+    name: str
+    element: str  # UInt32 | Float32
+    codec: str
+    nullable: bool = False
+
+    @property
+    def input_type(self) -> str:
+        return "Nullable(String)" if self.nullable else "String"
+
+    def _bytes(self) -> str:
+        return f"ifNull({self.name}, '')" if self.nullable else self.name
+
+    def stored(self) -> list[StoredColumn]:
+        raw = self._bytes()
+        whole = f"length({raw}) % 4 = 0"
+        out = [
+            StoredColumn(
+                f"{self.name}_arr",
+                f"Array({self.element})",
+                self.codec,
+                "[]",
+                f"reinterpret(if({whole}, {raw}, ''), 'Array({self.element})')",
+            ),
+            StoredColumn(f"{self.name}_odd", "String", "ZSTD(3)", "''", f"if({whole}, '', {raw})"),
+        ]
+        if self.nullable:
+            out.append(StoredColumn(f"{self.name}_null", "Bool", "", "false", f"isNull({self.name})"))
+        return out
+
+
+# T64 crops each 64-value block to the bits it uses (token ids need ~15-18 of 32) and ZSTD codes the
+# rest; Delta would not help (ids are not monotonic). Logprobs have no integer structure: ZSTD only.
+ID_CODEC = "T64, ZSTD(3)"
+CALL_PACKED: tuple[PackedColumn, ...] = (
+    PackedColumn("prompt_ids", "UInt32", ID_CODEC, nullable=True),
+    PackedColumn("prompt_new_ids", "UInt32", ID_CODEC, nullable=True),
+    PackedColumn("output_ids", "UInt32", ID_CODEC),
+    PackedColumn("output_logprobs", "Float32", "ZSTD(3)"),
+)
+CALL_STORED: tuple[StoredColumn, ...] = tuple(s for p in CALL_PACKED for s in p.stored())
+CALL_STORED_TOKEN_COLUMNS: tuple[str, ...] = tuple(s.name for s in CALL_STORED)
+
+
+def packed_read_sql(name: str) -> str:
+    """SQL giving the exact Avro bytes of a packed calls column (NULL where the record had null)."""
+    col = next(p for p in CALL_PACKED if p.name == name)
+    value = f"if({name}_odd != '', {name}_odd, reinterpretAsString({name}_arr))"
+    return f"if({name}_null, NULL, {value})" if col.nullable else value
+
+
+def star_columns(table: str) -> str:
+    """What ``SELECT *`` means for a table's rows: the calls table's token bytes rebuilt, not its arrays."""
+    if table != "calls":
+        return "*"
+    rebuilt = ", ".join(f"{packed_read_sql(p.name)} AS {p.name}" for p in CALL_PACKED)
+    return f"* EXCEPT ({', '.join(CALL_STORED_TOKEN_COLUMNS)}), {rebuilt}"
+
+
+def _calls_token_arrays(table: str) -> list[str]:
+    """Add the arrays and fill them from the packed bytes already stored (safe to repeat: the bytes
+    columns exist until 0004 is applied)."""
+    adds = [f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {s.spec(s.empty)}" for s in CALL_STORED]
+    fill = ", ".join(f"{s.name} = {s.expr}" for s in CALL_STORED)
+    return [*adds, f"ALTER TABLE {table} UPDATE {fill} WHERE 1 SETTINGS mutations_sync = 2"]
+
+
+def _calls_ephemeral_token_bytes(table: str) -> list[str]:
+    """Replace the stored bytes by EPHEMERAL inputs. Every step can be repeated: the arrays' defaults
+    are reset to constants before the inputs are (re)created, so nothing depends on a dropped column."""
+    counts = [
+        f"ALTER TABLE {table} MODIFY COLUMN output_tokens UInt32 MATERIALIZED "
+        "length(output_ids_arr) + intDiv(length(output_ids_odd), 4)",
+        f"ALTER TABLE {table} MODIFY COLUMN prompt_stored_tokens UInt32 MATERIALIZED "
+        "length(prompt_ids_arr) + length(prompt_new_ids_arr) "
+        "+ intDiv(length(prompt_ids_odd) + length(prompt_new_ids_odd), 4)",
+    ]
+    return [
+        *counts,
+        *(f"ALTER TABLE {table} MODIFY COLUMN {s.spec(s.empty)}" for s in CALL_STORED),
+        *(f"ALTER TABLE {table} DROP COLUMN IF EXISTS {p.name}" for p in CALL_PACKED),
+        *(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {p.name} {p.input_type} EPHEMERAL" for p in CALL_PACKED),
+        *(f"ALTER TABLE {table} MODIFY COLUMN {s.spec(s.expr)}" for s in CALL_STORED),
+    ]
 
 
 def view_sql(db: str, name: str) -> str:

@@ -15,7 +15,7 @@ from clickhouse_connect.driver.client import Client
 
 from schemas.prompt_delta import PromptReconstructionError, reconstruct_prompt
 from schemas.tokens import IdArray, unpack_ids
-from sinks.ddl import TABLE_NAMES
+from sinks.ddl import TABLE_NAMES, packed_read_sql, star_columns
 from sinks.rows import (
     RECORD_OF,
     CallTokens,
@@ -74,6 +74,8 @@ def select_rows(
     order_by: str = "",
     final: bool = True,
 ) -> list[Row]:
+    if columns == "*":
+        columns = star_columns(table)  # calls: token bytes rebuilt from the stored arrays
     sql = f"SELECT {columns} FROM {table}{' FINAL' if final else ''}"
     if where:
         sql += f" WHERE {where}"
@@ -116,8 +118,11 @@ def table_counts(client: Client) -> dict[str, int]:
 # ---- calls and their prompts ---------------------------------------------------------------------
 
 CALL_TOKEN_COLUMNS = (
-    "call_id, attempt_id, prompt_length, prompt_sha256, prompt_ids, prompt_base_call_id, "
-    "prompt_base_prefix_len, prompt_new_ids, output_ids, output_logprobs"
+    "call_id, attempt_id, prompt_length, prompt_sha256, prompt_base_call_id, prompt_base_prefix_len, "
+    + ", ".join(
+        f"{packed_read_sql(name)} AS {name}"
+        for name in ("prompt_ids", "prompt_new_ids", "output_ids", "output_logprobs")
+    )
 )
 
 

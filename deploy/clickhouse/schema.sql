@@ -379,6 +379,88 @@ SETTINGS non_replicated_deduplication_window = 10000;
 
 ALTER TABLE tokentrail.rollouts ADD COLUMN IF NOT EXISTS final_output_text String DEFAULT '' CODEC(ZSTD(3)) AFTER final_artifacts_json;
 
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS prompt_ids_arr Array(UInt32) DEFAULT [] CODEC(T64, ZSTD(3));
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS prompt_ids_odd String DEFAULT '' CODEC(ZSTD(3));
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS prompt_ids_null Bool DEFAULT false;
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS prompt_new_ids_arr Array(UInt32) DEFAULT [] CODEC(T64, ZSTD(3));
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS prompt_new_ids_odd String DEFAULT '' CODEC(ZSTD(3));
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS prompt_new_ids_null Bool DEFAULT false;
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS output_ids_arr Array(UInt32) DEFAULT [] CODEC(T64, ZSTD(3));
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS output_ids_odd String DEFAULT '' CODEC(ZSTD(3));
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS output_logprobs_arr Array(Float32) DEFAULT [] CODEC(ZSTD(3));
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS output_logprobs_odd String DEFAULT '' CODEC(ZSTD(3));
+
+ALTER TABLE tokentrail.calls UPDATE prompt_ids_arr = reinterpret(if(length(ifNull(prompt_ids, '')) % 4 = 0, ifNull(prompt_ids, ''), ''), 'Array(UInt32)'), prompt_ids_odd = if(length(ifNull(prompt_ids, '')) % 4 = 0, '', ifNull(prompt_ids, '')), prompt_ids_null = isNull(prompt_ids), prompt_new_ids_arr = reinterpret(if(length(ifNull(prompt_new_ids, '')) % 4 = 0, ifNull(prompt_new_ids, ''), ''), 'Array(UInt32)'), prompt_new_ids_odd = if(length(ifNull(prompt_new_ids, '')) % 4 = 0, '', ifNull(prompt_new_ids, '')), prompt_new_ids_null = isNull(prompt_new_ids), output_ids_arr = reinterpret(if(length(output_ids) % 4 = 0, output_ids, ''), 'Array(UInt32)'), output_ids_odd = if(length(output_ids) % 4 = 0, '', output_ids), output_logprobs_arr = reinterpret(if(length(output_logprobs) % 4 = 0, output_logprobs, ''), 'Array(Float32)'), output_logprobs_odd = if(length(output_logprobs) % 4 = 0, '', output_logprobs) WHERE 1 SETTINGS mutations_sync = 2;
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN output_tokens UInt32 MATERIALIZED length(output_ids_arr) + intDiv(length(output_ids_odd), 4);
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN prompt_stored_tokens UInt32 MATERIALIZED length(prompt_ids_arr) + length(prompt_new_ids_arr) + intDiv(length(prompt_ids_odd) + length(prompt_new_ids_odd), 4);
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN prompt_ids_arr Array(UInt32) DEFAULT [] CODEC(T64, ZSTD(3));
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN prompt_ids_odd String DEFAULT '' CODEC(ZSTD(3));
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN prompt_ids_null Bool DEFAULT false;
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN prompt_new_ids_arr Array(UInt32) DEFAULT [] CODEC(T64, ZSTD(3));
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN prompt_new_ids_odd String DEFAULT '' CODEC(ZSTD(3));
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN prompt_new_ids_null Bool DEFAULT false;
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN output_ids_arr Array(UInt32) DEFAULT [] CODEC(T64, ZSTD(3));
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN output_ids_odd String DEFAULT '' CODEC(ZSTD(3));
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN output_logprobs_arr Array(Float32) DEFAULT [] CODEC(ZSTD(3));
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN output_logprobs_odd String DEFAULT '' CODEC(ZSTD(3));
+
+ALTER TABLE tokentrail.calls DROP COLUMN IF EXISTS prompt_ids;
+
+ALTER TABLE tokentrail.calls DROP COLUMN IF EXISTS prompt_new_ids;
+
+ALTER TABLE tokentrail.calls DROP COLUMN IF EXISTS output_ids;
+
+ALTER TABLE tokentrail.calls DROP COLUMN IF EXISTS output_logprobs;
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS prompt_ids Nullable(String) EPHEMERAL;
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS prompt_new_ids Nullable(String) EPHEMERAL;
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS output_ids String EPHEMERAL;
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS output_logprobs String EPHEMERAL;
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN prompt_ids_arr Array(UInt32) DEFAULT reinterpret(if(length(ifNull(prompt_ids, '')) % 4 = 0, ifNull(prompt_ids, ''), ''), 'Array(UInt32)') CODEC(T64, ZSTD(3));
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN prompt_ids_odd String DEFAULT if(length(ifNull(prompt_ids, '')) % 4 = 0, '', ifNull(prompt_ids, '')) CODEC(ZSTD(3));
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN prompt_ids_null Bool DEFAULT isNull(prompt_ids);
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN prompt_new_ids_arr Array(UInt32) DEFAULT reinterpret(if(length(ifNull(prompt_new_ids, '')) % 4 = 0, ifNull(prompt_new_ids, ''), ''), 'Array(UInt32)') CODEC(T64, ZSTD(3));
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN prompt_new_ids_odd String DEFAULT if(length(ifNull(prompt_new_ids, '')) % 4 = 0, '', ifNull(prompt_new_ids, '')) CODEC(ZSTD(3));
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN prompt_new_ids_null Bool DEFAULT isNull(prompt_new_ids);
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN output_ids_arr Array(UInt32) DEFAULT reinterpret(if(length(output_ids) % 4 = 0, output_ids, ''), 'Array(UInt32)') CODEC(T64, ZSTD(3));
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN output_ids_odd String DEFAULT if(length(output_ids) % 4 = 0, '', output_ids) CODEC(ZSTD(3));
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN output_logprobs_arr Array(Float32) DEFAULT reinterpret(if(length(output_logprobs) % 4 = 0, output_logprobs, ''), 'Array(Float32)') CODEC(ZSTD(3));
+
+ALTER TABLE tokentrail.calls MODIFY COLUMN output_logprobs_odd String DEFAULT if(length(output_logprobs) % 4 = 0, '', output_logprobs) CODEC(ZSTD(3));
+
 CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
         FROM tokentrail.attempt_starts FINAL
         UNION ALL

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 
 import pytest
 from clickhouse_connect.driver.client import Client
@@ -10,11 +11,19 @@ from clickhouse_connect.driver.client import Client
 from schemas.codec import get_codec
 from schemas.examples import example_record
 from schemas.tokens import pack_mask
-from sinks import dashboards
+from sinks import dashboards, ddl
 from sinks.client import ClickHouseConfigError, connect, parse_dsn
-from sinks.ddl import MIGRATIONS, TABLE_NAMES, VIEWS, migrate, schema_sql
+from sinks.ddl import CALL_STORED_TOKEN_COLUMNS, MIGRATIONS, TABLE_NAMES, VIEWS, migrate, schema_sql
 from sinks.rows import TABLE_OF, to_row
-from sinks.store import insert_rows, load_records, load_rollouts, select_rows, table_counts, write_records
+from sinks.store import (
+    CallTokenCache,
+    insert_rows,
+    load_records,
+    load_rollouts,
+    select_rows,
+    table_counts,
+    write_records,
+)
 from sinks.synthetic import GroupSpec, synthetic_group
 from tokentrail.cli import main as cli_main
 from tokentrail.settings import REPO_ROOT
@@ -56,6 +65,70 @@ def test_rollouts_round_trip_through_the_calls_table(ch: Client) -> None:
     )
     stored = ch.query("SELECT sum(prompt_stored_tokens), sum(prompt_length) FROM calls FINAL").result_rows[0]
     assert stored[0] < stored[1]  # later prompts are deltas
+
+
+def odd_calls(tag: str) -> list[dict]:
+    """Calls whose bytes are not plain token arrays: 7 output bytes, NaN and -0.0 logprobs, and a prompt
+    with both full ids and a delta (the schema allows it); they must come back byte for byte."""
+    odd = {**example("CallRecord"), "event_id": f"odd-{tag}", "call_id": f"odd-{tag}", "output_ids": b"\x01" * 7}
+    nan = struct.pack("<4f", float("nan"), -0.0, -1e-30, 0.0)
+    return [odd, {**example("CallRecord"), "event_id": f"nan-{tag}", "call_id": f"nan-{tag}", "output_logprobs": nan}]
+
+
+def test_calls_store_token_arrays_and_give_back_the_exact_bytes(ch: Client) -> None:
+    g = synthetic_group(GroupSpec(rollouts=2, turns=4))
+    calls = [*g.of("CallRecord"), *odd_calls("new")]
+    write_records(ch, [("CallRecord", c) for c in calls])
+    assert load_records(ch, "calls", order_by="event_id") == sorted(calls, key=lambda c: c["event_id"])
+    kinds = dict(ch.query(
+        "SELECT name, default_kind FROM system.columns WHERE database = currentDatabase() AND table = 'calls' "
+        "AND name IN ('prompt_ids', 'prompt_new_ids', 'output_ids', 'output_logprobs')").result_rows)
+    assert set(kinds.values()) == {"EPHEMERAL"}  # the packed bytes are inputs only
+    codec = ch.query("SELECT compression_codec FROM system.columns WHERE database = currentDatabase() "
+                     "AND table = 'calls' AND name = 'prompt_new_ids_arr'").result_rows[0][0]
+    assert "T64" in codec
+    counts = dict(ch.query("SELECT call_id, output_tokens FROM calls FINAL").result_rows)
+    assert counts["odd-new"] == 1 and counts["nan-new"] == 4 and counts[g.call_ids[0]] == 32
+
+
+def test_migrating_calls_stored_as_packed_bytes(
+    chdb_dsn: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """A database made before 0003 (token bytes stored as String) keeps every call exactly."""
+    client = connect(dsn=chdb_dsn, database=f"t_calls_v1_{abs(hash(request.node.name)) % 10**6}",
+                     create_database=True)
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(ddl, "MIGRATIONS", MIGRATIONS[:2])
+            assert migrate(client) == ["0001_tables", "0002_rollouts_final_output_text"]
+        g = synthetic_group(GroupSpec(rollouts=2, turns=4))
+        old = [*g.events, *(("CallRecord", c) for c in odd_calls("old"))]
+        write_records(client, old)
+        assert migrate(client) == ["0003_calls_token_arrays", "0004_calls_ephemeral_token_bytes"]
+        for statement in MIGRATIONS[3].statements(client.database):  # a repeated, interrupted migration
+            client.command(statement)
+        new = odd_calls("new")
+        write_records(client, [("CallRecord", c) for c in new])
+        calls = [rec for name, rec in old if name == "CallRecord"] + new
+        assert load_records(client, "calls", order_by="event_id") == sorted(calls, key=lambda c: c["event_id"])
+        assert sorted(load_rollouts(client), key=lambda r: r["event_id"]) == sorted(
+            g.of("CompletedRollout"), key=lambda r: r["event_id"]
+        )
+        cache = CallTokenCache(client)
+        last = g.of("CallRecord")[3]
+        assert last["prompt"]["ids"] is None and len(cache.prompt(last["call_id"])) == last["prompt"]["length"]
+        stored = client.query(
+            "SELECT sum(prompt_stored_tokens), sum(prompt_length) FROM calls FINAL "
+            "WHERE call_id IN {ids:Array(String)}",
+            parameters={"ids": g.call_ids},
+        ).result_rows[0]
+        assert 0 < stored[0] < stored[1]
+        columns = {r[0] for r in client.query(
+            "SELECT name FROM system.columns WHERE database = currentDatabase() AND table = 'calls' "
+            "AND default_kind != 'EPHEMERAL'").result_rows}
+        assert set(CALL_STORED_TOKEN_COLUMNS) <= columns and "prompt_ids" not in columns
+    finally:
+        client.command(f"DROP DATABASE IF EXISTS {client.database}")
 
 
 def test_insert_dedup_token_drops_a_retried_batch(ch: Client) -> None:
