@@ -30,6 +30,8 @@ class VersionStats:
 class ProgressTracker:
     def __init__(self, settings: Settings) -> None:
         group = f"tokentrail-demo-progress-{uuid.uuid4().hex}"
+        self._settings, self._group = settings, group
+        self._offsets_client: Consumer | None = None
         self._consumer = Consumer(topics.consumer_config(settings, group, **{"auto.offset.reset": "earliest"}))
         self._consumer.subscribe([topics.ROLLOUTS_TOPIC, topics.REWARDS_TOPIC, topics.TRAINER_STEPS_TOPIC,
                                   topics.SAMPLES_TOPIC])
@@ -52,6 +54,8 @@ class ProgressTracker:
         self._stop.set()
         self._thread.join(timeout=10)
         self._consumer.close()
+        if self._offsets_client is not None:
+            self._offsets_client.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -87,11 +91,16 @@ class ProgressTracker:
     def topic_counts(self, names: tuple[str, ...] = (topics.CALLS_TOPIC, topics.ENV_TOPIC, topics.ROLLOUTS_TOPIC,
                                                      topics.SAMPLES_TOPIC, topics.DEAD_LETTER_TOPIC)) -> str:
         """Records on each stage's topic (end offsets): where a stuck pipeline stops growing."""
+        # A client of its own: the tracker's consumer is busy in consume() on the other thread, and
+        # metadata calls on it from here can block behind that.
+        if self._offsets_client is None:
+            self._offsets_client = Consumer(topics.consumer_config(self._settings, self._group))
+        client = self._offsets_client
         counts = []
         for name in names:
             try:
-                meta = self._consumer.list_topics(name, timeout=5).topics[name]
-                total = sum(self._consumer.get_watermark_offsets(TopicPartition(name, p), timeout=5)[1]
+                meta = client.list_topics(name, timeout=5).topics[name]
+                total = sum(client.get_watermark_offsets(TopicPartition(name, p), timeout=5)[1]
                             for p in meta.partitions)
             except Exception as exc:  # a diagnostic line must never stop the demo
                 counts.append(f"{name.removeprefix('tokentrail.')}=? ({type(exc).__name__})")
