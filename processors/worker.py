@@ -17,8 +17,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tokentrail.settings import REPO_ROOT, Settings, get_settings
 
@@ -102,6 +104,10 @@ def run_worker(args: argparse.Namespace, settings: Settings | None = None) -> in
         raise WorkerError("; ".join(d.describe() for d in wrong_partitions))
     (settings.processors.state_dir / cfg.app_id).mkdir(parents=True, exist_ok=True)
     processors = ProcessorsApp(cfg)
+    try:
+        _ensure_changelog_topics(settings, processors.app)
+    except KafkaException as exc:
+        raise WorkerError(f"changelog topics on {settings.kafka.bootstrap_servers}: {exc}") from exc
     log = logging.getLogger("tokentrail.processors")
     worker = Worker(processors.app, loglevel=args.loglevel, redirect_stdouts=False, quiet=True)
     log.info("processors worker: app id %s, %d partitions, topics %s*, verifiers %s", cfg.app_id,
@@ -115,6 +121,44 @@ def run_worker(args: argparse.Namespace, settings: Settings | None = None) -> in
     if isinstance(processors.crashed, StalledError):
         return EXIT_STALLED
     return 1 if processors.crashed is not None else code
+
+
+def _ensure_changelog_topics(settings: Settings, app: Any, timeout_s: float = 30.0) -> None:
+    """Create the tables' changelog topics before the consumer starts, and wait until they show.
+
+    Faust creates them itself on start, but a group leader whose metadata predates them leaves them
+    out of its assignments until its metadata refresh (minutes), so a partition that moves in a
+    rebalance meanwhile is not restored: its state is lost (reliability fault f, on a fresh cluster)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from schemas.topics import admin_config
+
+    admin = AdminClient(admin_config(settings))
+    wanted = {}
+    for table in app.tables.values():
+        topic = table.changelog_topic
+        name = topic.get_topic_name()
+        config = {"cleanup.policy": "compact", **{k: str(v) for k, v in (topic.config or {}).items()}}
+        wanted[name] = NewTopic(name, topic.partitions, topic.replicas or app.conf.topic_replication_factor,
+                                config=config)
+    present = admin.list_topics(timeout=timeout_s).topics
+    missing = [new for name, new in wanted.items() if name not in present]
+    if missing:
+        for future in admin.create_topics(missing, operation_timeout=timeout_s).values():
+            try:
+                future.result()
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another worker was first
+                    raise
+    deadline = time.monotonic() + timeout_s
+    while True:  # the broker's metadata follows the controller a moment later
+        topics = admin.list_topics(timeout=timeout_s).topics
+        if all(name in topics and topics[name].partitions for name in wanted):
+            return
+        if time.monotonic() > deadline:
+            raise WorkerError(f"changelog topics not visible after {timeout_s:g}s: {sorted(wanted)}")
+        time.sleep(0.2)
 
 
 def _cmd_process(args: argparse.Namespace) -> int:

@@ -5,8 +5,9 @@ duplicated) and, as the last line, one JSON object with at least ``lost``, ``dup
 and ``bad_inputs``. Exit code 0 only when every case got its stated answer and nothing was lost or
 duplicated.
 
-Needs the shared broker (settings.kafka; started if not running). The broker fault runs its own private
-broker on free ports, so the shared one is never stopped.
+Needs the shared broker (settings.kafka; started if not running). The broker fault and the scale-out fault
+(two gateways, three workers on six partitions, one worker killed) run their own private brokers on free
+ports, so the shared one is never stopped.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-FAULTS = ("broker", "worker", "twice")
+FAULTS = ("broker", "worker", "twice", "scale")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,14 +33,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="smaller workloads (well under 20 minutes here)")
     parser.add_argument("--skip", action="append", choices=("corpus", *FAULTS), default=[],
-                        help="leave out a part: corpus, broker (faults a+e), worker (faults b+c), twice (fault d)")
+                        help="leave out a part: corpus, broker (faults a+e), worker (faults b+c), twice (fault d), "
+                        "scale (fault f: 2 gateways, 3 workers, one killed)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where spools, private broker data, chDB and logs go (default: a temp dir)")
 
 
 def run(args: argparse.Namespace) -> int:
     from tokentrail import kafka_local
-    from tokentrail.reliability import faults
+    from tokentrail.reliability import faults, scale_out
     from tokentrail.reliability.corpus import run_corpus
     from tokentrail.reliability.results import Summary, table
     from tokentrail.settings import get_settings
@@ -62,7 +64,9 @@ def run(args: argparse.Namespace) -> int:
         progress(f"bad inputs: {len(summary.cases)} cases, {len(summary.failed_cases)} failed")
     steps = [("broker", lambda: faults.broker_and_gateway(settings, workdir / "broker", sizes, progress)),
              ("worker", lambda: faults.worker_and_sink_kills(settings, workdir, sizes, progress)),
-             ("twice", lambda: [faults.double_delivery(settings, workdir, sizes, progress)])]
+             ("twice", lambda: [faults.double_delivery(settings, workdir, sizes, progress)]),
+             ("scale", lambda: [scale_out.scale_out(settings, workdir / "scale-out",
+                                                    scale_out.QUICK if args.quick else scale_out.FULL, progress)])]
     for name, step in steps:
         if name in args.skip:
             continue
