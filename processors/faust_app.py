@@ -38,7 +38,7 @@ assembler rewrites a rollout's whole state per event, so changelog bytes grow wi
 Bad input never stops a worker: DecodeError, InvalidEvent, ConflictingEvent and any other
 ProcessorError become a DeadLetter on tokentrail.dead-letter with the reason. Anything else (a Kafka
 failure, a bug) crashes the worker, which restarts from the committed offsets. A watchdog watches the
-input partitions: one whose messages wait while its idle agent gets nothing for 10 s is re-seeked to
+input partitions: one whose messages wait while its idle agent gets nothing for 5 s is re-seeked to
 its next offset (after a rebalance the faust/aiokafka consumer sometimes never fetches a partition that
 has no committed offset yet); input that still waits after ``stall_timeout_s``, or a rebalance that does
 not finish in that time, stops the worker (exit code 3) for its supervisor to restart.
@@ -84,8 +84,8 @@ BAD_INPUT = (DecodeError, ProcessorError)
 # Room for the table entry header and framing on top of the largest record.
 SIZE_SLACK = 64 * 1024
 # The watchdog looks this often, and re-seeks an idle input partition that waits this long.
-WATCHDOG_EVERY_S = 5.0
-KICK_AFTER_S = 10.0
+WATCHDOG_EVERY_S = 2.0
+KICK_AFTER_S = 5.0
 
 
 class StalledError(RuntimeError):

@@ -158,19 +158,32 @@ def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict
     }
 
 
+def raise_authentication_failure(error: KafkaError) -> None:
+    """``error_cb`` of admin clients: a refused login (wrong SASL credentials, a TLS handshake the broker
+    rejects) is final, so it is raised from the next ``poll`` instead of librdkafka retrying until a
+    time-out that only says "transport failure". ``list_topics`` below polls for it."""
+    if error.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL):
+        raise KafkaException(error)
+
+
 def admin_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    return {**settings.kafka.client_config(), **overrides}
+    return {**settings.kafka.client_config(), "error_cb": raise_authentication_failure, **overrides}
 
 
 def faust_app_settings(settings: Settings) -> dict[str, Any]:
-    """Keyword arguments for ``faust.App`` that match the topics' sizes and compression.
+    """Keyword arguments for ``faust.App`` that match the topics' sizes and compression, with the
+    same security settings as every other client (``broker_credentials``, see schemas.faust_security;
+    raises KafkaSecurityError for settings faust cannot honour).
 
     aiokafka (under faust) decodes zstd batches only with ``cramjam`` installed.
     """
+    from schemas.faust_security import faust_credentials
+
     kafka = settings.kafka
     servers = [s.strip() for s in kafka.bootstrap_servers.split(",") if s.strip()]
     return {
         "broker": [f"kafka://{server}" for server in servers],
+        "broker_credentials": faust_credentials(kafka.client_config()),
         "producer_acks": -1,
         "producer_compression_type": kafka.compression,
         "producer_max_request_size": kafka.max_message_bytes,
@@ -181,6 +194,35 @@ def faust_app_settings(settings: Settings) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- creating and checking topics
+
+
+def list_topics(admin: AdminClient, timeout_s: float = 30.0) -> Any:
+    """``admin.list_topics`` that fails within seconds, naming the cause, when the broker refuses the
+    client's credentials (the client built from ``admin_config``); other failures retry until ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return admin.list_topics(timeout=max(min(2.0, deadline - time.monotonic()), 0.1))
+        except KafkaException:
+            _raise_refused_login(admin)
+            if time.monotonic() >= deadline:
+                raise
+
+
+def _raise_refused_login(admin: AdminClient) -> None:
+    """Raise the authentication failure ``raise_authentication_failure`` saw, if any, as a fresh exception.
+
+    The one raised inside the callback stays referenced by the client; through its traceback and context
+    it would reference the client's own frames, a cycle the garbage collector cannot see through the C
+    object, keeping the client (and its reconnecting threads) alive."""
+    try:
+        admin.poll(0)
+    except KafkaException as refused:
+        refused.__traceback__ = refused.__context__ = refused.__cause__ = None
+        error = refused.args[0]
+    else:
+        return
+    raise KafkaException(error)
 
 
 @dataclass(frozen=True)
@@ -235,7 +277,7 @@ def ensure_topics(
     is only reported: adding partitions would move keys, splitting a rollout's history.
     """
     report = EnsureReport()
-    present = admin.list_topics(timeout=timeout_s).topics
+    present = list_topics(admin, timeout_s).topics
     missing = [spec for spec in specs if spec.name not in present]
     if missing:
         new_topics = [
@@ -279,7 +321,7 @@ def ensure_topics(
 def _partition_counts(admin: AdminClient, names: list[str], timeout_s: float) -> dict[str, int]:
     deadline = time.monotonic() + timeout_s
     while True:
-        present = admin.list_topics(timeout=timeout_s).topics
+        present = list_topics(admin, timeout_s).topics
         missing = [name for name in names if name not in present]
         if not missing:
             return {name: len(present[name].partitions) for name in names}

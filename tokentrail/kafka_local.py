@@ -92,17 +92,58 @@ def _host_port(bootstrap_servers: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+CLIENT_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+
+
 def broker_overrides(kafka: KafkaSettings) -> dict[str, str]:
-    """The server.properties keys that tokentrail settings decide."""
+    """The server.properties keys that tokentrail settings decide, then ``kafka.broker_properties``.
+
+    The client listener speaks ``kafka.security_protocol`` (the listener is named after it) and carries
+    inter-broker traffic too; the controller listener stays PLAINTEXT on the loopback address. What a
+    secured listener needs besides (SASL mechanisms and users, key stores) comes from
+    ``broker_properties``; ``plain_sasl_broker_properties`` writes the SASL/PLAIN part.
+    """
     host, port = _host_port(kafka.bootstrap_servers)
     controller = f"{host}:{kafka.controller_port}"
-    return {
-        "listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{controller}",
-        "advertised.listeners": f"PLAINTEXT://{host}:{port},CONTROLLER://{controller}",
+    protocol = kafka.security_protocol.upper()
+    if protocol not in CLIENT_PROTOCOLS:
+        raise KafkaLocalError(f"settings.kafka.security_protocol {kafka.security_protocol!r} is not one of "
+                              f"{', '.join(CLIENT_PROTOCOLS)}")
+    listeners = f"{protocol}://{host}:{port},CONTROLLER://{controller}"
+    overrides = {
+        "listeners": listeners,
+        "advertised.listeners": listeners,
         "controller.quorum.bootstrap.servers": controller,
         "log.dirs": str(_paths(kafka)["data"]),
         "message.max.bytes": str(kafka.max_message_bytes),
         "replica.fetch.max.bytes": str(kafka.max_message_bytes),
+    }
+    if protocol != "PLAINTEXT":
+        overrides["listener.security.protocol.map"] = f"CONTROLLER:PLAINTEXT,{protocol}:{protocol}"
+        overrides["inter.broker.listener.name"] = protocol
+    return {**overrides, **kafka.broker_properties}
+
+
+def plain_sasl_broker_properties(users: dict[str, str], broker_user: str,
+                                 listener: str = "SASL_PLAINTEXT") -> dict[str, str]:
+    """broker_properties for a SASL/PLAIN client listener: ``users`` (name -> password) may log in, and
+    the broker talks to itself as ``broker_user`` (one of them). PLAIN keeps passwords in the file:
+    for local and test brokers."""
+    if broker_user not in users:
+        raise KafkaLocalError(f"the broker's own user {broker_user!r} must be one of the users")
+
+    def quoted(value: str) -> str:
+        if '"' in value or "\\" in value:
+            raise KafkaLocalError("SASL/PLAIN user names and passwords may not contain quotes or backslashes")
+        return f'"{value}"'
+
+    entries = [f"username={quoted(broker_user)}", f"password={quoted(users[broker_user])}"]
+    entries += [f"user_{name}={quoted(password)}" for name, password in users.items()]
+    jaas = "org.apache.kafka.common.security.plain.PlainLoginModule required " + " ".join(entries) + ";"
+    return {
+        "sasl.enabled.mechanisms": "PLAIN",
+        "sasl.mechanism.inter.broker.protocol": "PLAIN",
+        f"listener.name.{listener.lower()}.plain.sasl.jaas.config": jaas,
     }
 
 
@@ -314,7 +355,9 @@ def _port_open(host: str, port: int, timeout: float = 0.5) -> bool:
 
 
 def broker_answers(kafka: KafkaSettings, timeout: float = 3.0) -> bool:
-    """True when the broker at ``kafka.bootstrap_servers`` returns cluster metadata naming a broker."""
+    """True when the broker at ``kafka.bootstrap_servers`` returns cluster metadata naming a broker.
+
+    Asked with ``kafka.client_config()``, so a secured listener answers only to the right credentials."""
     host, port = _host_port(kafka.bootstrap_servers)
     if not _port_open(host, port):
         return False  # skip the admin client: it would log connection-refused noise
@@ -414,9 +457,11 @@ def _wait_until_answering(
             echo(f"  waiting for Kafka ... {time.monotonic() - began:.0f} s")
             next_report += 5.0
         time.sleep(0.2)
+    secured = "" if kafka.security_protocol.upper() == "PLAINTEXT" else (
+        f"; asked over {kafka.security_protocol} with settings.kafka.extra_client_config: check the credentials")
     raise KafkaLocalError(
         f"Kafka did not answer on {kafka.bootstrap_servers} within {wait_s:.0f} s "
-        f"(pid {pid} left running; `tokentrail kafka stop` ends it)\n{_log_tail(kafka)}"
+        f"(pid {pid} left running; `tokentrail kafka stop` ends it){secured}\n{_log_tail(kafka)}"
     )
 
 

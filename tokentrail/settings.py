@@ -30,9 +30,13 @@ class KafkaSettings(BaseModel):
     compression: str = "zstd"
     partitions: int = 6
     # Security pass-through: any librdkafka settings (e.g. sasl.mechanism, ssl.ca.location)
-    # applied to every client this project creates.
+    # applied to every client this project creates; the faust app gets the same through
+    # schemas.faust_security (PLAINTEXT, SSL, SASL_PLAINTEXT / SASL_SSL with PLAIN or SCRAM).
     security_protocol: str = "PLAINTEXT"
     extra_client_config: dict[str, str] = Field(default_factory=dict)
+    # Extra server.properties for a broker started by `tokentrail kafka start` (e.g. SASL users),
+    # applied after the keys derived from these settings; the client listener takes security_protocol.
+    broker_properties: dict[str, str] = Field(default_factory=dict)
     # Empty: Avro single-object encoding resolved against schemas/. Set: Confluent wire format.
     schema_registry_url: str = ""
 

@@ -12,6 +12,7 @@ events the attempt has; the gateway knows, because it assigned their indices.
 
 from __future__ import annotations
 
+import hmac
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -109,8 +110,11 @@ class EnvApi:
         if not self.ctx.admin_key:
             return
         key = presented_key(request.headers)
-        if key is not None and (key == state.api_key or is_admin(key, self.ctx.admin_key)):
+        if key is not None and (hmac.compare_digest(key, state.api_key) or is_admin(key, self.ctx.admin_key)):
             return
+        if key is not None and self.ctx.registry.by_api_key(key) is not None:
+            raise GatewayError(403, "this API key belongs to another rollout attempt", "permission",
+                               code="wrong_rollout")
         raise GatewayError(401, "this attempt needs its own API key or the admin key", "authentication",
                            code="invalid_api_key")
 

@@ -63,13 +63,13 @@ def resolve_call(path_params: Mapping[str, str], headers: Mapping[str, str], reg
     key = presented_key(headers)
     if "rollout_id" in path_params:
         state = registry.get_active(path_params["rollout_id"], path_params["attempt_id"])
-        _check_auth(state, key, require_auth, admin_key)
+        _check_auth(registry, state, key, require_auth, admin_key)
         return CallIdentity(state, "path", session)
     rollout = headers.get(ROLLOUT_HEADER)
     if rollout:
         attempt = headers.get(ATTEMPT_HEADER) or registry.latest_attempt_id(rollout)
         state = registry.get_active(rollout, attempt)
-        _check_auth(state, key, require_auth, admin_key)
+        _check_auth(registry, state, key, require_auth, admin_key)
         return CallIdentity(state, "header", session)
     if key is not None and registry.is_minted_key(key):
         ids = registry.by_api_key(key)
@@ -87,10 +87,15 @@ def resolve_call(path_params: Mapping[str, str], headers: Mapping[str, str], reg
     return CallIdentity(registry.unattributed(session), "unattributed", session)
 
 
-def _check_auth(state: AttemptState, key: str | None, require_auth: bool, admin_key: str) -> None:
+def _check_auth(registry: AttemptRegistry, state: AttemptState, key: str | None, require_auth: bool,
+                admin_key: str) -> None:
     if not require_auth:
         return
     if key is not None and (hmac.compare_digest(key, state.api_key) or is_admin(key, admin_key)):
         return
+    if key is not None and registry.by_api_key(key) is not None:
+        # A valid key, but another attempt's: authenticated, not allowed here (isolation).
+        raise GatewayError(403, "this API key belongs to another rollout attempt", "permission",
+                           code="wrong_rollout")
     raise GatewayError(401, "this gateway requires the attempt's API key (from POST /v1/rollouts)",
                        "authentication", code="invalid_api_key")

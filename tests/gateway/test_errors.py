@@ -182,5 +182,12 @@ def test_admin_key_and_required_rollout_keys(start_gateway) -> None:
                 wrong.chat.completions.create(model=MODEL, messages=USER, max_tokens=2)
             events = f"{gw.url}/v1/rollouts/{rollout.rollout_id}/attempts/{rollout.attempt_id}/events"
             assert httpx.post(events, json={"kind": "STEP"}).status_code == 401
+            with Rollout(gw.url, admin_key="admin-secret") as other:  # isolation: a valid key of another attempt
+                intruder = openai.OpenAI(base_url=rollout.openai_base_url, api_key=other.api_key, max_retries=0)
+                with pytest.raises(openai.PermissionDeniedError) as denied:
+                    intruder.chat.completions.create(model=MODEL, messages=USER, max_tokens=2)
+                assert denied.value.status_code == 403
+                posted = httpx.post(events, json={"kind": "STEP"}, headers={"x-api-key": other.api_key})
+                assert posted.status_code == 403
             rollout.event("STEP", {"n": 1})  # the SDK posts with the admin key
         assert rollout.finished is not None and rollout.finished["call_count"] == 1

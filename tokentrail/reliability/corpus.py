@@ -1,6 +1,6 @@
-"""The whole bad-input corpus: HTTP cases on a real gateway, topic cases on a real worker and sink,
-configuration and verifier cases; plus the two global checks (gateway still healthy, accepted calls
-all on Kafka)."""
+"""The whole bad-input corpus: HTTP cases on a real gateway, security cases on a second gateway that
+requires keys, topic cases on a real worker and sink, configuration and verifier cases; plus the two
+global checks (gateway still healthy, accepted calls all on Kafka)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tokentrail.reliability.config_check import run_config_corpus
 from tokentrail.reliability.http_check import run_http_corpus
 from tokentrail.reliability.kafka_read import count_event_ids, create_topics, delete_topics, lost_and_duplicated
 from tokentrail.reliability.results import Summary
+from tokentrail.reliability.security_check import run_security_corpus
 from tokentrail.reliability.stream_check import run_topic_corpus
 from tokentrail.settings import Settings
 
@@ -54,6 +55,9 @@ def run_corpus(settings: Settings, workdir: Path, progress: Progress = lambda _:
     summary.cases += run_config_corpus()
     progress(f"bad inputs: {len(summary.cases)} configuration and verifier cases done")
     run_gateway_corpus(settings, workdir, summary, progress)
+    security = run_security_corpus(settings, workdir, progress)
+    summary.cases += security
+    progress(f"bad inputs: {len(security)} security cases done")
     topic_results, lost = run_topic_corpus(settings, workdir, progress, with_sink=with_sink)
     summary.cases += topic_results
     summary.accepted_lost += lost  # good pipeline outputs produced alongside the bad records

@@ -17,10 +17,20 @@ def count_event_ids(config: dict[str, Any], topics: list[str], expected: set[str
                     settle_s: float = 2.0) -> Counter[str]:
     """Event id -> copies on ``topics``; reads until every expected id is seen, then ``settle_s`` more
     (to see any extra copy), or until ``timeout_s``."""
+    records = read_records(config, topics, expected, timeout_s=timeout_s, settle_s=settle_s)
+    return Counter(record.get("event_id", "<undecodable>") for _, record in records)
+
+
+def read_records(config: dict[str, Any], topics: list[str], expected: set[str], *, timeout_s: float = 60.0,
+                 settle_s: float = 2.0) -> list[tuple[bytes, dict[str, Any]]]:
+    """(raw value, decoded record) of every record on ``topics``, read from the beginning until every
+    expected event id is seen, then ``settle_s`` more, or until ``timeout_s``; undecodable values come
+    back with an empty record."""
     consumer = Consumer({**config, "group.id": f"reliability-read-{uuid.uuid4().hex[:8]}",
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
     codec = get_codec()
-    counts: Counter[str] = Counter()
+    found: list[tuple[bytes, dict[str, Any]]] = []
+    seen: set[str] = set()
     try:
         metadata = consumer.list_topics(timeout=30)
         consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in topics
@@ -32,14 +42,16 @@ def count_event_ids(config: dict[str, Any], topics: list[str], expected: set[str
                 if msg.error():
                     continue
                 try:
-                    counts[codec.decode(msg.value())[1]["event_id"]] += 1
+                    record = codec.decode(msg.value())[1]
                 except DecodeError:
-                    counts["<undecodable>"] += 1
-            if settle_until is None and expected <= set(counts):
+                    record = {}
+                found.append((msg.value(), record))
+                seen.add(record.get("event_id", ""))
+            if settle_until is None and expected <= seen:
                 settle_until = time.monotonic() + settle_s
     finally:
         consumer.close()
-    return counts
+    return found
 
 
 def lost_and_duplicated(counts: Counter[str], expected: set[str]) -> tuple[int, int]:

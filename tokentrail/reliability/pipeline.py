@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
@@ -25,6 +25,10 @@ from schemas.codec import DecodeError, get_codec
 from schemas.topics import admin_config, consumer_config, producer_config
 from tokentrail.settings import Settings
 
+if TYPE_CHECKING:
+    from processors.grouper import GroupingConfig
+    from processors.pipeline import StageConfigs
+
 Record = dict[str, Any]
 Event = tuple[str, Record]
 OUTPUTS = ("CompletedRollout", "RolloutGroup", "Score", "Reward", "Credit", "Sample", "DeadLetter")
@@ -35,9 +39,10 @@ ANSWERS = ("The answer is 4", "The answer is 5", "4", "no idea")
 # ------------------------------------------------------------------------------------------ workload
 
 
-def group_events(group: str, *, calls: int = 3, env: int = 2, seed: int = 0, answers: Iterable[str] = ANSWERS,
-                 t0_us: int = 1_700_000_000_000_000) -> list[Event]:
-    """One group of rollouts answering "2 + 2" (answer 4), one rollout per answer, prompts delta-encoded."""
+def group_events(group: str, answers: Iterable[str] = ANSWERS, *, calls: int = 3, env: int = 2, seed: int = 0,
+                 expected: int | None = None, t0_us: int = 1_700_000_000_000_000) -> list[Event]:
+    """One group of rollouts answering "2 + 2" (answer 4), one rollout per answer, prompts delta-encoded;
+    ``expected``: the group size the attempts announce (default: one per answer)."""
     from processors.testing import AttemptSpec, attempt_events, growing_turns
 
     answers = list(answers)
@@ -48,7 +53,8 @@ def group_events(group: str, *, calls: int = 3, env: int = 2, seed: int = 0, ans
         turns = growing_turns(rng, calls, 24, 6, 8, vocab=900, texts=texts)
         events += attempt_events(AttemptSpec(f"{group}-r{k}", "a1", turns, env_events=env,
                                              task_input={"answer": "4"}, group_id=group,
-                                             expected_group_size=len(answers), t0_us=t0_us + 1000 * k))
+                                             expected_group_size=expected or len(answers),
+                                             t0_us=t0_us + 1000 * k))
     return events
 
 
@@ -76,31 +82,55 @@ def workload(tag: str, groups: int, seed: int) -> list[Event]:
 
 def core_outputs(events: Iterable[Event], settings: Settings) -> dict[str, dict[str, Record]]:
     """Event id -> record of everything the pure core emits for ``events`` with these settings' configs."""
-    from processors.assembler import RolloutAssembly
-    from processors.grouper import GrouperState
-    from processors.pipeline import StageConfigs, process_group
+    from processors.pipeline import StageConfigs
     from processors.stream.config import load_grouping
-    from processors.verifiers import VerifierRunner, load_verifiers
 
     proc = settings.processors
-    grouping = load_grouping(settings)
     stages = StageConfigs.load(proc.reward_config, proc.credit_config, proc.sample_config)
-    verifiers = load_verifiers(list(proc.verifiers))
+    return derive_outputs(events, load_grouping(settings), stages, list(proc.verifiers))
+
+
+def derive_outputs(events: Iterable[Event], grouping: GroupingConfig, stages: StageConfigs, verifier_specs: list[str],
+                   *, expire_after_us: int | None = None, close_groups: bool = False) -> dict[str, dict[str, Record]]:
+    """Rollouts, groups and derived events the pure core emits for these events, in this order.
+
+    ``expire_after_us``: then expire every open attempt with that time-out (INCOMPLETE rollouts);
+    ``close_groups``: then close every open group (PARTIAL), as the timers eventually do."""
+    from processors.assembler import RolloutAssembly
+    from processors.grouper import GrouperState
+    from processors.pipeline import process_group
+    from processors.verifiers import VerifierRunner, load_verifiers
+
+    verifiers = load_verifiers(verifier_specs)
     states: dict[str, RolloutAssembly] = {}
     grouper = GrouperState()
     out: dict[str, dict[str, Record]] = {name: {} for name in OUTPUTS}
+
+    def close(group: Record) -> None:
+        out["RolloutGroup"][group["event_id"]] = group
+        members = [out["CompletedRollout"][e] for e in group["rollout_event_ids"]]
+        derived = process_group(group, members, verifiers, stages.reward, stages.credit, stages.sample,
+                                runner=VerifierRunner())
+        for kind, record in derived.events():
+            out[kind][record["event_id"]] = record
+
+    def emit(rollout: Record) -> None:
+        out["CompletedRollout"][rollout["event_id"]] = rollout
+        for emitted in grouper.add(rollout, grouping).emitted:
+            close(emitted.group)
+
     for name, rec in events:
         state = states.setdefault(rec["rollout_id"], RolloutAssembly(rec["rollout_id"]))
         for rollout in state.accept(name, rec).rollouts:
-            out["CompletedRollout"][rollout["event_id"]] = rollout
-            for emitted in grouper.add(rollout, grouping).emitted:
-                group = emitted.group
-                out["RolloutGroup"][group["event_id"]] = group
-                members = [out["CompletedRollout"][e] for e in group["rollout_event_ids"]]
-                derived = process_group(group, members, verifiers, stages.reward, stages.credit, stages.sample,
-                                        runner=VerifierRunner())
-                for kind, record in derived.events():
-                    out[kind][record["event_id"]] = record
+            emit(rollout)
+    far_future = 2**62
+    if expire_after_us is not None:
+        for state in states.values():
+            for rollout in state.expire_due(far_future, expire_after_us):
+                emit(rollout)
+    if close_groups:
+        for emitted in grouper.close_due(far_future, grouping):
+            close(emitted.group)
     return out
 
 
@@ -116,10 +146,18 @@ class Collected:
     """Every output message seen, decoded, in arrival order (redeliveries included)."""
 
     records: dict[str, list[Record]] = field(default_factory=lambda: {n: [] for n in OUTPUTS})
+    keys: dict[str, list[bytes | None]] = field(default_factory=lambda: {n: [] for n in OUTPUTS})
     undecodable: list[bytes] = field(default_factory=list)
+
+    def add(self, name: str, key: bytes | None, record: Record) -> None:
+        self.records[name].append(record)
+        self.keys[name].append(key)
 
     def ids(self, name: str) -> set[str]:
         return {r["event_id"] for r in self.records[name]}
+
+    def unique(self, name: str) -> dict[str, Record]:
+        return {r["event_id"]: r for r in self.records[name]}
 
     def counts(self, name: str) -> Counter[str]:
         return Counter(r["event_id"] for r in self.records[name])
@@ -242,7 +280,7 @@ class Pipeline:
         for msg in msgs:
             name = by_topic[msg.topic()]
             try:
-                self.collected.records[name].append(self.codec.decode(msg.value(), expect=name)[1])
+                self.collected.add(name, msg.key(), self.codec.decode(msg.value(), expect=name)[1])
             except DecodeError:  # bad records put on the rollouts topic by the corpus
                 self.collected.undecodable.append(msg.value())
         return len(msgs)

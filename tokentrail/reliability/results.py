@@ -64,6 +64,8 @@ class Summary:
             "ok": self.ok, "lost": self.lost, "duplicated": self.duplicated,
             "faults": len(self.faults), "faults_passed": sum(f.passed for f in self.faults),
             "bad_inputs": len(self.cases), "bad_inputs_passed": sum(c.passed for c in self.cases),
+            "security": sum(c.area == "security" for c in self.cases),
+            "security_passed": sum(c.passed for c in self.cases if c.area == "security"),
             "known_gaps": [c.id for c in self.open_gaps], "failed": [c.id for c in self.failed_cases],
             "accepted_before_bad_inputs": self.accepted_checked, "gateway_health_after": self.health_ok,
         }
