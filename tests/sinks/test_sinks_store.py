@@ -157,8 +157,13 @@ def test_views_and_dashboard_panels_run(ch: Client) -> None:
     by_version = ch.query("SELECT policy_version, count() FROM v_reward_by_policy GROUP BY 1 ORDER BY 1").result_rows
     assert by_version == [(1, 4), (2, 4)]
     assert ch.query("SELECT avg(is_prefix) FROM v_prefix_links").result_rows[0][0] == 1.0
+    # Read-only, as the dashboards' user is (readonly = 1, sinks.ddl readonly_user_sql): every panel's query
+    # runs (one needing more than reads would raise here) and a write is refused. A query-level SETTINGS
+    # clause, because chDB would keep a client-side setting on its embedded session.
     for panel in dashboards.PANELS:
-        ch.query(dashboards.expand_macros(panel.sql))
+        ch.query(dashboards.expand_macros(panel.sql) + "\nSETTINGS readonly = 1")
+    with pytest.raises(Exception, match=r"(?i)readonly"):
+        ch.command("INSERT INTO groups (event_id) SETTINGS readonly = 1 VALUES ('x')")
 
 
 def test_committed_dashboard_matches_the_generator() -> None:
