@@ -8,14 +8,29 @@ Two servers run in processes of their own, on the same HTTP stack (uvicorn + Sta
   renders and tokenizes the conversation, records the call (Avro) and returns only after the record
   is acknowledged by the local Kafka broker (acks=all, the production sink with its spool).
 
-Requests carry a user message of about ``--prompt-tokens`` tokens (4k by default), each call in a
-rollout of its own (started before timing, so no call is delta-encoded on an earlier one). At
-concurrency 1 the two servers are called alternately, so both see the same machine state;
-``added_*`` is gateway minus direct. ``cpu_ms_per_call`` is the gateway process's CPU time (all its
-threads: HTTP, rendering, encoding, librdkafka) per call at concurrency 1; ``calls_per_s_c64`` is
-the throughput of one gateway process with 64 calls in flight. The client runs on the same machine.
+Workloads (``--workload``), all with a first user message of about ``--prompt-tokens`` tokens (4k):
+
+* ``agent`` (default): what agent harnesses send. Every rollout is a conversation of ``--turns`` calls;
+  call k repeats the whole history (the earlier assistant answers and tool results of about
+  ``--turn-tokens`` tokens each) and adds one turn, so each call's prompt extends the previous call's.
+  Every conversation differs from its first word on, so only a rollout's own earlier calls can be reused.
+* ``distinct``: every call a single-turn conversation of its own; nothing tokenized before can be
+  reused (the gateway's worst case).
+* ``same``: every call the same single-turn conversation, as the rollouts of one group send it (best case).
+
+Rollouts are started before timing. At concurrency 1 the two servers are called
+alternately, so both see the same machine state; ``added_*`` is gateway minus direct.
+``cpu_ms_per_call`` is the gateway process's CPU time (all its threads: HTTP, rendering, encoding,
+librdkafka) per call at concurrency 1; ``calls_per_s_c64`` is the throughput of one gateway process
+with 64 calls in flight, and ``direct_calls_per_s_c64`` the same client against the direct server
+(the ceiling the client and machine allow). The client runs on the same machine; by default it is a
+minimal keep-alive HTTP/1.1 client (``--client raw``: prebuilt requests, httptools parsing), because
+httpx costs several ms of CPU per call and would cap throughput at c64 far below the servers' own
+(``--client httpx`` measures with it).
 
     python -m bench.gateway [--calls N] [--c64-calls N] [--prompt-tokens T] [--output-tokens K]
+                            [--workload agent|distinct|same] [--turns N] [--turn-tokens T]
+                            [--client raw|httpx]
 """
 
 from __future__ import annotations
@@ -31,9 +46,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -213,13 +229,129 @@ async def _start_rollouts(client: httpx.AsyncClient, url: str, count: int) -> li
     return bases
 
 
-async def _call(client: httpx.AsyncClient, url: str, body: bytes) -> float:
+class _RawConnection:
+    """One keep-alive HTTP/1.1 connection that POSTs JSON and reads one response at a time."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str) -> None:
+        self.reader, self.writer, self.host = reader, writer, host
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        import httptools
+
+        head = (f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\n\r\n").encode()
+        self.writer.write(head + body)
+        chunks: list[bytes] = []
+        complete: list[bool] = []
+
+        class Events:
+            def on_body(self, data: bytes) -> None:
+                chunks.append(data)
+
+            def on_message_complete(self) -> None:
+                complete.append(True)
+
+        parser = httptools.HttpResponseParser(Events())
+        while not complete:
+            data = await self.reader.read(1 << 16)
+            if not data:
+                raise ConnectionError("the server closed the connection")
+            parser.feed_data(data)
+        return parser.get_status_code(), b"".join(chunks)
+
+
+class RawClient:
+    """Pools of raw keep-alive connections per server; timed calls only (setup uses httpx)."""
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list[_RawConnection]] = {}
+        self._all: list[_RawConnection] = []
+
+    async def post(self, url: str, body: bytes) -> tuple[int, bytes]:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        idle = self._idle.setdefault(netloc, [])
+        if idle:
+            conn = idle.pop()
+        else:
+            reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+            conn = _RawConnection(reader, writer, netloc)
+            self._all.append(conn)
+        status, data = await conn.post(parts.path, body)
+        idle.append(conn)
+        return status, data
+
+    async def close(self) -> None:
+        for conn in self._all:
+            conn.writer.close()
+
+
+Poster = Callable[[str, bytes], Any]
+
+
+def _poster(kind: str, client: httpx.AsyncClient, raw: RawClient) -> Poster:
+    async def with_httpx(url: str, body: bytes) -> tuple[int, bytes]:
+        response = await client.post(url, content=body, headers={"content-type": "application/json"})
+        return response.status_code, response.content
+
+    return raw.post if kind == "raw" else with_httpx
+
+
+async def _call(post: Poster, url: str, body: bytes) -> float:
     began = time.perf_counter()
-    response = await client.post(url, content=body, headers={"content-type": "application/json"})
+    status, data = await post(url, body)
     elapsed = time.perf_counter() - began
-    if response.status_code != 200:
-        raise RuntimeError(f"{url}: HTTP {response.status_code}: {response.text[:300]}")
+    if status != 200:
+        raise RuntimeError(f"{url}: HTTP {status}: {data[:300]!r}")
     return elapsed
+
+
+async def _concurrently(post: Poster, conversations: list[list[tuple[str, bytes]]],
+                        workers: int) -> tuple[list[float], float]:
+    """Run every conversation (its calls in order, as one harness would) from ``workers`` concurrent
+    workers; latencies of every call and wall seconds."""
+    queue = list(conversations)
+    latencies: list[float] = []
+
+    async def worker() -> None:
+        while queue:
+            for url, body in queue.pop():
+                latencies.append(await _call(post, url, body))
+
+    began = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return latencies, time.perf_counter() - began
+
+
+def _words(rng: random.Random, count: int) -> str:
+    vocabulary = ["result", "found", "line", "file", "error", "value", "returns", "match", "path", "ok",
+                  "status", "count", "test", "passed", "module", "config", "key", "index"]
+    return " ".join(rng.choice(vocabulary) for _ in range(count))
+
+
+def conversations(workload: str, calls: int, turns: int, first: str, answer: str, turn_tokens: int,
+                  max_tokens: int, seed: int) -> list[list[bytes]]:
+    """Request bodies, grouped by conversation (one rollout each), at least ``calls`` calls in all."""
+    rng = random.Random(seed)
+
+    def body(messages: list[dict[str, str]]) -> bytes:
+        return orjson.dumps({"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 1.0})
+
+    if workload == "same":
+        return [[body([{"role": "user", "content": first}])] for _ in range(calls)]
+    if workload == "distinct":
+        return [[body([{"role": "user", "content": f"case-{seed}-{n}-{uuid.uuid4().hex[:6]} {first}"}])]
+                for n in range(calls)]
+    out = []
+    for n in range(-(-calls // turns)):
+        messages = [{"role": "user", "content": f"task-{seed}-{n}-{uuid.uuid4().hex[:6]} {first}"}]
+        bodies = [body(messages)]
+        for _ in range(turns - 1):
+            messages = [*messages, {"role": "assistant", "content": answer},
+                        {"role": "user", "content": _words(rng, turn_tokens)}]
+            bodies.append(body(messages))
+        out.append(bodies)
+    return out
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -250,9 +382,19 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     content = _prompt(text, args.prompt_tokens)
     prompt_len = len(text.render_chat([{"role": "user", "content": content}], None,
                                       prefix_mode="retokenize", prior=[]).prompt_ids)
-    body = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": content}],
-                         "max_tokens": args.output_tokens, "temperature": 1.0})
-    print(f"prompt: {prompt_len} tokens ({len(body)} bytes of JSON); output: {args.output_tokens} tokens",
+    answer = text.decode(_output_ids(text, args.output_tokens))
+    turns = args.turns if args.workload == "agent" else 1
+
+    def phase(calls: int, seed: int) -> list[list[bytes]]:
+        return conversations(args.workload, calls, turns, content, answer, args.turn_tokens, args.output_tokens,
+                             seed)
+
+    warmup, timed, c64 = phase(args.warmup, 1), phase(args.calls, 2), phase(args.c64_calls, 3)
+    total = sum(len(c) for c in warmup + timed + c64)
+    n_c1, n_c64 = sum(len(c) for c in timed), sum(len(c) for c in c64)
+    longest = max(len(b) for c in timed for b in c)
+    print(f"workload {args.workload}: first prompt {prompt_len} tokens, {turns} call(s) per conversation "
+          f"(largest body {longest} bytes of JSON); output: {args.output_tokens} tokens; client: {args.client}",
           flush=True)
 
     spool = tempfile.mkdtemp(prefix="bench-gateway-spool-")
@@ -264,50 +406,51 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     direct_url, gateway_url = f"http://127.0.0.1:{direct_port}", f"http://127.0.0.1:{gateway_port}"
     limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
     figures: dict[str, Any] = {}
+    raw = RawClient()
     try:
         async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+            post = _poster(args.client, client, raw)
             await _wait_healthy(client, direct_url, direct, "direct")
             await _wait_healthy(client, gateway_url, gateway, "gateway")
-            total = args.warmup + args.calls + args.c64_calls
-            print(f"starting {total} rollouts ...", flush=True)
-            bases = await _start_rollouts(client, gateway_url, total)
+            n_rollouts = len(warmup) + len(timed) + len(c64)
+            print(f"starting {n_rollouts} rollouts ...", flush=True)
+            bases = await _start_rollouts(client, gateway_url, n_rollouts)
             chat = "/v1/chat/completions"
+            gateway_urls = [gateway_url + base + chat for base in bases]
+            direct_chat = direct_url + chat
 
-            print(f"warm-up: {args.warmup} calls each ...", flush=True)
-            for i in range(args.warmup):
-                await _call(client, direct_url + chat, body)
-                await _call(client, gateway_url + bases[i] + chat, body)
+            print(f"warm-up: {sum(len(c) for c in warmup)} calls each ...", flush=True)
+            for n, conversation in enumerate(warmup):
+                for body in conversation:
+                    await _call(post, direct_chat, body)
+                    await _call(post, gateway_urls[n], body)
 
-            print(f"concurrency 1: {args.calls} calls each, alternating ...", flush=True)
+            print(f"concurrency 1: {n_c1} calls each, alternating ...", flush=True)
             direct_s: list[float] = []
             gateway_s: list[float] = []
             cpu_before = _cpu_seconds(gateway.pid)
-            for i in range(args.calls):
-                gateway_path = gateway_url + bases[args.warmup + i] + chat
-                if i % 2:
-                    direct_s.append(await _call(client, direct_url + chat, body))
-                    gateway_s.append(await _call(client, gateway_path, body))
-                else:
-                    gateway_s.append(await _call(client, gateway_path, body))
-                    direct_s.append(await _call(client, direct_url + chat, body))
-                if (i + 1) % max(1, args.calls // 5) == 0:
-                    print(f"  {i + 1}/{args.calls}", flush=True)
+            i = 0
+            for n, conversation in enumerate(timed, start=len(warmup)):
+                for body in conversation:
+                    if i % 2:
+                        direct_s.append(await _call(post, direct_chat, body))
+                        gateway_s.append(await _call(post, gateway_urls[n], body))
+                    else:
+                        gateway_s.append(await _call(post, gateway_urls[n], body))
+                        direct_s.append(await _call(post, direct_chat, body))
+                    i += 1
+                    if i % max(1, n_c1 // 5) == 0:
+                        print(f"  {i}/{n_c1}", flush=True)
             cpu_c1 = _cpu_seconds(gateway.pid) - cpu_before
 
-            print(f"concurrency 64: {args.c64_calls} gateway calls ...", flush=True)
-            queue = list(bases[args.warmup + args.calls:])
-            c64_latencies: list[float] = []
-
-            async def worker() -> None:
-                while queue:
-                    base = queue.pop()
-                    c64_latencies.append(await _call(client, gateway_url + base + chat, body))
-
+            print(f"concurrency 64: {n_c64} calls each ({len(c64)} conversations), gateway then direct ...",
+                  flush=True)
+            first = len(warmup) + len(timed)
             cpu_before = _cpu_seconds(gateway.pid)
-            began = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(64)))
-            c64_s = time.perf_counter() - began
+            c64_latencies, c64_s = await _concurrently(
+                post, [[(gateway_urls[first + k], b) for b in c] for k, c in enumerate(c64)], 64)
             cpu_c64 = _cpu_seconds(gateway.pid) - cpu_before
+            _, direct_c64_s = await _concurrently(post, [[(direct_chat, b) for b in c] for c in c64], 64)
 
             health = (await client.get(f"{gateway_url}/health")).json()
         sink = health.get("sink", {})
@@ -330,17 +473,21 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "added_p50_ms_c1": (gateway_p50 - direct_p50) * 1000,
             "added_p99_ms_c1": (_percentile(gateway_s, 0.99) - _percentile(direct_s, 0.99)) * 1000,
             "added_paired_p50_ms_c1": statistics.median(paired) * 1000,
-            "cpu_ms_per_call": cpu_c1 / args.calls * 1000,
-            "cpu_ms_per_call_c64": cpu_c64 / args.c64_calls * 1000,
-            "calls_per_s_c64": args.c64_calls / c64_s,
+            "cpu_ms_per_call": cpu_c1 / n_c1 * 1000,
+            "cpu_ms_per_call_c64": cpu_c64 / n_c64 * 1000,
+            "calls_per_s_c64": n_c64 / c64_s,
+            "direct_calls_per_s_c64": n_c64 / direct_c64_s,
             "gateway_p50_ms_c64": statistics.median(c64_latencies) * 1000,
             "gateway_p99_ms_c64": _percentile(c64_latencies, 0.99) * 1000,
             "records_on_kafka": on_kafka,
-            "gateway_calls": args.warmup + args.calls + args.c64_calls,
+            "gateway_calls": total,
+            "workload": args.workload,
+            "turns_per_conversation": turns,
             "spool_depth_at_end": sink.get("spool_depth", -1),
             "delivery_errors": sink.get("delivery_errors", -1),
         }
     finally:
+        await raw.close()
         for proc in (direct, gateway):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -367,6 +514,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=50, help="untimed calls per server first")
     parser.add_argument("--prompt-tokens", type=int, default=4096, help="rendered prompt length")
     parser.add_argument("--output-tokens", type=int, default=16, help="sampled tokens per call")
+    parser.add_argument("--workload", choices=["agent", "distinct", "same"], default="agent",
+                        help="agent: multi-turn conversations, each call extending the previous one (default); "
+                        "distinct: a new single-turn conversation per call; same: one conversation for all")
+    parser.add_argument("--turns", type=int, default=8, help="calls per conversation in the agent workload")
+    parser.add_argument("--turn-tokens", type=int, default=128,
+                        help="words of tool result added per turn in the agent workload")
+    parser.add_argument("--client", choices=["raw", "httpx"], default="raw",
+                        help="HTTP client of the timed calls (raw: minimal keep-alive HTTP/1.1)")
     # Internal: run one of the two servers (the benchmark starts them as subprocesses).
     parser.add_argument("--serve", choices=["direct", "gateway"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)

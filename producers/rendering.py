@@ -24,13 +24,20 @@ must consist of the same pieces with the messages' rendered bodies between them.
 from __future__ import annotations
 
 import json
+import math
+import threading
+from array import array
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from producers.model_build import sha256_file, sha256_text
 from producers.parsing import ParsedOutput, parse_output
+from producers.token_cache import PrefixTokenCache
 
 Message = Mapping[str, Any]
 
@@ -102,7 +109,7 @@ class RenderError(ValueError):
 class ChatRenderer:
     """The pinned tokenizer and chat template of a model directory."""
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, *, cache_tokens: int = 8_000_000) -> None:
         from transformers import AutoTokenizer
 
         self.model_dir = Path(model_dir)
@@ -117,11 +124,22 @@ class ChatRenderer:
         self.eos_token_id = int(self.tokenizer.eos_token_id)
         self.stop_token_ids: tuple[int, ...] = (self.eos_token_id,)
         self.vocab_size = len(self.tokenizer)
+        # Prompts are cut for reuse at the added tokens the template emits (turn markers and the like).
+        anchors = [t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content in template]
+        self.token_cache = PrefixTokenCache(self._backend, anchors, max_tokens=cache_tokens)
+        # The rollouts of a group send the same conversation; a template that reads the clock renders
+        # differently each time, so it is never memoized.
+        self._render_memo = RenderMemo(enabled=cache_tokens > 0 and "strftime_now" not in template)
 
     # ------------------------------------------------------------------------------------ basics
     def encode(self, text: str) -> list[int]:
         """Plain tokenization, no special tokens added (special-token text still maps to its id)."""
         return list(self._backend.encode(text, add_special_tokens=False).ids)
+
+    def encode_cached(self, text: str) -> list[int]:
+        """Exactly ``encode(text)``, tokenizing only what follows the longest prefix this process
+        tokenized before (see producers/token_cache.py)."""
+        return self.token_cache.encode(text).tolist()
 
     def decode(self, ids: Sequence[int]) -> str:
         """Exact inverse of ``encode`` for valid UTF-8 (special tokens kept, no clean-up)."""
@@ -140,14 +158,19 @@ class ChatRenderer:
     def render_text(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
                     add_generation_prompt: bool = True) -> str:
         _check_messages(messages)
+        key = self._render_memo.key(messages, tools, add_generation_prompt)
+        text = self._render_memo.get(key)
+        if text is not None:
+            return text
         try:
-            text = self.tokenizer.apply_chat_template(
+            text = str(self.tokenizer.apply_chat_template(
                 list(messages), tools=list(tools) if tools else None, tokenize=False,
                 add_generation_prompt=add_generation_prompt,
-            )
+            ))
         except Exception as exc:  # jinja errors, missing keys: the request is malformed
             raise RenderError(f"cannot render the messages with the chat template: {exc}") from exc
-        return str(text)
+        self._render_memo.put(key, text)
+        return text
 
     def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
                add_generation_prompt: bool = True) -> list[int]:
@@ -162,6 +185,12 @@ class ChatRenderer:
             raise RenderError(f"cannot render the messages with the chat template: {exc}") from exc
         return [int(i) for i in ids]
 
+    def render_cached(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
+                      add_generation_prompt: bool = True) -> array:
+        """Exactly ``render`` (as an ``array('I')``): the template's text, tokenized through the prefix
+        cache."""
+        return self.token_cache.encode(self.render_text(messages, tools, add_generation_prompt))
+
     # ------------------------------------------------------------------------------------ splice
     def render_spliced(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
                        prior_calls: Sequence[PriorCall]) -> RenderedPrompt:
@@ -169,7 +198,7 @@ class ChatRenderer:
         _check_messages(messages)
         text = self.render_text(messages, tools)
         if not prior_calls:
-            return RenderedPrompt(self.encode(text), text)
+            return RenderedPrompt(self.encode_cached(text), text)
         outputs = {c.call_index: _OutputView(self, c) for c in prior_calls}
         matches = _match_messages(messages, prior_calls, outputs)
         breaks: list[PrefixBreak] = []
@@ -284,7 +313,7 @@ class ChatRenderer:
         spans: list[SplicedSpan] = []
         for piece in pieces:
             if piece.ids is None:
-                ids.extend(self.encode(piece.text) if piece.text else [])
+                ids.extend(self.encode_cached(piece.text) if piece.text else [])
                 continue
             start = len(ids)
             ids.extend(int(i) for i in piece.ids)
@@ -292,11 +321,65 @@ class ChatRenderer:
             spans.append(SplicedSpan(piece.call_index, start, len(ids), piece.kind))
         if self.decode(ids) != text:  # never expected; the text is the contract, so fall back to it
             breaks.append(PrefixBreak(None, None, "spliced ids did not decode to the rendered text"))
-            return RenderedPrompt(self.encode(text), text, (), tuple(breaks), None)
+            return RenderedPrompt(self.encode_cached(text), text, (), tuple(breaks), None)
         return RenderedPrompt(ids, text, tuple(spans), tuple(breaks), base_call)
 
 
 # ---------------------------------------------------------------------------------------- helpers
+class RenderMemo:
+    """Rendered texts of recent conversations, keyed by their exact JSON.
+
+    Only plain JSON values are keyed (dicts with string keys, lists, strings, ints, finite floats, bools,
+    None), where equal JSON means equal values to the template; anything else is rendered every time."""
+
+    def __init__(self, *, enabled: bool = True, max_chars: int = 32_000_000) -> None:
+        self.enabled = enabled
+        self.max_chars = max_chars
+        self._texts: OrderedDict[bytes, str] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def key(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
+            add_generation_prompt: bool) -> bytes | None:
+        value = [list(messages), list(tools) if tools else None, add_generation_prompt]
+        if not self.enabled or not _plain_json(value):
+            return None
+        return orjson.dumps(value)
+
+    def get(self, key: bytes | None) -> str | None:
+        if key is None:
+            return None
+        with self._lock:
+            text = self._texts.get(key)
+            if text is not None:
+                self._texts.move_to_end(key)
+            return text
+
+    def put(self, key: bytes | None, text: str) -> None:
+        if key is None or len(key) + len(text) > self.max_chars:
+            return
+        with self._lock:
+            if key in self._texts:
+                return
+            self._texts[key] = text
+            self._chars += len(key) + len(text)
+            while self._chars > self.max_chars:
+                old_key, old_text = self._texts.popitem(last=False)
+                self._chars -= len(old_key) + len(old_text)
+
+
+def _plain_json(value: Any) -> bool:
+    if value is None or type(value) in (str, int, bool):
+        return True
+    if type(value) is float:
+        return math.isfinite(value)
+    if type(value) is list:
+        return all(_plain_json(v) for v in value)
+    if type(value) is dict:
+        return all(type(k) is str and _plain_json(v) for k, v in value.items())
+    return False
+
+
 class _OutputView:
     """An earlier call's output as text: ``text`` decodes all its ids, ``body`` without the stop, and
     ``message`` is the assistant message it became."""

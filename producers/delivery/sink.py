@@ -79,6 +79,7 @@ class SinkStats:
 # concurrency 1, linger 0 gave 0.7 ms, with the same throughput at 64 in flight (batches form while
 # earlier requests are in flight).
 MAX_LINGER_MS = 0.0
+ZSTD_LEVEL = 1
 # Settings the delivery guarantees depend on; they override whatever the base config says.
 REQUIRED_PRODUCER_CONFIG: dict[str, Any] = {
     "acks": "all",
@@ -96,6 +97,10 @@ def sink_producer_config(base: dict[str, Any]) -> dict[str, Any]:
     conf.update(REQUIRED_PRODUCER_CONFIG)
     # Every call waits for its acknowledgement, so lingering is pure added latency.
     conf["linger.ms"] = min(float(conf.get("linger.ms", MAX_LINGER_MS)), MAX_LINGER_MS)
+    # librdkafka makes a fresh zstd context per batch; at the default level 3 clearing its tables cost as
+    # much as compressing (gateway bench: 0.4 ms of producer-thread CPU a call at level 3, 0.2 ms at
+    # level 1, for records ~5% larger).
+    conf.setdefault("compression.level", ZSTD_LEVEL)
     conf.setdefault("reconnect.backoff.max.ms", 1000)  # notice a returning broker quickly
     return conf
 

@@ -34,6 +34,7 @@ from producers.gateway.metrics import GatewayMetrics
 from producers.gateway.models_anthropic import CountTokensRequest, MessagesRequest
 from producers.gateway.models_openai import ChatCompletionRequest, CompletionRequest
 from producers.gateway.ports import TextEvent, TextSide
+from producers.gateway.responses_route import ResponsesRoute
 from producers.gateway.service import CallService, ErrorBody, PreparedCall, ResponseBuilder
 from producers.gateway.sse import SSE_HEADERS
 from producers.upstream import Upstream
@@ -105,6 +106,7 @@ class Gateway:
             ("/v1/completions", self.completions, ["POST"]),
             ("/v1/messages", self.messages, ["POST"]),
             ("/v1/messages/count_tokens", self.count_tokens, ["POST"]),
+            ("/v1/responses", ResponsesRoute(self).create, ["POST"]),
             ("/v1/models", self.models, ["GET"]),
         ]
         routes = [Route("/health", self.health, methods=["GET"]),
@@ -223,7 +225,10 @@ class Gateway:
 
     def _prepare(self, request: Request, identity: CallIdentity, call: InternalCall, raw: dict[str, Any],
                  received: int, started: float, adapter_version: str, tool_prefix: str) -> PreparedCall:
-        request_json = records.request_json(request.method, request.url.path, request.url.query,
+        # Path and query as ``request.url`` gives them, without building and re-parsing a whole URL.
+        scope = request.scope
+        path = scope["path"].replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
+        request_json = records.request_json(request.method, path, scope.get("query_string", b"").decode(),
                                             dict(request.headers), raw)
         return self.service.prepare(identity, call, received_at_us=received, started=started,
                                     request_json=request_json, adapter_version=adapter_version,

@@ -10,7 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+import numpy as np
+
 from producers.gateway.attempts import PriorSample
+from schemas.tokens import IDS_DTYPE, IdArray
 
 
 @dataclass
@@ -18,6 +21,17 @@ class Rendered:
     prompt_ids: list[int]
     spliced_outputs: int = 0  # earlier outputs of the attempt that entered as their exact sampled ids
     prefix_breaks: list[str] = field(default_factory=list)  # where the template dropped/rewrote history
+    # The same ids packed (read-only), when the text side has them so; else made once by ``array()``.
+    prompt_array: IdArray | None = None
+
+    def array(self) -> IdArray:
+        """``prompt_ids`` as a read-only uint32 array, converted at most once (4k-id lists are slow to
+        convert, and the record, the delta base and the attempt state all need the array)."""
+        if self.prompt_array is None:
+            arr = np.asarray(self.prompt_ids, dtype=IDS_DTYPE)
+            arr.flags.writeable = False
+            self.prompt_array = arr
+        return self.prompt_array
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import orjson
 
 from schemas.ids import event_id
 from schemas.prompt_delta import PromptTokens
-from schemas.tokens import pack_floats, pack_ids
+from schemas.tokens import IdArray, pack_floats, pack_ids
 
 REDACTED = "[redacted]"
 # Header and body field names whose values are credentials (compared lower-case, '-' and '_' alike).
@@ -80,7 +80,7 @@ def sampling_record(*, temperature: float, top_p: float, top_k: int, max_tokens:
 
 def call_record(*, call_id: str, rollout_id: str, attempt_id: str, call_index: int, session_id: str | None,
                 protocol: str, streamed: bool, error: dict[str, Any] | None, prompt: PromptTokens,
-                output_ids: list[int], output_logprobs: list[float], logprob_kind: str, finish_reason: str,
+                output_ids: list[int] | IdArray, output_logprobs: list[float], logprob_kind: str, finish_reason: str,
                 versions: Versions, sampling: dict[str, Any], prefix_mode: str, spliced_outputs: int,
                 prefix_breaks: list[str], received_at_us: int, queue_ms: float, first_token_ms: float,
                 total_ms: float, request: str, response: str) -> dict[str, Any]:

@@ -197,7 +197,7 @@ class CallService:
     def _record(self, prep: PreparedCall, generated: Generated, meta: dict[str, Any],
                 error: GatewayError | None, response: dict[str, Any], finish_reason: str) -> dict[str, Any]:
         state, s = prep.identity.state, prep.call.sampling
-        prompt = np.asarray(prep.rendered.prompt_ids, dtype=IDS_DTYPE)
+        prompt = prep.rendered.array()
         base_id, base_seq = state.best_base(prompt)
         versions = records.Versions(
             model=self.model_name, policy_version=int(meta["policy_version"]),
@@ -216,7 +216,8 @@ class CallService:
             streamed=prep.call.stream,
             error=None if error is None else {"type": error.code or error.kind, "message": error.message,
                                               "status_code": error.status},
-            prompt=encode_prompt(prompt, base_id, base_seq), output_ids=generated.output_ids,
+            prompt=encode_prompt(prompt, base_id, base_seq),
+            output_ids=np.asarray(generated.output_ids, dtype=IDS_DTYPE),  # packed without a range scan
             output_logprobs=generated.output_logprobs, logprob_kind=meta["logprob_kind"],
             finish_reason=finish_reason, versions=versions,
             sampling=records.sampling_record(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
@@ -253,7 +254,7 @@ class CallService:
 
 
 def _delivered(prep: PreparedCall, generated: Generated) -> DeliveredCall:
-    return DeliveredCall(prep.call_id, prep.call_index, np.asarray(prep.rendered.prompt_ids, dtype=IDS_DTYPE),
+    return DeliveredCall(prep.call_id, prep.call_index, prep.rendered.array(),
                          np.asarray(generated.output_ids, dtype=IDS_DTYPE))
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from producers.gateway.attempts import PriorSample
 from producers.gateway.ports import ParsedText, ParsedToolCall, Rendered, TextEvent
@@ -17,6 +20,7 @@ from producers.parsing import (
     parse_output,
 )
 from producers.rendering import ChatRenderer, PriorCall, RenderError
+from schemas.tokens import IDS_DTYPE, IdArray
 
 
 class ModelTextSide:
@@ -37,7 +41,8 @@ class ModelTextSide:
                     prefix_mode: str, prior: Sequence[PriorSample]) -> Rendered:
         try:
             if prefix_mode == "retokenize" or not prior:
-                return Rendered(self.renderer.render(messages, tools))
+                ids = self.renderer.render_cached(messages, tools)
+                return Rendered(ids.tolist(), prompt_array=_read_only(ids))
             calls = [PriorCall(p.call_index, () if p.prompt_ids is None else p.prompt_ids.tolist(),
                                p.output_ids.tolist(), p.message) for p in prior]
             rendered = self.renderer.render_spliced(messages, tools, calls)
@@ -49,7 +54,7 @@ class ModelTextSide:
         return self.renderer.render_text(messages, tools)
 
     def encode_text(self, text: str) -> list[int]:
-        return self.renderer.encode(text)
+        return self.renderer.encode_cached(text)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.renderer.decode([i for i in ids if i not in self._stop])
@@ -64,6 +69,13 @@ class ModelTextSide:
 
     def stream_parser(self) -> _HermesStream:
         return _HermesStream()
+
+
+def _read_only(ids: array) -> IdArray:
+    """A uint32 view of a fresh ``array('I')`` nobody else holds (no copy)."""
+    arr = np.frombuffer(ids, dtype=np.uintc).astype(IDS_DTYPE, copy=False)
+    arr.flags.writeable = False
+    return arr
 
 
 class _HermesStream:

@@ -1,0 +1,334 @@
+"""OpenAI Responses <-> the internal chat form.
+
+Requests: ``instructions`` becomes the system message; input items become chat messages. A run of
+assistant-side items (reasoning, an assistant message, function calls) is one assistant turn, in the
+order this adapter writes them (reasoning, message, calls), so a response sent back as input renders
+as the turn the gateway recorded. ``function_call_output`` items become tool messages. The gateway
+keeps no responses, so ``previous_response_id`` / ``conversation`` are refused: send the full input.
+
+Responses: output items reasoning (with its text, when the parser found some), message (output_text)
+and function_call. Streams are named SSE events with a running ``sequence_number``: response.created,
+response.in_progress, output_item.added/done, content_part.added/done, output_text / reasoning_text
+delta and done, function_call_arguments delta and done, then response.completed (response.incomplete
+when ``max_output_tokens`` cut the output).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from producers.gateway.chat import CallOutcome, InternalCall, Message, SamplingSpec, resolve_max_tokens
+from producers.gateway.errors import GatewayError, bad_request
+from producers.gateway.models_responses import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionTool,
+    MessageItem,
+    OtherContent,
+    OtherItem,
+    ReasoningItem,
+    ResponsesRequest,
+)
+from producers.gateway.sse import named_event
+
+PROTOCOL = "openai.responses"
+ADAPTER_VERSION = "openai-responses/1"
+TOOL_CALL_PREFIX = "call_"
+
+# Rank of assistant-side items within one turn, in the order the adapter writes them.
+_RANK = {ReasoningItem: 0, MessageItem: 1, FunctionCallItem: 2}
+
+
+# ------------------------------------------------------------------------------------------- requests
+
+def _text(content: list[Any], where: str) -> str:
+    texts = []
+    for i, part in enumerate(content):
+        if isinstance(part, OtherContent):
+            raise bad_request(f"content part type {part.type!r} is not supported by this model (text only)",
+                              param=f"{where}.{i}.type")
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def _refuse_stored_state(req: ResponsesRequest) -> None:
+    for param, value in (("previous_response_id", req.previous_response_id), ("conversation", req.conversation)):
+        if value:
+            raise bad_request(f"{param} is not supported: this gateway stores no responses (store is ignored); "
+                              "send the full conversation in input", param=param, code="unsupported_parameter")
+
+
+def _add_to_turn(turn: Message, item: Any, where: str) -> None:
+    if isinstance(item, ReasoningItem):
+        # Only the reasoning text can be rendered; summaries and encrypted content are not the model's text.
+        text = "".join(p.text for p in item.content or [] if p.type == "reasoning_text")
+        if text:
+            turn["reasoning_content"] = text
+    elif isinstance(item, MessageItem):
+        turn["content"] = _text(item.content, f"{where}.content")
+    else:
+        turn.setdefault("tool_calls", []).append(
+            {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}})
+
+
+def conversation(req: ResponsesRequest) -> list[Message]:
+    messages: list[Message] = []
+    if req.instructions:
+        messages.append({"role": "system", "content": req.instructions})
+    if not req.input:
+        raise bad_request("input must not be empty", param="input")
+    turn: Message | None = None
+    last_rank = -1
+    for i, item in enumerate(req.input):
+        where = f"input.{i}"
+        if isinstance(item, OtherItem):
+            raise bad_request(f"input item type {item.type!r} is not supported; supported are message, "
+                              "function_call, function_call_output and reasoning", param=f"{where}.type")
+        if isinstance(item, FunctionCallOutputItem):
+            turn = None
+            messages.append({"role": "tool", "tool_call_id": item.call_id,
+                             "content": _text(item.output, f"{where}.output")})
+        elif isinstance(item, MessageItem) and item.role != "assistant":
+            turn = None
+            role = "user" if item.role == "user" else "system"
+            messages.append({"role": role, "content": _text(item.content, f"{where}.content")})
+        else:
+            rank = _RANK[type(item)]
+            # A new turn starts where the order reasoning < message < calls restarts (calls may repeat).
+            if turn is None or rank < last_rank or (rank == last_rank and rank != _RANK[FunctionCallItem]):
+                turn = {"role": "assistant", "content": ""}
+                messages.append(turn)
+            _add_to_turn(turn, item, where)
+            last_rank = rank
+    return messages
+
+
+def _tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
+    functions: list[FunctionTool] = []
+    for i, tool in enumerate(req.tools or []):
+        if not isinstance(tool, FunctionTool):
+            raise bad_request(f"tool type {tool.type!r} is not supported; only function tools are",
+                              param=f"tools.{i}.type")
+        functions.append(tool)
+    choice = req.tool_choice
+    if isinstance(choice, dict):
+        if choice.get("type") != "function":
+            raise bad_request(f"tool_choice type {choice.get('type')!r} is not supported; use none, auto, "
+                              "required or a function", param="tool_choice")
+        if choice.get("name") not in {t.name for t in functions}:
+            raise bad_request(f"tool_choice names function {choice.get('name')!r}, which is not among the tools",
+                              param="tool_choice")
+    if not functions or choice == "none":
+        return None
+    # The chat form's key order (name, description, parameters): templates serialise tools as they are.
+    return [{"type": "function", "function": {k: v for k, v in (
+        ("name", t.name), ("description", t.description), ("parameters", t.parameters)) if v is not None}}
+        for t in functions]
+
+
+def to_internal(req: ResponsesRequest, max_tokens_limit: int) -> InternalCall:
+    _refuse_stored_state(req)
+    text_format = (req.text or {}).get("format") or {}
+    if text_format.get("type", "text") != "text":
+        raise bad_request(f"text.format type {text_format.get('type')!r} is not supported: this gateway "
+                          "cannot constrain the output; use text", param="text.format.type")
+    sampling = SamplingSpec(
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        max_tokens=resolve_max_tokens(req.max_output_tokens, max_tokens_limit, "max_output_tokens"),
+        seed=req.seed,
+    )
+    return InternalCall(protocol=PROTOCOL, model=req.model, stream=req.stream, sampling=sampling,
+                        messages=conversation(req), tools=_tools(req))
+
+
+# ------------------------------------------------------------------------------------------ responses
+
+def _incomplete(outcome: CallOutcome) -> bool:
+    return outcome.finish_reason == "length"
+
+
+def _usage(outcome: CallOutcome) -> dict[str, Any]:
+    prompt, output = outcome.usage
+    # The gateway does not split reasoning tokens out, nor cache: the details are zeros, not estimates.
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + output}
+
+
+def _echo_tools(req: ResponsesRequest) -> list[dict[str, Any]]:
+    return [t.model_dump(exclude_none=True) for t in req.tools or []]
+
+
+def reasoning_item(call_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": f"rs_{call_id}", "type": "reasoning", "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}], "status": status}
+
+
+def message_item(call_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": f"msg_{call_id}", "type": "message", "role": "assistant", "status": status,
+            "content": [_output_text(text)]}
+
+
+def _output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def function_call_items(outcome: CallOutcome) -> list[dict[str, Any]]:
+    return [{"id": "fc_" + call.id.removeprefix(TOOL_CALL_PREFIX), "type": "function_call", "call_id": call.id,
+             "name": call.name, "arguments": call.arguments, "status": "completed"}
+            for call in outcome.tool_calls]
+
+
+def output_items(outcome: CallOutcome) -> list[dict[str, Any]]:
+    status = "incomplete" if _incomplete(outcome) else "completed"
+    items: list[dict[str, Any]] = []
+    if outcome.reasoning:
+        items.append(reasoning_item(outcome.call_id, outcome.reasoning, status))
+    if outcome.content or not outcome.tool_calls:
+        items.append(message_item(outcome.call_id, outcome.content, status))
+    return items + function_call_items(outcome)
+
+
+def _skeleton(req: ResponsesRequest, call_id: str, created: int) -> dict[str, Any]:
+    """A Response object without output, status or usage: what every event's response repeats."""
+    return {"id": f"resp_{call_id}", "object": "response", "created_at": created, "model": req.model,
+            "status": "in_progress", "error": None, "incomplete_details": None, "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens, "metadata": req.metadata or {}, "output": [],
+            "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
+            "previous_response_id": None, "reasoning": req.reasoning, "store": False,
+            "temperature": 1.0 if req.temperature is None else req.temperature,
+            "text": {"format": {"type": "text"}}, "tool_choice": req.tool_choice or "auto",
+            "tools": _echo_tools(req), "top_p": 1.0 if req.top_p is None else req.top_p, "truncation": "disabled",
+            "usage": None}
+
+
+def response_body(outcome: CallOutcome, req: ResponsesRequest,
+                  output: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    body = _skeleton(req, outcome.call_id, outcome.created)
+    body["output"] = output_items(outcome) if output is None else output
+    body["usage"] = _usage(outcome)
+    if _incomplete(outcome):
+        body["status"], body["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
+    else:
+        body["status"], body["completed_at"] = "completed", outcome.created
+    return body
+
+
+# ------------------------------------------------------------------------------------------ streaming
+
+class ResponseStream:
+    """Named SSE events of one streamed response; reasoning and text stream live, function calls at the end.
+
+    The final ``response.completed`` carries the items exactly as they were streamed."""
+
+    def __init__(self, req: ResponsesRequest, call_id: str, created: int) -> None:
+        self.req, self.call_id, self.created = req, call_id, created
+        self._seq = 0
+        self._items: list[dict[str, Any]] = []  # finished output items
+        self._open: str | None = None  # "reasoning" | "message": the item being streamed
+        self._text = ""  # its text so far
+
+    def _event(self, kind: str, **payload: Any) -> bytes:
+        frame = named_event(kind, {"type": kind, **payload, "sequence_number": self._seq})
+        self._seq += 1
+        return frame
+
+    def _response_event(self, kind: str, response: dict[str, Any]) -> bytes:
+        return self._event(kind, response=response)
+
+    def start(self, prompt_ids: list[int]) -> list[bytes]:
+        skeleton = _skeleton(self.req, self.call_id, self.created)
+        return [self._response_event("response.created", skeleton),
+                self._response_event("response.in_progress", skeleton)]
+
+    # -- live items ------------------------------------------------------------------------------
+
+    def _item(self, kind: str, status: str) -> dict[str, Any]:
+        # As in the unstreamed body; a second item of the same kind (rare) gets a numbered id.
+        same = sum(1 for i in self._items if i["type"] == kind)
+        suffix = f"{self.call_id}_{same}" if same else self.call_id
+        if kind == "reasoning":
+            return reasoning_item(suffix, self._text, status)
+        return message_item(suffix, self._text, status)
+
+    def _switch(self, kind: str) -> list[bytes]:
+        if self._open == kind:
+            return []
+        frames = self._close("completed")
+        self._open, self._text = kind, ""
+        added = self._item(kind, "in_progress")
+        added["content"] = []
+        index = len(self._items)
+        part = {"type": "reasoning_text", "text": ""} if kind == "reasoning" else _output_text("")
+        frames.append(self._event("response.output_item.added", output_index=index, item=added))
+        frames.append(self._event("response.content_part.added", item_id=added["id"], output_index=index,
+                                  content_index=0, part=part))
+        return frames
+
+    def _close(self, status: str) -> list[bytes]:
+        if self._open is None:
+            return []
+        item = self._item(self._open, status)
+        where = {"item_id": item["id"], "output_index": len(self._items)}
+        part = item["content"][0]
+        if self._open == "reasoning":
+            frames = [self._event("response.reasoning_text.done", **where, content_index=0, text=self._text)]
+        else:
+            frames = [self._event("response.output_text.done", **where, content_index=0, text=self._text,
+                                  logprobs=[])]
+        frames.append(self._event("response.content_part.done", **where, content_index=0, part=part))
+        frames.append(self._event("response.output_item.done", output_index=len(self._items), item=item))
+        self._items.append(item)
+        self._open = None
+        return frames
+
+    def _delta(self, kind: str, text: str) -> list[bytes]:
+        if not text:
+            return []
+        frames = self._switch(kind)
+        self._text += text
+        where = {"item_id": self._item(kind, "in_progress")["id"], "output_index": len(self._items),
+                 "content_index": 0}
+        if kind == "reasoning":
+            frames.append(self._event("response.reasoning_text.delta", **where, delta=text))
+        else:
+            frames.append(self._event("response.output_text.delta", **where, delta=text, logprobs=[]))
+        return frames
+
+    def reasoning(self, text: str) -> list[bytes]:
+        return self._delta("reasoning", text)
+
+    def content(self, text: str) -> list[bytes]:
+        return self._delta("message", text)
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def finish(self, outcome: CallOutcome) -> list[bytes]:
+        status = "incomplete" if _incomplete(outcome) else "completed"
+        frames: list[bytes] = []
+        if self._open != "message" and not any(i["type"] == "message" for i in self._items) \
+                and not outcome.tool_calls:
+            frames += self._switch("message")  # an empty answer still has one message item
+        frames += self._close(status)
+        for item in function_call_items(outcome):
+            index = len(self._items)
+            frames.append(self._event("response.output_item.added", output_index=index,
+                                      item={**item, "arguments": "", "status": "in_progress"}))
+            frames.append(self._event("response.function_call_arguments.delta", item_id=item["id"],
+                                      output_index=index, delta=item["arguments"]))
+            frames.append(self._event("response.function_call_arguments.done", item_id=item["id"],
+                                      output_index=index, arguments=item["arguments"]))
+            frames.append(self._event("response.output_item.done", output_index=index, item=item))
+            self._items.append(item)
+        body = response_body(outcome, self.req, output=self._items)
+        frames.append(self._response_event(f"response.{body['status']}", body))
+        return frames
+
+    def error(self, exc: GatewayError) -> list[bytes]:
+        error = exc.openai_body()["error"]
+        failed = _skeleton(self.req, self.call_id, self.created)
+        failed["status"] = "failed"
+        failed["error"] = {"code": exc.code or error["type"], "message": exc.message}
+        return [self._event("error", code=exc.code or error["type"], message=exc.message, param=exc.param),
+                self._response_event("response.failed", failed)]

@@ -1,0 +1,230 @@
+"""Incremental tokenization: reuse the ids of an earlier text that starts the new one, tokenize only the rest.
+
+Agentic prompts grow by appending turns, and the rollouts of a group share their task prompt, so most of
+a prompt's text was tokenized before, by this process, for another call. ``PrefixTokenCache.encode(text)``
+returns exactly ``tokenizer.encode(text, add_special_tokens=False).ids`` while tokenizing only what
+follows the longest cached prefix that ends at a safe cut.
+
+Why a cut is safe. A Hugging Face ``tokenizers`` pipeline first splits the text at added tokens
+(leftmost-longest literal matches of the non-normalized ones), then normalizes, pre-tokenizes and runs
+the model on each piece on its own. Let a cached text P have an added token ending at character c in
+its tokenization (token k), and let the new text T agree with P up to c. Then
+``encode(T) == encode(P)[:k] + encode(T[c:])`` when:
+
+1. no added token occurs in T across c (it could win the leftmost-longest match and move the piece
+   boundary); checked per call;
+2. no added token strips whitespace or needs word boundaries (lstrip, rstrip, single_word look across
+   c), special tokens are split out (``encode_special_tokens`` off), nothing depends on a piece's absolute
+   position (a Metaspace pre-tokenizer that prepends only to the first piece), and nothing truncates,
+   pads or samples (BPE dropout); checked once from the tokenizer's own configuration.
+
+Where (2) does not hold only identical texts are reused (tokenization is deterministic); with dropout
+nothing is. Cached texts are compared in full before their ids are used, so a hash collision costs a
+miss, never a wrong id.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from array import array
+from bisect import bisect_right
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+# Characters hashed to find a cached prefix ending at a cut; the whole prefix is compared before use.
+WINDOW = 64
+# Pre-tokenizers that treat every piece alike, wherever it is in the text.
+_PIECEWISE_PRE_TOKENIZERS = {
+    "ByteLevel", "Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit", "BertPreTokenizer",
+    "UnicodeScripts", "CharDelimiterSplit",
+}
+# Hashable key of a cut: (character position, hash of the text just before it).
+_Key = tuple[int, int]
+
+
+@dataclass
+class _Entry:
+    text: str
+    ids: array  # array('I'): 4 bytes a token
+    cuts: list[tuple[int, int, _Key]]  # (character end, token count, key) after each anchor token
+    end_key: _Key
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    exact_hits: int  # the whole text was cached
+    prefix_hits: int  # a cached prefix was reused, the rest tokenized
+    misses: int
+    tokens_reused: int
+    tokens_encoded: int
+    entries: int
+    tokens_held: int
+    cuts_enabled: bool  # False: the tokenizer's configuration allows only identical-text reuse
+
+
+def prefix_cuts_are_safe(config: dict[str, Any]) -> bool:
+    """Whether the tokenizer (its ``tokenizer.json`` as a dict) tokenizes the pieces between added
+    tokens independently of each other, so a cached prefix can be cut at an added token."""
+    if config.get("truncation") or config.get("padding"):
+        return False
+    if any(t.get("lstrip") or t.get("rstrip") or t.get("single_word") for t in config.get("added_tokens", [])):
+        return False
+    return _pre_tokenizer_is_piecewise(config.get("pre_tokenizer"))
+
+
+def _pre_tokenizer_is_piecewise(node: dict[str, Any] | None) -> bool:
+    if node is None:
+        return True
+    kind = node.get("type")
+    if kind == "Sequence":
+        return all(_pre_tokenizer_is_piecewise(child) for child in node.get("pretokenizers", []))
+    if kind == "Metaspace":  # "first" prepends to the piece at offset 0 only
+        return node.get("prepend_scheme", "always") in ("always", "never")
+    return kind in _PIECEWISE_PRE_TOKENIZERS
+
+
+def _is_deterministic(config: dict[str, Any]) -> bool:
+    return not (config.get("model") or {}).get("dropout")
+
+
+class PrefixTokenCache:
+    """A per-process LRU of tokenized texts, bounded by the tokens it holds. Thread-safe.
+
+    ``tokenizer`` is a ``tokenizers.Tokenizer``; ``anchors`` are the added tokens (their text) to cut
+    at, typically the turn markers of the chat template (others are ignored)."""
+
+    def __init__(self, tokenizer: Any, anchors: list[str], *, max_tokens: int = 8_000_000) -> None:
+        self._tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        config = json.loads(tokenizer.to_str())
+        unsplit_specials = bool(getattr(tokenizer, "encode_special_tokens", False))
+        self.enabled = _is_deterministic(config) and max_tokens > 0
+        added = [t for t in config.get("added_tokens", []) if not t.get("normalized")]
+        by_content = {t["content"]: int(t["id"]) for t in added}
+        self._anchor_ids = {by_content[a]: a for a in anchors if a in by_content}
+        self.cuts_enabled = (self.enabled and prefix_cuts_are_safe(config) and not unsplit_specials
+                             and bool(self._anchor_ids))
+        # Every added token's text (normalized ones too: cheap, and conservative) for the crossing check.
+        self._added = sorted({t["content"] for t in config.get("added_tokens", []) if len(t["content"]) > 1},
+                             key=len, reverse=True)
+        anchors_by_length = sorted(self._anchor_ids.values(), key=len, reverse=True)
+        self._anchor_pattern = re.compile("|".join(re.escape(a) for a in anchors_by_length)) \
+            if anchors_by_length else None
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # id(entry) -> entry, LRU order
+        self._index: dict[_Key, tuple[_Entry, int]] = {}  # cut or end key -> (entry, token count)
+        self._tokens_held = 0
+        self._lock = threading.Lock()
+        self._exact_hits = self._prefix_hits = self._misses = 0
+        self._tokens_reused = self._tokens_encoded = 0
+
+    # ------------------------------------------------------------------------------------ the call
+    def encode(self, text: str) -> array:
+        """``tokenizer.encode(text, add_special_tokens=False).ids`` as a fresh ``array('I')``, reusing
+        cached ids where that is exact."""
+        if not self.enabled:
+            return array("I", self._tokenizer.encode(text, add_special_tokens=False).ids)
+        end_key = _key(text, len(text))
+        with self._lock:
+            hit = self._index.get(end_key)
+            if hit is not None and hit[0].text == text:  # the very same text: no tokenization at all
+                self._entries.move_to_end(id(hit[0]))
+                self._exact_hits += 1
+                self._tokens_reused += len(hit[0].ids)
+                return array("I", hit[0].ids)
+            base, cut, count = self._longest_cut(text) if self.cuts_enabled else (None, 0, 0)
+            if base is not None:
+                self._entries.move_to_end(id(base))
+            head = base.ids[:count] if base is not None else array("I")
+            inherited = base.cuts[:bisect_right(base.cuts, cut, key=lambda c: c[0])] if base is not None else []
+        # Tokenize outside the lock: the only slow part, and independent of the cache.
+        encoding = self._tokenizer.encode(text[cut:], add_special_tokens=False)
+        tail = encoding.ids
+        ids = head + array("I", tail)
+        cuts = inherited + self._new_cuts(text, cut, count, tail, encoding) if self.cuts_enabled else []
+        with self._lock:
+            if base is None:
+                self._misses += 1
+            else:
+                self._prefix_hits += 1
+                self._tokens_reused += count
+            self._tokens_encoded += len(tail)
+            whole = base is not None and len(inherited) == len(base.cuts)
+            self._store(_Entry(text, ids, cuts, end_key), superseded=base if whole else None)
+        return array("I", ids)  # the entry keeps its own
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(self._exact_hits, self._prefix_hits, self._misses, self._tokens_reused,
+                              self._tokens_encoded, len(self._entries), self._tokens_held, self.cuts_enabled)
+
+    # ------------------------------------------------------------------------------------ lookup
+    def _longest_cut(self, text: str) -> tuple[_Entry | None, int, int]:
+        """The cached entry, cut and token count of the longest reusable prefix of ``text``."""
+        assert self._anchor_pattern is not None
+        ends = [m.end() for m in self._anchor_pattern.finditer(text)]
+        for cut in reversed(ends):
+            found = self._index.get(_key(text, cut))
+            if found is None:
+                continue
+            entry, count = found
+            if entry.text[:cut] == text[:cut] and not self._crosses(text, cut):
+                return entry, cut, count
+        return None, 0, 0
+
+    def _crosses(self, text: str, cut: int) -> bool:
+        """Whether an added token occurs in ``text`` starting before ``cut`` and ending after it."""
+        for token in self._added:
+            n = len(token)
+            at = text.find(token, max(0, cut - n + 1), cut + n - 1)
+            if 0 <= at < cut:
+                return True
+        return False
+
+    def _new_cuts(self, text: str, offset: int, count: int, tail: list[int],
+                  encoding: Any) -> list[tuple[int, int, _Key]]:
+        """Cuts after each anchor token of the freshly tokenized tail (positions in ``text``)."""
+        cuts: list[tuple[int, int, _Key]] = []
+        anchors = self._anchor_ids
+        for j, token in enumerate(tail):
+            if token not in anchors:
+                continue
+            span = encoding.token_to_chars(j)
+            if span is None:
+                continue
+            start, end = span[0] + offset, span[1] + offset
+            if text[start:end] != anchors[token]:  # not the literal added token; never a cut
+                continue
+            cuts.append((end, count + j + 1, _key(text, end)))
+        return cuts
+
+    # ------------------------------------------------------------------------------------ storage
+    def _store(self, entry: _Entry, superseded: _Entry | None) -> None:
+        if len(entry.ids) > self.max_tokens:
+            return
+        # An entry whose every cut the new one repeats is only useful for its identical text; the new
+        # one (a later turn of the same conversation, usually) takes its place.
+        if superseded is not None and id(superseded) in self._entries:
+            self._drop(superseded)
+        self._entries[id(entry)] = entry
+        self._tokens_held += len(entry.ids)
+        self._index[entry.end_key] = (entry, len(entry.ids))
+        for _, count, key in entry.cuts:
+            self._index[key] = (entry, count)
+        while self._tokens_held > self.max_tokens:
+            _, oldest = next(iter(self._entries.items()))
+            self._drop(oldest)
+
+    def _drop(self, entry: _Entry) -> None:
+        del self._entries[id(entry)]
+        self._tokens_held -= len(entry.ids)
+        for key in [entry.end_key, *(c[2] for c in entry.cuts)]:
+            found = self._index.get(key)
+            if found is not None and found[0] is entry:
+                del self._index[key]
+
+
+def _key(text: str, end: int) -> _Key:
+    return end, hash(text[max(0, end - WINDOW):end])
