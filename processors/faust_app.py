@@ -84,7 +84,7 @@ BAD_INPUT = (DecodeError, ProcessorError)
 # Room for the table entry header and framing on top of the largest record.
 SIZE_SLACK = 64 * 1024
 # The watchdog looks this often, and re-seeks an idle input partition that waits this long.
-WATCHDOG_EVERY_S = 2.0
+WATCHDOG_EVERY_S = 5.0
 KICK_AFTER_S = 5.0
 
 
@@ -303,13 +303,17 @@ class ProcessorsApp:
         tps = [tp for tp in assignment if tp.topic in inputs]
         if not tps:
             return
-        ends = await self.app.consumer.highwaters(*tps)
         committed = getattr(self.app.consumer, "_committed_offset", {})
         # A partition that never delivered a message has no position of ours and maybe no committed
         # offset: it starts at its earliest offset (auto_offset_reset=earliest). A stall there is the
         # worst kind (nothing of it was ever processed), so it must count too.
         unknown = [tp for tp in tps if self._next_offset.get(tp, committed.get(tp)) is None]
-        earliest = await self.app.consumer.earliest_offsets(*unknown) if unknown else {}
+        try:
+            ends = await self.app.consumer.highwaters(*tps)
+            earliest = await self.app.consumer.earliest_offsets(*unknown) if unknown else {}
+        except Exception as exc:  # a rebalance began meanwhile (partitions no longer assigned): look next time
+            log.info("watchdog: offsets unavailable this time (%r)", exc)
+            return
         stalled = []
         for tp in tps:
             position = self._next_offset.get(tp, committed.get(tp))
@@ -334,7 +338,10 @@ class ProcessorsApp:
                 self.stats["watchdog.seeks"] += 1
                 log.warning("watchdog: %s[%s] waits at offset %s of %s; seeking there", tp.topic, tp.partition,
                             position, ends[tp])
-                await self.app.consumer.seek(tp, position)
+                try:
+                    await self.app.consumer.seek(tp, position)
+                except Exception as exc:  # e.g. revoked by a rebalance meanwhile: the stall exit stays the backstop
+                    log.warning("watchdog: seeking %s[%s] failed: %r", tp.topic, tp.partition, exc)
         if stalled:
             self._dump_tasks()
             raise StalledError(f"no progress for {self.cfg.stall_timeout_s:g}s on {', '.join(stalled)}")
