@@ -124,6 +124,7 @@ class ProcessorsApp:
             broker_session_timeout=cfg.session_timeout_s,
             broker_heartbeat_interval=max(cfg.session_timeout_s / 4, 0.5),
             stream_buffer_maxsize=256,
+            consumer_group_instance_id=cfg.instance_id,
         )
         table_topic = {"max.message.bytes": str(max_bytes), "compression.type": settings.kafka.compression}
         self.assembly = self.app.Table("assembly", **RAW_TABLE, partitions=self.n_partitions,

@@ -52,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how often expired attempts and due groups are looked for (default: 1)")
     parser.add_argument("--session-timeout", type=float, default=10.0, metavar="SECONDS",
                         help="how long before a dead worker's partitions move to the others (default: 10)")
+    parser.add_argument("--instance-id", default=None, metavar="ID",
+                        help="static group membership (Kafka group.instance.id), unique per running worker: "
+                        "a worker restarted with the same id takes its partitions back without a rebalance "
+                        "(e.g. a StatefulSet pod name; default: dynamic membership)")
     parser.add_argument("--stall-timeout", type=float, default=120.0, metavar="SECONDS",
                         help="input waiting but no progress this long: log what the worker waits on and "
                         f"exit {EXIT_STALLED} for the supervisor to restart it; keep it above the longest verifier "
@@ -85,7 +89,7 @@ def run_worker(args: argparse.Namespace, settings: Settings | None = None) -> in
                                          grouping_path=args.grouping_config, verifiers_file=args.verifiers,
                                          state_retention_s=args.state_retention, tick_s=args.tick,
                                          session_timeout_s=args.session_timeout,
-                                         stall_timeout_s=args.stall_timeout)
+                                         stall_timeout_s=args.stall_timeout, instance_id=args.instance_id)
     except ConfigError as exc:
         raise WorkerError(str(exc)) from exc
     from confluent_kafka import KafkaException

@@ -44,6 +44,9 @@ class StreamConfig:
     tick_s: float = 1.0  # how often the timers look for expired attempts and due groups
     session_timeout_s: float = 10.0  # a killed worker's partitions move after this long
     stall_timeout_s: float = 120.0  # waiting input and no progress this long: stop (0: never)
+    # Static group membership (Kafka group.instance.id): a worker restarted with the same id takes its
+    # place back without a rebalance. None: dynamic membership.
+    instance_id: str | None = None
 
     @property
     def app_id(self) -> str:
@@ -53,7 +56,7 @@ class StreamConfig:
     def from_settings(cls, settings: Settings, *, topic_prefix: str = "", grouping_path: Path | None = None,
                       verifiers_file: Path | None = None, state_retention_s: float = 3600.0,
                       tick_s: float = 1.0, session_timeout_s: float = 10.0,
-                      stall_timeout_s: float = 120.0) -> StreamConfig:
+                      stall_timeout_s: float = 120.0, instance_id: str | None = None) -> StreamConfig:
         proc = settings.processors
         verifiers = (load_verifiers_file(str(verifiers_file)) if verifiers_file
                      else load_verifiers(list(proc.verifiers)))
@@ -61,4 +64,4 @@ class StreamConfig:
                    grouping=load_grouping(settings, grouping_path),
                    stages=StageConfigs.load(proc.reward_config, proc.credit_config, proc.sample_config),
                    verifiers=tuple(verifiers), state_retention_s=state_retention_s, tick_s=tick_s,
-                   session_timeout_s=session_timeout_s, stall_timeout_s=stall_timeout_s)
+                   session_timeout_s=session_timeout_s, stall_timeout_s=stall_timeout_s, instance_id=instance_id)

@@ -222,6 +222,7 @@ class Pipeline:
         self.codec = get_codec()
         self._producer = Producer(producer_config(self.settings))
         self._consumer: Consumer | None = None
+        self._slots: dict[int, int] = {}  # worker pid -> its static membership slot
         self.collected = Collected()
 
     @property
@@ -248,10 +249,16 @@ class Pipeline:
     # -- workers
 
     def start_worker(self) -> subprocess.Popen:
+        # Static membership, as a StatefulSet gives it: the lowest slot no running worker holds, so a
+        # restarted worker takes the place of the one that died without waiting out its session.
+        taken = {self._slots.get(p.pid) for p in self.workers if p.poll() is None}
+        slot = next(n for n in range(len(self.workers) + 1) if n not in taken)
         proc = start_worker_process(self.settings, topic_prefix=self.topics.prefix, log_path=self.log_path,
                                     loglevel="info",
-                                    extra_args=["--session-timeout", "6", "--tick", "0.5", "--stall-timeout", "60"])
+                                    extra_args=["--session-timeout", "6", "--tick", "0.5", "--stall-timeout", "60",
+                                                "--instance-id", f"worker-{slot}"])
         self.workers.append(proc)
+        self._slots[proc.pid] = slot
         return proc
 
     @staticmethod
