@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from producers.gateway import anthropic_adapter, openai_adapter, records
+from producers.gateway import anthropic_adapter, openai_adapter, records, responses_adapter
 from producers.gateway.attempts import AttemptRegistry
 from producers.gateway.body import read_model
 from producers.gateway.chat import CallOutcome, InternalCall, SamplingSpec
@@ -33,8 +33,8 @@ from producers.gateway.identity import CallIdentity, resolve_call
 from producers.gateway.metrics import GatewayMetrics
 from producers.gateway.models_anthropic import CountTokensRequest, MessagesRequest
 from producers.gateway.models_openai import ChatCompletionRequest, CompletionRequest
+from producers.gateway.models_responses import ResponsesRequest
 from producers.gateway.ports import TextEvent, TextSide
-from producers.gateway.responses_route import ResponsesRoute
 from producers.gateway.service import CallService, ErrorBody, PreparedCall, ResponseBuilder
 from producers.gateway.sse import SSE_HEADERS
 from producers.upstream import Upstream
@@ -106,7 +106,7 @@ class Gateway:
             ("/v1/completions", self.completions, ["POST"]),
             ("/v1/messages", self.messages, ["POST"]),
             ("/v1/messages/count_tokens", self.count_tokens, ["POST"]),
-            ("/v1/responses", ResponsesRoute(self).create, ["POST"]),
+            ("/v1/responses", self.responses, ["POST"]),
             ("/v1/models", self.models, ["GET"]),
         ]
         routes = [Route("/health", self.health, methods=["GET"]),
@@ -159,6 +159,27 @@ class Gateway:
         if req.stream:
             fmt = openai_adapter.ChatStream(req, prep.call_id, req.model, received // 1_000_000,
                                             token_text, fp)
+            return self._stream(prep, fmt, respond, GatewayError.openai_body, ping=None)
+        return await self._unary(prep, respond, GatewayError.openai_body)
+
+    async def responses(self, request: Request) -> Response:
+        """OpenAI Responses API: converted to the internal chat form, then the same path as chat."""
+        started, received = time.perf_counter(), records.now_us()
+        try:
+            identity = self._identity(request)
+            req, raw = await read_model(request, ResponsesRequest, self.options.max_body_bytes)
+            self.service.check_model(req.model)
+            call = responses_adapter.to_internal(req, self.options.max_tokens_limit)
+            prep = self._prepare(request, identity, call, raw, received, started,
+                                 responses_adapter.ADAPTER_VERSION, responses_adapter.TOOL_CALL_PREFIX)
+        except GatewayError as exc:
+            return self._refuse(exc, "openai", responses_adapter.PROTOCOL)
+
+        def respond(outcome: CallOutcome) -> dict[str, Any]:
+            return responses_adapter.response_body(outcome, req)
+
+        if req.stream:
+            fmt = responses_adapter.ResponseStream(req, prep.call_id, received // 1_000_000)
             return self._stream(prep, fmt, respond, GatewayError.openai_body, ping=None)
         return await self._unary(prep, respond, GatewayError.openai_body)
 
