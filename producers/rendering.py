@@ -9,8 +9,10 @@ Two modes:
   between calls and misattributes tokens; splicing keeps ``prompt_{i+1}`` an extension of
   ``prompt_i ‖ output_i`` wherever the template renders the same text.
 
-Splicing never changes the text: the spliced ids always decode to exactly what the template renders
-(checked on every call). Where the template renders something other than what was sampled (it drops
+Splicing never changes the text: the spliced ids always decode to exactly what the template renders,
+proven on every call. For byte-level decoders the proof is piecewise (see ``piecewise_decoding``):
+earlier prompts' proven texts are passed in, and only the new text is decoded; otherwise the whole
+prompt is decoded and compared. Where the template renders something other than what was sampled (it drops
 earlier reasoning, re-serialises arguments, ...), the rendered text wins and the break is reported.
 
 How spans are found, without knowing the template: (1) the longest earlier ``prompt ‖ output`` whose
@@ -33,11 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from producers.model_build import sha256_file, sha256_text
 from producers.parsing import ParsedOutput, parse_output
 from producers.token_cache import PrefixTokenCache
+from schemas.tokens import IDS_DTYPE, IdArray
 
 Message = Mapping[str, Any]
 
@@ -51,6 +55,9 @@ class PriorCall:
     output_ids: Sequence[int]
     # The assistant message returned for it (OpenAI form). None: parsed here from the output ids.
     message: Message | None = None
+    # What ``prompt_ids`` decode to, when known exactly (``RenderedPrompt.text`` of a prompt whose
+    # ``text_is_exact``); None: decoded here. Saves decoding every earlier prompt on every call.
+    prompt_text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,12 +87,19 @@ class PrefixBreak:
 
 @dataclass(frozen=True)
 class RenderedPrompt:
-    prompt_ids: list[int]
+    prompt_array: IdArray  # read-only
     text: str
     spliced: tuple[SplicedSpan, ...] = ()
     breaks: tuple[PrefixBreak, ...] = ()
     # The earlier call whose whole prompt ‖ output starts this prompt (None: no such call).
     base_call_index: int | None = None
+    # The ids decode to ``text``, proven so that later prompts can build on it (with piecewise decoding:
+    # their bytes are exactly the text's); a later call may pass ``text`` as ``PriorCall.prompt_text``.
+    text_is_exact: bool = False
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.prompt_array.tolist()
 
     @property
     def break_descriptions(self) -> list[str]:
@@ -97,9 +111,11 @@ class _Piece:
     """Either text to tokenize or ids to copy, in prompt order."""
 
     text: str
-    ids: Sequence[int] | None = None
+    ids: IdArray | None = None
     call_index: int | None = None
     kind: str = ""
+    # The ids' UTF-8 bytes are exactly ``text``'s (so they decode to it next to any other such piece).
+    exact: bool = False
 
 
 class RenderError(ValueError):
@@ -127,9 +143,20 @@ class ChatRenderer:
         # Prompts are cut for reuse at the added tokens the template emits (turn markers and the like).
         anchors = [t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content in template]
         self.token_cache = PrefixTokenCache(self._backend, anchors, max_tokens=cache_tokens)
+        self.piecewise = piecewise_decoding(json.loads(self._backend.to_str())) and self._decodes_piecewise()
         # The rollouts of a group send the same conversation; a template that reads the clock renders
         # differently each time, so it is never memoized.
         self._render_memo = RenderMemo(enabled=cache_tokens > 0 and "strftime_now" not in template)
+
+    def _decodes_piecewise(self) -> bool:
+        """A last guard on ``piecewise``: awkward text (multi-byte characters cut across ids, added
+        tokens, spaces) decodes piece by piece as it does whole."""
+        sample = " a  b\n\t\u00e9\u4e2d\U0001f600" + "".join(self._added_texts()) + " end "
+        a, b = self.encode(sample), self.encode(sample[::-1])
+        return self.decode(a + b) == self.decode(a) + self.decode(b) == sample + sample[::-1]
+
+    def _added_texts(self) -> list[str]:
+        return [t.content for t in self.tokenizer.added_tokens_decoder.values()]
 
     # ------------------------------------------------------------------------------------ basics
     def encode(self, text: str) -> list[int]:
@@ -143,11 +170,11 @@ class ChatRenderer:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Exact inverse of ``encode`` for valid UTF-8 (special tokens kept, no clean-up)."""
-        return str(self._backend.decode(list(ids), skip_special_tokens=False))
+        return str(self._backend.decode(_int_list(ids), skip_special_tokens=False))
 
     def output_text(self, output_ids: Sequence[int]) -> str:
         """The text of a sampled output without its final stop token (what clients see)."""
-        ids = list(output_ids)
+        ids = _int_list(output_ids)
         if ids and ids[-1] in self.stop_token_ids:
             ids.pop()
         return self.decode(ids)
@@ -198,7 +225,7 @@ class ChatRenderer:
         _check_messages(messages)
         text = self.render_text(messages, tools)
         if not prior_calls:
-            return RenderedPrompt(self.encode_cached(text), text)
+            return RenderedPrompt(_frozen(self.token_cache.encode(text)), text)
         outputs = {c.call_index: _OutputView(self, c) for c in prior_calls}
         matches = _match_messages(messages, prior_calls, outputs)
         breaks: list[PrefixBreak] = []
@@ -208,9 +235,10 @@ class ChatRenderer:
         base = self._longest_prefix_call(text, prior_calls, outputs)
         base_message = -1
         if base is not None:
-            base_call, base_text = base
-            pieces.append(_Piece(base_text, [*base_call.prompt_ids, *base_call.output_ids],
-                                 base_call.call_index, "prefix"))
+            base_call, base_text, prompt_exact = base
+            pieces.append(_Piece(base_text, _joined(base_call.prompt_ids, base_call.output_ids),
+                                 base_call.call_index, "prefix",
+                                 exact=prompt_exact and outputs[base_call.call_index].exact))
             covered = len(base_text)
             base_message = max((k for k, c in matches.items() if c == base[0].call_index), default=-1)
         latest = _latest_matched(matches)
@@ -227,23 +255,27 @@ class ChatRenderer:
             for start, call_index in located:
                 view = outputs[call_index]
                 pieces.append(_Piece(text[covered:start]))
-                pieces.append(_Piece(view.text, view.call.output_ids, call_index, "output"))
+                pieces.append(_Piece(view.text, _ids(view.call.output_ids), call_index, "output",
+                                     exact=view.exact))
                 covered = start + len(view.text)
         pieces.append(_Piece(text[covered:]))
         return self._assemble(text, pieces, breaks, base[0].call_index if base else None)
 
     def _longest_prefix_call(self, text: str, prior_calls: Sequence[PriorCall],
-                             outputs: Mapping[int, _OutputView]) -> tuple[PriorCall, str] | None:
-        """The earlier call with the longest ``prompt ‖ output`` whose text starts ``text``. Candidates
-        are tried longest (in tokens) first, so usually only the latest call is decoded."""
+                             outputs: Mapping[int, _OutputView]) -> tuple[PriorCall, str, bool] | None:
+        """The earlier call with the longest ``prompt ‖ output`` whose text starts ``text``, its text,
+        and whether its prompt's bytes are exactly that text's (see ``piecewise_decoding``). Candidates
+        are tried longest (in tokens) first; an earlier prompt is decoded only if its text is unknown."""
         ordered = sorted(prior_calls, key=lambda c: (len(c.prompt_ids) + len(c.output_ids), c.call_index),
                          reverse=True)
         for call in ordered:
-            if not call.prompt_ids:
+            if not len(call.prompt_ids):
                 continue
-            chain_text = self.decode(call.prompt_ids) + outputs[call.call_index].text
+            known = call.prompt_text is not None
+            prompt_text = call.prompt_text if known else self.decode(call.prompt_ids)
+            chain_text = prompt_text + outputs[call.call_index].text
             if text.startswith(chain_text):
-                return call, chain_text
+                return call, chain_text, self.piecewise and (known or "\ufffd" not in prompt_text)
         return None
 
     def _prefix_break(self, text: str, prior_calls: Sequence[PriorCall], latest: tuple[int, int],
@@ -251,7 +283,7 @@ class ChatRenderer:
         """Explain why the call whose output is the last assistant message is not this prompt's base."""
         message_index, call_index = latest
         call = next(c for c in prior_calls if c.call_index == call_index)
-        chain_text = self.decode(call.prompt_ids) + outputs[call_index].text
+        chain_text = self._prompt_text(call) + outputs[call_index].text
         at = _first_difference(chain_text, text)
         sampled = outputs[call_index].message
         dropped = [
@@ -307,22 +339,38 @@ class ChatRenderer:
             pos = body_end + len(after)
         return located, breaks
 
+    def _prompt_text(self, call: PriorCall) -> str:
+        return call.prompt_text if call.prompt_text is not None else self.decode(call.prompt_ids)
+
     def _assemble(self, text: str, pieces: Sequence[_Piece], breaks: list[PrefixBreak],
                   base_call: int | None) -> RenderedPrompt:
-        ids: list[int] = []
+        parts: list[IdArray] = []
         spans: list[SplicedSpan] = []
+        length = 0
+        proven = self.piecewise  # every piece's bytes are its text's: then so are the whole prompt's
         for piece in pieces:
             if piece.ids is None:
-                ids.extend(self.encode_cached(piece.text) if piece.text else [])
+                if piece.text:
+                    parts.append(_ids(self.token_cache.encode(piece.text)))
+                    length += len(parts[-1])
+                    # Only the new text is decoded (normalizers may change text; checked, not assumed).
+                    proven = proven and "\ufffd" not in piece.text and self.decode(parts[-1]) == piece.text
                 continue
-            start = len(ids)
-            ids.extend(int(i) for i in piece.ids)
+            parts.append(piece.ids)
             assert piece.call_index is not None
-            spans.append(SplicedSpan(piece.call_index, start, len(ids), piece.kind))
+            spans.append(SplicedSpan(piece.call_index, length, length + len(piece.ids), piece.kind))
+            length += len(piece.ids)
+            proven = proven and piece.exact
+        ids = _frozen(np.concatenate(parts) if parts else np.zeros(0, IDS_DTYPE))
+        if proven:
+            return RenderedPrompt(ids, text, tuple(spans), tuple(breaks), base_call, text_is_exact=True)
+        # Not provable piecewise (a sampled output ending inside a character, a tokenizer that is not
+        # byte-level, an earlier prompt of unknown text): decode the whole prompt and compare.
         if self.decode(ids) != text:  # never expected; the text is the contract, so fall back to it
             breaks.append(PrefixBreak(None, None, "spliced ids did not decode to the rendered text"))
-            return RenderedPrompt(self.encode_cached(text), text, (), tuple(breaks), None)
-        return RenderedPrompt(ids, text, tuple(spans), tuple(breaks), base_call)
+            return RenderedPrompt(_frozen(self.token_cache.encode(text)), text, (), tuple(breaks), None)
+        exact = "\ufffd" not in text if self.piecewise else True
+        return RenderedPrompt(ids, text, tuple(spans), tuple(breaks), base_call, text_is_exact=exact)
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -382,14 +430,51 @@ def _plain_json(value: Any) -> bool:
 
 class _OutputView:
     """An earlier call's output as text: ``text`` decodes all its ids, ``body`` without the stop, and
-    ``message`` is the assistant message it became."""
+    ``message`` is the assistant message it became. ``exact``: the ids' bytes are exactly ``text``'s
+    (piecewise decoding, and no replacement character, so not cut inside a character)."""
 
     def __init__(self, renderer: ChatRenderer, call: PriorCall) -> None:
         self.call = call
         self.text = renderer.decode(call.output_ids)
+        self.exact = renderer.piecewise and "\ufffd" not in self.text
         self.body = renderer.output_text(call.output_ids)
         parsed = call.message if call.message is not None else renderer.parse(call.output_ids).to_message()
         self.message: Message = parsed
+
+
+def piecewise_decoding(config: dict[str, Any]) -> bool:
+    """Whether a tokenizer (its ``tokenizer.json`` as a dict) decodes ids piecewise: its decoder is
+    byte-level alone, so every id stands for fixed bytes and ``decode`` is the (lossy) UTF-8 decoding
+    of the ids' bytes joined. Then ids whose bytes are valid UTF-8 decode piece by piece:
+    ``decode(a + b) == decode(a) + decode(b)``, and a decoded text without U+FFFD shows the bytes were
+    valid (lossy decoding marks every invalid sequence with it). A spliced prompt made of such pieces,
+    each known to decode to its part of the rendered text, decodes to the whole text: proven without
+    decoding the earlier prompts again."""
+    model = config.get("model") or {}
+    return ((config.get("decoder") or {}).get("type") == "ByteLevel"
+            and model.get("type") == "BPE" and not model.get("byte_fallback"))
+
+
+def _ids(values: Sequence[int] | array | IdArray) -> IdArray:
+    if isinstance(values, np.ndarray):
+        return values.astype(IDS_DTYPE, copy=False)
+    if isinstance(values, array) and values.itemsize == 4:
+        return np.frombuffer(values, dtype=np.uintc).astype(IDS_DTYPE, copy=False)
+    return np.asarray(values, dtype=IDS_DTYPE)
+
+
+def _joined(prompt: Sequence[int] | IdArray, output: Sequence[int] | IdArray) -> IdArray:
+    return np.concatenate([_ids(prompt), _ids(output)])
+
+
+def _int_list(ids: Sequence[int] | IdArray) -> list[int]:
+    return ids.tolist() if isinstance(ids, np.ndarray | array) else list(ids)
+
+
+def _frozen(values: Sequence[int] | array | IdArray) -> IdArray:
+    arr = _ids(values)
+    arr.flags.writeable = False
+    return arr
 
 
 def _check_messages(messages: Sequence[Message]) -> None:

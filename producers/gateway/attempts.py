@@ -50,6 +50,7 @@ class DeliveredCall:
     call_index: int
     prompt_ids: IdArray
     output_ids: IdArray
+    prompt_text: str | None = None  # what the prompt ids stand for, when the text side proved it
 
     @property
     def sequence(self) -> IdArray:
@@ -64,6 +65,7 @@ class PriorSample:
     prompt_ids: IdArray | None
     output_ids: IdArray
     message: dict[str, Any]
+    prompt_text: str | None = None
 
 
 @dataclass
@@ -122,9 +124,13 @@ class AttemptState:
                 self.outputs.popitem(last=False)
 
     def prior_calls(self) -> list[PriorSample]:
-        prompts = {c.call_index: c.prompt_ids for c in self.recent}
-        return [PriorSample(o.call_index, prompts.get(o.call_index), o.output_ids, o.message)
-                for o in self.outputs.values()]
+        recent = {c.call_index: c for c in self.recent}
+        out = []
+        for o in self.outputs.values():
+            kept = recent.get(o.call_index)
+            out.append(PriorSample(o.call_index, kept.prompt_ids if kept else None, o.output_ids, o.message,
+                                   kept.prompt_text if kept else None))
+        return out
 
     def best_base(self, prompt_ids: IdArray) -> tuple[str | None, IdArray | None]:
         """The kept call whose prompt ‖ output shares the longest prefix with ``prompt_ids``."""

@@ -23,6 +23,9 @@ class Rendered:
     prefix_breaks: list[str] = field(default_factory=list)  # where the template dropped/rewrote history
     # The same ids packed (read-only), when the text side has them so; else made once by ``array()``.
     prompt_array: IdArray | None = None
+    # The text the prompt ids stand for, byte for byte, when the text side proved it; later calls of
+    # the attempt reuse it instead of decoding this prompt again.
+    text: str | None = None
 
     def array(self) -> IdArray:
         """``prompt_ids`` as a read-only uint32 array, converted at most once (4k-id lists are slow to

@@ -255,7 +255,7 @@ class CallService:
 
 def _delivered(prep: PreparedCall, generated: Generated) -> DeliveredCall:
     return DeliveredCall(prep.call_id, prep.call_index, prep.rendered.array(),
-                         np.asarray(generated.output_ids, dtype=IDS_DTYPE))
+                         np.asarray(generated.output_ids, dtype=IDS_DTYPE), prep.rendered.text)
 
 
 def _assistant_message(outcome: CallOutcome) -> dict[str, Any]:

@@ -40,15 +40,17 @@ class ModelTextSide:
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
                     prefix_mode: str, prior: Sequence[PriorSample]) -> Rendered:
         try:
-            if prefix_mode == "retokenize" or not prior:
+            if prefix_mode == "retokenize":
                 ids = self.renderer.render_cached(messages, tools)
                 return Rendered(ids.tolist(), prompt_array=_read_only(ids))
-            calls = [PriorCall(p.call_index, () if p.prompt_ids is None else p.prompt_ids.tolist(),
-                               p.output_ids.tolist(), p.message) for p in prior]
+            calls = [PriorCall(p.call_index, _NO_IDS if p.prompt_ids is None else p.prompt_ids,
+                               p.output_ids, p.message, p.prompt_text) for p in prior]
             rendered = self.renderer.render_spliced(messages, tools, calls)
         except RenderError as exc:
             raise ValueError(str(exc)) from None
-        return Rendered(rendered.prompt_ids, len(rendered.spliced), rendered.break_descriptions)
+        return Rendered(rendered.prompt_ids, len(rendered.spliced), rendered.break_descriptions,
+                        prompt_array=rendered.prompt_array,
+                        text=rendered.text if rendered.text_is_exact else None)
 
     def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         return self.renderer.render_text(messages, tools)
@@ -69,6 +71,9 @@ class ModelTextSide:
 
     def stream_parser(self) -> _HermesStream:
         return _HermesStream()
+
+
+_NO_IDS: IdArray = np.zeros(0, dtype=IDS_DTYPE)
 
 
 def _read_only(ids: array) -> IdArray:
