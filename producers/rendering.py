@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 from array import array
 from collections import OrderedDict
@@ -128,6 +129,9 @@ class ChatRenderer:
     def __init__(self, model_dir: Path, *, cache_tokens: int = 8_000_000) -> None:
         from transformers import AutoTokenizer
 
+        # A prompt's pieces are tokenized in one batch; spreading that small batch over threads costs
+        # more CPU than it saves (measured: 1.5 vs 2.5 ms a call), and calls already run concurrently.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         template = self.tokenizer.chat_template

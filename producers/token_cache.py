@@ -32,6 +32,7 @@ from array import array
 from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 # Characters hashed to find a cached prefix ending at a cut; the whole prefix is compared before use.
@@ -107,9 +108,12 @@ class PrefixTokenCache:
         self._anchor_ids = {by_content[a]: a for a in anchors if a in by_content}
         self.cuts_enabled = (self.enabled and prefix_cuts_are_safe(config) and not unsplit_specials
                              and bool(self._anchor_ids))
-        # Every added token's text (normalized ones too: cheap, and conservative) for the crossing check.
-        self._added = sorted({t["content"] for t in config.get("added_tokens", []) if len(t["content"]) > 1},
-                             key=len, reverse=True)
+        # Every added token's text (normalized ones too: cheap, and conservative) for the crossing check;
+        # longest first, so a match at a position is the longest added token starting there.
+        added = sorted({t["content"] for t in config.get("added_tokens", []) if len(t["content"]) > 1},
+                       key=len, reverse=True)
+        self._added_pattern = re.compile("|".join(re.escape(a) for a in added)) if added else None
+        self._added_max = len(added[0]) if added else 0
         anchors_by_length = sorted(self._anchor_ids.values(), key=len, reverse=True)
         self._anchor_pattern = re.compile("|".join(re.escape(a) for a in anchors_by_length)) \
             if anchors_by_length else None
@@ -140,10 +144,8 @@ class PrefixTokenCache:
             head = base.ids[:count] if base is not None else array("I")
             inherited = base.cuts[:bisect_right(base.cuts, cut, key=lambda c: c[0])] if base is not None else []
         # Tokenize outside the lock: the only slow part, and independent of the cache.
-        encoding = self._tokenizer.encode(text[cut:], add_special_tokens=False)
-        tail = encoding.ids
-        ids = head + array("I", tail)
-        cuts = inherited + self._new_cuts(text, cut, count, tail, encoding) if self.cuts_enabled else []
+        tail, cuts = self._encode_from(text, cut, count)
+        ids = head + tail
         with self._lock:
             if base is None:
                 self._misses += 1
@@ -152,7 +154,7 @@ class PrefixTokenCache:
                 self._tokens_reused += count
             self._tokens_encoded += len(tail)
             whole = base is not None and len(inherited) == len(base.cuts)
-            self._store(_Entry(text, ids, cuts, end_key), superseded=base if whole else None)
+            self._store(_Entry(text, ids, inherited + cuts, end_key), superseded=base if whole else None)
         return array("I", ids)  # the entry keeps its own
 
     def stats(self) -> CacheStats:
@@ -176,29 +178,42 @@ class PrefixTokenCache:
 
     def _crosses(self, text: str, cut: int) -> bool:
         """Whether an added token occurs in ``text`` starting before ``cut`` and ending after it."""
-        for token in self._added:
-            n = len(token)
-            at = text.find(token, max(0, cut - n + 1), cut + n - 1)
-            if 0 <= at < cut:
+        if self._added_pattern is None:
+            return False
+        for start in range(max(0, cut - self._added_max + 1), cut):
+            match = self._added_pattern.match(text, start)  # the longest added token starting there
+            if match is not None and match.end() > cut:
                 return True
         return False
 
-    def _new_cuts(self, text: str, offset: int, count: int, tail: list[int],
-                  encoding: Any) -> list[tuple[int, int, _Key]]:
-        """Cuts after each anchor token of the freshly tokenized tail (positions in ``text``)."""
+    def _encode_from(self, text: str, offset: int, count: int) -> tuple[array, list[tuple[int, int, _Key]]]:
+        """The ids of ``text[offset:]`` and the cuts in it (positions in ``text``; ``count`` ids before).
+
+        The text is split after every anchor token the tokenizer will see as one (no added token crosses
+        either end of it); the pieces are tokenized in one batch, without offsets. By the argument above,
+        their ids joined are the whole text's, and each piece's end is a cut."""
+        anchors: dict[int, str] = {}  # piece end -> the anchor text it ends with
+        if self.cuts_enabled and self._anchor_pattern is not None:
+            for m in self._anchor_pattern.finditer(text, offset):
+                if not self._crosses(text, m.start()) and not self._crosses(text, m.end()):
+                    anchors[m.end()] = m.group()
+        bounds = [offset, *anchors]
+        if bounds[-1] < len(text) or len(bounds) == 1:
+            bounds.append(len(text))
+        encodings = self._tokenizer.encode_batch_fast(
+            [text[a:b] for a, b in pairwise(bounds)], add_special_tokens=False)
+        tail = array("I")
         cuts: list[tuple[int, int, _Key]] = []
-        anchors = self._anchor_ids
-        for j, token in enumerate(tail):
-            if token not in anchors:
+        for end, encoding in zip(bounds[1:], encodings, strict=True):
+            tail.extend(encoding.ids)
+            anchor = anchors.get(end)
+            if anchor is None:
                 continue
-            span = encoding.token_to_chars(j)
-            if span is None:
-                continue
-            start, end = span[0] + offset, span[1] + offset
-            if text[start:end] != anchors[token]:  # not the literal added token; never a cut
-                continue
-            cuts.append((end, count + j + 1, _key(text, end)))
-        return cuts
+            if not tail or self._anchor_ids.get(tail[-1]) != anchor:  # not what the argument says: no cuts
+                whole = self._tokenizer.encode_batch_fast([text[offset:]], add_special_tokens=False)[0]
+                return array("I", whole.ids), []
+            cuts.append((end, count + len(tail), _key(text, end)))
+        return tail, cuts
 
     # ------------------------------------------------------------------------------------ storage
     def _store(self, entry: _Entry, superseded: _Entry | None) -> None:

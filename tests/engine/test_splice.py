@@ -164,3 +164,47 @@ def test_splice_always_decodes_to_the_template_text(renderer: ChatRenderer, part
         assert result.prompt_ids[start:end] in (p0 + output, output)
     if canonical and result.spliced and renderer.encode(renderer.decode(output[:-1])) == output[:-1]:
         assert result.prompt_ids == plain  # stable re-tokenization: splicing changes nothing
+
+
+# ------------------------------------------------------------------ the piecewise proof (no re-decoding)
+def _chain(renderer: ChatRenderer, outputs: list[list[int]]) -> list[Any]:
+    """As the gateway drives it: each later call gets the earlier prompts' proven texts, not only ids."""
+    messages: list[dict[str, Any]] = task_messages("fox")
+    prior: list[PriorCall] = []
+    results = []
+    for index, output in enumerate(outputs):
+        result = renderer.render_spliced(messages, TOOLS, prior)
+        results.append(result)
+        text = renderer.render_text(messages, TOOLS)
+        assert renderer.decode(result.prompt_ids) == text  # the contract, checked the slow way
+        if result.text_is_exact:
+            assert "\ufffd" not in result.text  # so its ids' bytes are exactly the text's
+        prior.append(PriorCall(index, result.prompt_array, output,
+                               prompt_text=result.text if result.text_is_exact else None))
+        messages = [*messages, {"role": "assistant", "content": renderer.output_text(output)},
+                    {"role": "user", "content": f"next é {index} 日本"}]
+    return results
+
+
+def test_the_proof_gives_the_same_ids_as_decoding_every_prompt(renderer: ChatRenderer) -> None:
+    assert renderer.piecewise  # the reference tokenizer: byte-level decoder (with an NFC normalizer)
+    outputs = [_sampled(renderer, CALL_TEXT), [*_split_tokens(renderer, "red and blue"), 2],
+               _sampled(renderer, "é 日本 🙂"), _sampled(renderer, "done")]
+    proven = _chain(renderer, outputs)
+    assert all(r.text_is_exact for r in proven[1:])  # proven piecewise, not by decoding
+    renderer.piecewise = False
+    try:
+        decoded = _chain(renderer, outputs)
+    finally:
+        renderer.piecewise = True
+    for a, b in zip(proven, decoded, strict=True):
+        assert a.prompt_ids == b.prompt_ids and a.spliced == b.spliced and a.breaks == b.breaks
+
+
+def test_an_output_cut_inside_a_character_is_checked_by_decoding(renderer: ChatRenderer) -> None:
+    # "é" is two bytes; an output stopped after the first has no valid text of its own.
+    first_byte = renderer.tokenizer.backend_tokenizer.token_to_id("Ã")  # byte 0xC3 in the byte alphabet
+    assert first_byte is not None and renderer.decode([first_byte]) == "\ufffd"
+    results = _chain(renderer, [_sampled(renderer, CALL_TEXT), [first_byte], _sampled(renderer, "ok")])
+    assert not results[2].text_is_exact  # U+FFFD in the text: nothing later builds on it unchecked
+    assert results[1].text_is_exact

@@ -212,3 +212,17 @@ def test_render_memo_returns_what_the_template_renders(renderer: ChatRenderer) -
     for n in range(10):
         small.put(f"k{n}".encode(), "t" * 30)
     assert small.get(b"k0") is None and small.get(b"k9") == "t" * 30
+
+
+def test_a_fresh_text_is_cut_only_at_anchors_the_tokenizer_sees_whole() -> None:
+    # New text is tokenized in pieces split after each anchor; "x<a>b" swallows the anchor inside it, so
+    # no piece may end there, while the free-standing anchors are cut points for later texts.
+    tokenizer = _train(pre_tokenizers.ByteLevel(add_prefix_space=False),
+                       [AddedToken("<a>", normalized=False), AddedToken("x<a>b", normalized=False)],
+                       decoders.ByteLevel())
+    cache = PrefixTokenCache(tokenizer, ["<a>"])
+    text = "the fox x<a>b is <a> red <a>and x<a>b"
+    assert cache.encode(text).tolist() == _full(tokenizer, text)
+    longer = text[: text.index("red <a>") + len("red <a>")] + "blue owl"  # shares up to the second anchor
+    assert cache.encode(longer).tolist() == _full(tokenizer, longer)
+    assert cache.stats().prefix_hits == 1 and cache.stats().tokens_reused > 0
