@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -55,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instance-id", default=None, metavar="ID",
                         help="static group membership (Kafka group.instance.id), unique per running worker: "
                         "a worker restarted with the same id takes its partitions back without a rebalance "
-                        "(e.g. a StatefulSet pod name; default: dynamic membership)")
+                        "(e.g. a StatefulSet pod name; '{hostname}' is replaced by the host name; "
+                        "default: settings.processors.instance_id, empty for dynamic membership)")
     parser.add_argument("--stall-timeout", type=float, default=120.0, metavar="SECONDS",
                         help="input waiting but no progress this long: log what the worker waits on and "
                         f"exit {EXIT_STALLED} for the supervisor to restart it; keep it above the longest verifier "
@@ -78,6 +80,12 @@ def _settings_with(settings: Settings, app_id: str | None) -> Settings:
     return settings.model_copy(update={"processors": settings.processors.model_copy(update={"app_id": app_id})})
 
 
+def instance_id(given: str | None, settings: Settings) -> str | None:
+    """The worker's static member id: the flag, else the setting; "{hostname}" filled in."""
+    value = given if given is not None else settings.processors.instance_id
+    return value.replace("{hostname}", socket.gethostname()) if value else None
+
+
 def run_worker(args: argparse.Namespace, settings: Settings | None = None) -> int:
     """Create the topics if needed, then run the faust worker until SIGTERM / Ctrl-C."""
     from processors.errors import ConfigError
@@ -89,7 +97,8 @@ def run_worker(args: argparse.Namespace, settings: Settings | None = None) -> in
                                          grouping_path=args.grouping_config, verifiers_file=args.verifiers,
                                          state_retention_s=args.state_retention, tick_s=args.tick,
                                          session_timeout_s=args.session_timeout,
-                                         stall_timeout_s=args.stall_timeout, instance_id=args.instance_id)
+                                         stall_timeout_s=args.stall_timeout,
+                                         instance_id=instance_id(args.instance_id, settings))
     except ConfigError as exc:
         raise WorkerError(str(exc)) from exc
     from confluent_kafka import KafkaException

@@ -25,6 +25,7 @@ must consist of the same pieces with the messages' rendered bodies between them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -34,7 +35,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import orjson
@@ -45,6 +46,8 @@ from producers.token_cache import PrefixTokenCache
 from schemas.tokens import IDS_DTYPE, IdArray
 
 Message = Mapping[str, Any]
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,7 @@ class ChatRenderer:
         # The rollouts of a group send the same conversation; a template that reads the clock renders
         # differently each time, so it is never memoized.
         self._render_memo = RenderMemo(enabled=cache_tokens > 0 and "strftime_now" not in template)
+        self._output_memo: _Lru[bytes, tuple[str, str]] = _Lru(max_items=4096)
 
     def _decodes_piecewise(self) -> bool:
         """A last guard on ``piecewise``: awkward text (multi-byte characters cut across ids, added
@@ -182,6 +186,16 @@ class ChatRenderer:
         if ids and ids[-1] in self.stop_token_ids:
             ids.pop()
         return self.decode(ids)
+
+    def output_texts(self, output_ids: Sequence[int] | IdArray) -> tuple[str, str]:
+        """(``decode(output_ids)``, ``output_text(output_ids)``), memoized: every later call of an
+        attempt looks at all its earlier outputs."""
+        key = hashlib.blake2b(_ids(output_ids).tobytes(), digest_size=16).digest()
+        found = self._output_memo.get(key)
+        if found is None:
+            found = (self.decode(output_ids), self.output_text(output_ids))
+            self._output_memo.put(key, found)
+        return found
 
     def parse(self, output_ids: Sequence[int]) -> ParsedOutput:
         return parse_output(self.output_text(output_ids))
@@ -420,6 +434,28 @@ class RenderMemo:
                 self._chars -= len(old_key) + len(old_text)
 
 
+class _Lru(Generic[K, V]):
+    """A small thread-safe LRU map."""
+
+    def __init__(self, max_items: int) -> None:
+        self.max_items = max_items
+        self._items: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
+
+    def put(self, key: K, value: V) -> None:
+        with self._lock:
+            self._items[key] = value
+            if len(self._items) > self.max_items:
+                self._items.popitem(last=False)
+
+
 def _plain_json(value: Any) -> bool:
     if value is None or type(value) in (str, int, bool):
         return True
@@ -439,9 +475,8 @@ class _OutputView:
 
     def __init__(self, renderer: ChatRenderer, call: PriorCall) -> None:
         self.call = call
-        self.text = renderer.decode(call.output_ids)
+        self.text, self.body = renderer.output_texts(call.output_ids)
         self.exact = renderer.piecewise and "\ufffd" not in self.text
-        self.body = renderer.output_text(call.output_ids)
         parsed = call.message if call.message is not None else renderer.parse(call.output_ids).to_message()
         self.message: Message = parsed
 

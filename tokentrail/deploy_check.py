@@ -68,6 +68,8 @@ def check() -> list[str]:
             spec = doc.get("spec", {}).get("template", {}).get("spec", {})
             for container in spec.get("containers", []):
                 _check_command(container.get("command"), where, known, problems)
+                for var in container.get("env", []):
+                    _check_env(var.get("name", ""), where, problems)
     return problems
 
 

@@ -98,6 +98,9 @@ class ProcessorSettings(BaseModel):
     sample_config: Path = REPO_ROOT / "deploy" / "config" / "sample.yaml"
     verifiers: list[str] = Field(default_factory=lambda: ["processors.verifiers.answer_match:AnswerMatch"])
     state_dir: Path = VAR_DIR / "processors"
+    # Static group membership (Kafka group.instance.id), unique per running worker; "{hostname}" is
+    # replaced by the host name (a StatefulSet pod's name, a container's id). Empty: dynamic membership.
+    instance_id: str = ""
 
 
 class TrainerSettings(BaseModel):

@@ -23,3 +23,17 @@ def test_the_check_catches_a_wrong_subcommand_and_setting(tmp_path, monkeypatch)
     problems = deploy_check.check()
     assert any("no-such-command" in p for p in problems)
     assert any("NO_SUCH_FIELD" in p for p in problems)
+
+
+def test_the_instance_id_setting_names_each_worker_by_its_host(monkeypatch) -> None:
+    import socket
+
+    from processors.worker import instance_id
+    from tokentrail.settings import Settings
+
+    monkeypatch.setenv("TOKENTRAIL_PROCESSORS__INSTANCE_ID", "{hostname}")
+    settings = Settings()
+    assert instance_id(None, settings) == socket.gethostname()  # as the compose file and StatefulSet set it
+    assert instance_id("worker-7", settings) == "worker-7"  # the flag wins
+    monkeypatch.delenv("TOKENTRAIL_PROCESSORS__INSTANCE_ID")
+    assert instance_id(None, Settings()) is None  # default: dynamic membership
