@@ -17,7 +17,14 @@ hide it. So the stored calls are also compared with full prompts in the 0001 byt
 ``stored_vs_full_prompts_bytes_layout``: the cheapest way to store full prompts we know, hence the
 hardest baseline (with random synthetic ids the stored deltas are already at their entropy).
 
-    python -m bench.sink [--groups N] [--turns T]
+Options for storage studies (opt-in; the default run's figures are unchanged):
+``--sweep-turns 4,8,12,24,48`` repeats the storage comparison (calls only, same groups and sizes) per
+rollout length and adds ``stored_vs_full_prompts_by_turns`` (and ``..._bytes_layout_by_turns``,
+``..._uncompressed_by_turns``); ``--codecs`` re-stores each token array column of the calls table
+under alternative codecs and prints bytes and insert speed; ``--ids zipf`` / ``--logprobs model``
+draw token ids and logprobs like a real tokenizer and sampler instead of uniformly (sinks/synthetic.py).
+
+    python -m bench.sink [--groups N] [--turns T] [--sweep-turns 4,8,12] [--codecs] [--logprobs model]
 """
 
 from __future__ import annotations
@@ -41,7 +48,17 @@ from sinks.synthetic import GroupSpec, synthetic_group
 BATCH_ROWS = 2000
 
 
-def encoded_events(groups: int, turns: int, prompt: int, turn: int, output: int) -> list[tuple[str, bytes]]:
+def encoded_events(
+    groups: int,
+    turns: int,
+    prompt: int,
+    turn: int,
+    output: int,
+    ids: str = "uniform",
+    logprobs: str = "uniform",
+    only: str | None = None,
+) -> list[tuple[str, bytes]]:
+    """Encoded events of ``groups`` synthetic groups of 8 rollouts (only those named ``only`` if given)."""
     codec = get_codec()
     out = []
     for i in range(groups):
@@ -53,8 +70,11 @@ def encoded_events(groups: int, turns: int, prompt: int, turn: int, output: int)
             turn_tokens=turn,
             output_tokens=output,
             policy_version=1 + i // 4,
+            ids=ids,
+            logprobs=logprobs,
         )
-        out += [(name, codec.encode(name, rec)) for name, rec in synthetic_group(spec).events]
+        events = synthetic_group(spec).events
+        out += [(name, codec.encode(name, rec)) for name, rec in events if only in (None, name)]
     return out
 
 
@@ -125,6 +145,116 @@ def table_bytes(client: object, table: str) -> tuple[int, int]:
     ).result_rows[0]
 
 
+def stored_ratios(client: object, messages: list[tuple[str, bytes]]) -> dict[str, float]:
+    """Store ``messages`` in a freshly migrated database, then the same calls with full prompts in both
+    baseline designs; the three ratios of the default run (stored / full prompts)."""
+    migrate(client)  # type: ignore[arg-type]
+    client.command("ALTER TABLE calls MODIFY SETTING min_bytes_for_wide_part = 0")  # type: ignore[attr-defined]
+    ingest(client, messages)
+    full_prompt_calls(client)
+    for table in ("calls", *FULL_TABLES):
+        client.command(f"OPTIMIZE TABLE {table} FINAL")  # type: ignore[attr-defined]
+    delta_disk, delta_raw = table_bytes(client, "calls")
+    full_disk, full_raw = table_bytes(client, "calls_full")
+    bytes_disk, _ = table_bytes(client, "calls_full_bytes")
+    return {
+        "same_design": round(delta_disk / full_disk, 4),
+        "bytes_layout": round(delta_disk / bytes_disk, 4),
+        "uncompressed": round(delta_raw / full_raw, 4),
+    }
+
+
+def sweep_turns(dsn: str, turn_counts: list[int], args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """stored_vs_full_prompts per rollout length, each in its own database of the same chDB path."""
+    out: dict[str, dict[str, float]] = {}
+    for turns in turn_counts:
+        calls = encoded_events(
+            args.groups, turns, args.prompt, args.turn, args.output, args.ids, args.logprobs, only="CallRecord"
+        )
+        client = connect(dsn=dsn, database=f"sweep_{turns}", create_database=True)
+        out[str(turns)] = stored_ratios(client, calls)
+    print(f"  {'turns':>5}  {'same design':>11}  {'bytes layout':>12}  {'uncompressed':>12}")
+    for turns, r in out.items():
+        print(f"  {turns:>5}  {r['same_design']:>11.4f}  {r['bytes_layout']:>12.4f}  {r['uncompressed']:>12.4f}")
+    return out
+
+
+# Alternatives to the calls table's token array codecs (--codecs); the first of each list is current.
+ID_CODECS = (
+    "T64, ZSTD(3)",
+    "T64, ZSTD(1)",
+    "T64, ZSTD(9)",
+    "T64",
+    "T64('bit'), ZSTD(3)",
+    "T64, LZ4HC(9)",
+    "ZSTD(3)",
+    "ZSTD(9)",
+    "LZ4HC(9)",
+    "Delta(4), ZSTD(3)",
+    "Delta(4), T64, ZSTD(3)",
+    "DoubleDelta, ZSTD(3)",
+)
+FLOAT_CODECS = (
+    "ZSTD(3)",
+    "ZSTD(1)",
+    "ZSTD(5)",
+    "ZSTD(7)",
+    "ZSTD(9)",
+    "ZSTD(19)",
+    "LZ4HC(9)",
+    "FPC",
+    "FPC(12, 4)",
+    "FPC, ZSTD(3)",
+    "Gorilla",
+    "Gorilla, ZSTD(3)",
+    "Delta(4), ZSTD(3)",
+)
+CODEC_COLUMNS = (
+    ("prompt_ids_arr", "UInt32", ID_CODECS),
+    ("prompt_new_ids_arr", "UInt32", ID_CODECS),
+    ("output_ids_arr", "UInt32", ID_CODECS),
+    ("output_logprobs_arr", "Float32", FLOAT_CODECS),
+)
+
+
+def codec_table(client: object, repeat: int = 3) -> dict[str, dict[str, dict[str, float]]]:
+    """Each stored token array column of ``calls`` copied (in table order) into a one-column table per
+    codec: bytes on disk after merging, and the best insert speed (MB of uncompressed values per s;
+    the read of the source column is the same for every codec of a column)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    order = "rollout_id, attempt_id, call_index"
+    for column, element, codecs in CODEC_COLUMNS:
+        raw = client.query(f"SELECT sum(length({column})) * 4 FROM calls").result_rows[0][0]  # type: ignore
+        out[column] = {}
+        for codec in codecs:
+            client.command("DROP TABLE IF EXISTS codec_probe")  # type: ignore[attr-defined]
+            client.command(  # type: ignore[attr-defined]
+                f"CREATE TABLE codec_probe (v Array({element}) CODEC({codec})) ENGINE = MergeTree "
+                "ORDER BY tuple() SETTINGS min_bytes_for_wide_part = 0"
+            )
+            best = float("inf")
+            for _ in range(repeat):
+                client.command("TRUNCATE TABLE codec_probe")  # type: ignore[attr-defined]
+                start = time.perf_counter()
+                client.command(f"INSERT INTO codec_probe SELECT {column} FROM calls ORDER BY {order}")  # type: ignore
+                best = min(best, time.perf_counter() - start)
+            client.command("OPTIMIZE TABLE codec_probe FINAL")  # type: ignore[attr-defined]
+            size = client.query(  # type: ignore[attr-defined]
+                "SELECT sum(data_compressed_bytes) FROM system.columns "
+                "WHERE database = currentDatabase() AND table = 'codec_probe'"
+            ).result_rows[0][0]
+            out[column][codec] = {"bytes": int(size), "bits_per_value": round(8 * size / max(raw / 4, 1), 2),
+                                  "insert_mb_s": round(raw / 1e6 / best, 1)}
+        client.command("DROP TABLE IF EXISTS codec_probe")  # type: ignore[attr-defined]
+    for column, rows in out.items():
+        base = next(iter(rows.values()))["bytes"]
+        print(f"  {column}")
+        for codec, r in rows.items():
+            print(f"    {codec:<24} {r['bytes']:>10,}  {r['bytes'] / base:6.3f}x  {r['bits_per_value']:6.2f} bit/value"
+                  f"  {r['insert_mb_s']:8.1f} MB/s")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--groups", type=int, default=2, help="groups of 8 rollouts")
@@ -132,11 +262,18 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=4000, help="first prompt tokens")
     parser.add_argument("--turn", type=int, default=1000, help="tool-result tokens added per turn")
     parser.add_argument("--output", type=int, default=300, help="sampled tokens per call")
+    parser.add_argument("--ids", choices=("uniform", "zipf"), default="uniform", help="token id distribution")
+    parser.add_argument("--logprobs", choices=("uniform", "model"), default="uniform", help="logprob distribution")
+    parser.add_argument("--sweep-turns", default="", help="comma-separated rollout lengths, e.g. 4,8,12,24,48")
+    parser.add_argument("--codecs", action="store_true", help="compare codecs of the calls' token arrays")
     args = parser.parse_args()
+    sweep = [int(t) for t in args.sweep_turns.split(",") if t.strip()]
 
-    messages = encoded_events(args.groups, args.turns, args.prompt, args.turn, args.output)
+    messages = encoded_events(args.groups, args.turns, args.prompt, args.turn, args.output, args.ids, args.logprobs)
+    extra: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="bench-sink-") as tmp:
-        client = connect(dsn=f"chdb://{tmp}", database="bench", create_database=True)
+        dsn = f"chdb://{tmp}"
+        client = connect(dsn=dsn, database="bench", create_database=True)
         migrate(client)
         # Wide parts keep per-column sizes in system.columns (small parts are otherwise compact).
         client.command("ALTER TABLE calls MODIFY SETTING min_bytes_for_wide_part = 0")
@@ -169,6 +306,15 @@ def main() -> None:
                 parameters={"stored": list(CALL_STORED_TOKEN_COLUMNS)},
             ).result_rows
         )
+        if args.codecs:
+            extra["codec_bytes"] = codec_table(client)
+        if sweep:
+            by_turns = sweep_turns(dsn, sweep, args)
+            extra["stored_vs_full_prompts_uncompressed_by_turns"] = {t: r["uncompressed"] for t, r in by_turns.items()}
+            extra["stored_vs_full_prompts_bytes_layout_by_turns"] = {t: r["bytes_layout"] for t, r in by_turns.items()}
+            extra["stored_vs_full_prompts_by_turns"] = {t: r["same_design"] for t, r in by_turns.items()}
+    if args.ids != "uniform" or args.logprobs != "uniform":
+        extra["distributions"] = f"ids={args.ids} logprobs={args.logprobs}"
     emit(
         {
             "messages": len(messages),
@@ -192,6 +338,7 @@ def main() -> None:
             "sample_tokens": int(sample_tokens),
             "stored_vs_full_prompts_uncompressed": round(delta_raw / full_raw, 4),
             "stored_vs_full_prompts_bytes_layout": round(delta_disk / bytes_disk, 4),
+            **extra,
             "stored_vs_full_prompts": round(delta_disk / full_disk, 4),
         }
     )

@@ -40,6 +40,10 @@ class GroupSpec:
     seed: int = 0
     pack: bool = False  # also emit PACKED samples (two rollouts per sequence) under another config
     trainer_step: bool = True
+    # Value distributions (storage benchmarks): "uniform" ids over the vocabulary and logprobs uniform in
+    # (-1, 0]; "zipf" ids and "model" logprobs look like a real tokenizer and sampler (see below).
+    ids: str = "uniform"  # uniform | zipf
+    logprobs: str = "uniform"  # uniform | model
 
 
 @dataclass
@@ -52,6 +56,40 @@ class GroupEvents:
 
     def of(self, name: str) -> list[Record]:
         return [rec for n, rec in self.events if n == name]
+
+
+def _zipf_cdf(exponent: float = 1.0) -> np.ndarray:
+    ranks = np.arange(1, VOCAB + 1, dtype=np.float64)
+    cdf = np.cumsum(ranks**-exponent)
+    return cdf / cdf[-1]
+
+
+_ZIPF_CDF = _zipf_cdf()
+
+
+def _ids(rng: np.random.Generator, n: int, dist: str) -> np.ndarray:
+    """Token ids. "zipf": id = frequency rank, Zipf(1) over the vocabulary, as BPE merges (and so ids)
+    roughly follow corpus frequency; entropy ~11 bits against ~15 for uniform ids."""
+    if dist == "uniform":
+        return rng.integers(0, VOCAB, n, dtype=np.uint32)
+    if dist == "zipf":
+        return np.searchsorted(_ZIPF_CDF, rng.random(n)).astype(np.uint32)
+    raise ValueError(f"unknown id distribution {dist!r}")
+
+
+def _logprobs(rng: np.random.Generator, n: int, dist: str) -> np.ndarray:
+    """Logprobs of the sampled tokens. "model": most tokens near-certain, a tail to about -25 (mean
+    ~0.4 nats), computed as a float32 log-softmax does (logit - logsumexp, both ~10-30), so values
+    lie on the float32 grid of numbers of that size and a near-certain token often gets exactly 0."""
+    if dist == "uniform":
+        return -rng.random(n, dtype=np.float32)
+    if dist == "model":
+        scale = rng.choice(np.array([0.005, 0.5, 3.0]), n, p=[0.65, 0.25, 0.10])
+        nll = np.minimum(rng.exponential(scale), 25.0)
+        logit = rng.uniform(8.0, 30.0, n).astype(np.float32)
+        lse = (logit.astype(np.float64) + nll).astype(np.float32)
+        return logit - lse
+    raise ValueError(f"unknown logprob distribution {dist!r}")
 
 
 def _call_record(
@@ -133,15 +171,15 @@ def synthetic_group(spec: GroupSpec) -> GroupEvents:
             "created_at_us": t0,
         }
         out.events.append(("AttemptStarted", start))
-        prompt_ids = rng.integers(0, VOCAB, spec.prompt_tokens, dtype=np.uint32)
+        prompt_ids = _ids(rng, spec.prompt_tokens, spec.ids)
         prev_id, prev_seq = None, None
         calls, envs, prompts, outputs = [], [], [], []
         for i in range(spec.turns):
             if i:
-                tool = rng.integers(0, VOCAB, spec.turn_tokens, dtype=np.uint32)
+                tool = _ids(rng, spec.turn_tokens, spec.ids)
                 prompt_ids = np.concatenate([prev_seq, tool])
-            output = rng.integers(0, VOCAB, spec.output_tokens, dtype=np.uint32)
-            logprobs = -rng.random(spec.output_tokens, dtype=np.float32)
+            output = _ids(rng, spec.output_tokens, spec.ids)
+            logprobs = _logprobs(rng, spec.output_tokens, spec.logprobs)
             prompt = encode_prompt(prompt_ids, prev_id, prev_seq)
             call = _call_record(rid, aid, i, prompt, output, logprobs, spec.policy_version, t0 + 1000 * (i + 1))
             out.events.append(("CallRecord", call))
