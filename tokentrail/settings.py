@@ -83,9 +83,6 @@ class GatewaySettings(BaseModel):
     admin_key: str = ""
     require_auth: bool = False
     delivery_timeout_s: float = 5.0
-    # Threads that render and tokenize chat prompts off the event loop (0: on the loop). Tokenizing
-    # releases the GIL, so one gateway process uses a second core under load.
-    render_threads: int = 2
 
 
 class ProcessorSettings(BaseModel):

@@ -64,15 +64,13 @@ class GatewayOptions:
     max_tokens_limit: int = 4096
     admin_key: str = ""
     require_auth: bool = False
-    render_threads: int = 0
 
     @classmethod
     def from_settings(cls, settings: Any) -> GatewayOptions:
         g = settings.gateway
         return cls(model_name=settings.model.name, model_aliases=dict(getattr(g, "model_aliases", {}) or {}),
                    prefix_mode=g.prefix_mode, unattributed=g.unattributed, max_body_bytes=g.max_body_bytes,
-                   max_tokens_limit=g.max_tokens_limit, admin_key=g.admin_key, require_auth=g.require_auth,
-                   render_threads=getattr(g, "render_threads", 0))
+                   max_tokens_limit=g.max_tokens_limit, admin_key=g.admin_key, require_auth=g.require_auth)
 
 
 class Gateway:
@@ -92,8 +90,7 @@ class Gateway:
                                   unattributed=options.unattributed, max_body_bytes=options.max_body_bytes,
                                   **(topics or {}))
         self.service = CallService(self.ctx, upstream, text, model_name=options.model_name,
-                                   model_aliases=options.model_aliases, prefix_mode=options.prefix_mode,
-                                   render_threads=options.render_threads)
+                                   model_aliases=options.model_aliases, prefix_mode=options.prefix_mode)
         self.env_api = EnvApi(self.ctx)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.metrics.watch_attempts(lambda: self.ctx.registry.counts()["active"])
@@ -150,7 +147,7 @@ class Gateway:
             req, raw = await read_model(request, ChatCompletionRequest, self.options.max_body_bytes)
             self.service.check_model(req.model)
             call = openai_adapter.chat_to_internal(req, self.options.max_tokens_limit)
-            prep = await self._prepare(request, identity, call, raw, received, started,
+            prep = self._prepare(request, identity, call, raw, received, started,
                                  openai_adapter.ADAPTER_VERSION, openai_adapter.TOOL_CALL_PREFIX)
         except GatewayError as exc:
             return self._refuse(exc, "openai", openai_adapter.CHAT_PROTOCOL)
@@ -173,7 +170,7 @@ class Gateway:
             req, raw = await read_model(request, ResponsesRequest, self.options.max_body_bytes)
             self.service.check_model(req.model)
             call = responses_adapter.to_internal(req, self.options.max_tokens_limit)
-            prep = await self._prepare(request, identity, call, raw, received, started,
+            prep = self._prepare(request, identity, call, raw, received, started,
                                  responses_adapter.ADAPTER_VERSION, responses_adapter.TOOL_CALL_PREFIX)
         except GatewayError as exc:
             return self._refuse(exc, "openai", responses_adapter.PROTOCOL)
@@ -193,7 +190,7 @@ class Gateway:
             req, raw = await read_model(request, CompletionRequest, self.options.max_body_bytes)
             self.service.check_model(req.model)
             call = openai_adapter.completion_to_internal(req, self.options.max_tokens_limit)
-            prep = await self._prepare(request, identity, call, raw, received, started,
+            prep = self._prepare(request, identity, call, raw, received, started,
                                  openai_adapter.ADAPTER_VERSION, openai_adapter.TOOL_CALL_PREFIX)
         except GatewayError as exc:
             return self._refuse(exc, "openai", openai_adapter.COMPLETIONS_PROTOCOL)
@@ -217,7 +214,7 @@ class Gateway:
             req, raw = await read_model(request, MessagesRequest, self.options.max_body_bytes)
             self.service.check_model(req.model)
             call = anthropic_adapter.to_internal(req, self.options.max_tokens_limit)
-            prep = await self._prepare(request, identity, call, raw, received, started,
+            prep = self._prepare(request, identity, call, raw, received, started,
                                  anthropic_adapter.ADAPTER_VERSION, anthropic_adapter.TOOL_CALL_PREFIX)
         except GatewayError as exc:
             return self._refuse(exc, "anthropic", anthropic_adapter.PROTOCOL)
@@ -235,7 +232,7 @@ class Gateway:
             messages, tools = anthropic_adapter.conversation(req)
             call = InternalCall(protocol=anthropic_adapter.PROTOCOL, model=req.model, stream=False,
                                 sampling=SamplingSpec(), messages=messages, tools=tools)
-            count = await self.service.count_tokens(identity, call)
+            count = self.service.count_tokens(identity, call)
         except GatewayError as exc:
             return self._refuse(exc, "anthropic", anthropic_adapter.PROTOCOL)
         return OrjsonResponse({"input_tokens": count})
@@ -247,16 +244,16 @@ class Gateway:
                             unattributed=self.options.unattributed, require_auth=self.options.require_auth,
                             admin_key=self.options.admin_key)
 
-    async def _prepare(self, request: Request, identity: CallIdentity, call: InternalCall, raw: dict[str, Any],
-                       received: int, started: float, adapter_version: str, tool_prefix: str) -> PreparedCall:
+    def _prepare(self, request: Request, identity: CallIdentity, call: InternalCall, raw: dict[str, Any],
+                 received: int, started: float, adapter_version: str, tool_prefix: str) -> PreparedCall:
         # Path and query as ``request.url`` gives them, without building and re-parsing a whole URL.
         scope = request.scope
         path = scope["path"].replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
         request_json = records.request_json(request.method, path, scope.get("query_string", b"").decode(),
                                             dict(request.headers), raw)
-        return await self.service.prepare(identity, call, received_at_us=received, started=started,
-                                          request_json=request_json, adapter_version=adapter_version,
-                                          tool_call_prefix=tool_prefix)
+        return self.service.prepare(identity, call, received_at_us=received, started=started,
+                                    request_json=request_json, adapter_version=adapter_version,
+                                    tool_call_prefix=tool_prefix)
 
     def _refuse(self, exc: GatewayError, protocol: Protocol, call_protocol: str) -> Response:
         self.metrics.refused.labels(call_protocol, str(exc.status)).inc()
@@ -402,7 +399,6 @@ def create_app(settings: Any, upstream: Upstream, sink: Any, renderer: TextSide,
             yield
         finally:
             await gateway.drain()
-            gateway.service.close()
             if manage_sink and hasattr(sink, "close"):
                 await sink.close()
             if close_upstream:

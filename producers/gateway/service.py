@@ -13,7 +13,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +20,7 @@ import numpy as np
 import orjson
 
 from producers.gateway import records
-from producers.gateway.attempts import DeliveredCall, PriorSample, SampledOutput
+from producers.gateway.attempts import DeliveredCall, SampledOutput
 from producers.gateway.chat import CallOutcome, InternalCall, ToolCallOut, tool_call_id
 from producers.gateway.context import GatewayContext
 from producers.gateway.errors import GatewayError, bad_request
@@ -59,21 +58,13 @@ TextListener = Callable[[str], Awaitable[None]]
 
 class CallService:
     def __init__(self, ctx: GatewayContext, upstream: Upstream, text: TextSide, *, model_name: str,
-                 model_aliases: dict[str, str] | None = None, prefix_mode: str = "splice",
-                 render_threads: int = 0) -> None:
+                 model_aliases: dict[str, str] | None = None, prefix_mode: str = "splice") -> None:
         if prefix_mode not in ("splice", "retokenize"):
             raise ValueError(f"prefix_mode must be 'splice' or 'retokenize', not {prefix_mode!r}")
         self.ctx, self.upstream, self.text = ctx, upstream, text
         self.model_name = model_name
         self.model_aliases = dict(model_aliases or {})
         self.prefix_mode = prefix_mode
-        # Rendering is the heaviest step of a call, and tokenizing (most of it) releases the GIL.
-        self._render_pool = ThreadPoolExecutor(render_threads, thread_name_prefix="render") \
-            if render_threads > 0 else None
-
-    def close(self) -> None:
-        if self._render_pool is not None:
-            self._render_pool.shutdown(wait=True)
 
     # -- before a call gets its index: everything that can be refused as bad input -----------------
 
@@ -86,14 +77,7 @@ class CallService:
         raise GatewayError(404, f"the model {requested!r} does not exist on this gateway; it serves "
                            f"{self.model_name!r}", "not_found", param="model", code="model_not_found")
 
-    async def render(self, identity: CallIdentity, call: InternalCall) -> Rendered:
-        if call.messages is None or self._render_pool is None:
-            return self._render(identity, call)
-        prior = identity.state.prior_calls()  # read on the loop: the attempt state is not shared
-        return await asyncio.get_running_loop().run_in_executor(
-            self._render_pool, self._render_chat, call, prior)
-
-    def _render(self, identity: CallIdentity, call: InternalCall) -> Rendered:
+    def render(self, identity: CallIdentity, call: InternalCall) -> Rendered:
         if call.prompt_ids is not None:
             bad = [i for i in call.prompt_ids if i < 0 or i >= self.text.vocab_size]
             if bad:
@@ -102,20 +86,18 @@ class CallService:
             return Rendered(list(call.prompt_ids))
         if call.prompt_text is not None:
             return Rendered(self.text.encode_text(call.prompt_text))
-        return self._render_chat(call, identity.state.prior_calls())
-
-    def _render_chat(self, call: InternalCall, prior: list[PriorSample]) -> Rendered:
         assert call.messages is not None
         try:
-            return self.text.render_chat(call.messages, call.tools, prefix_mode=self.prefix_mode, prior=prior)
+            return self.text.render_chat(call.messages, call.tools, prefix_mode=self.prefix_mode,
+                                         prior=identity.state.prior_calls())
         except (ValueError, TypeError, KeyError) as exc:
             raise bad_request(f"the conversation cannot be rendered by the chat template: {exc}",
                               param="messages", code="template_error") from None
 
-    async def prepare(self, identity: CallIdentity, call: InternalCall, *, received_at_us: int, started: float,
-                      request_json: str, adapter_version: str, tool_call_prefix: str) -> PreparedCall:
+    def prepare(self, identity: CallIdentity, call: InternalCall, *, received_at_us: int, started: float,
+                request_json: str, adapter_version: str, tool_call_prefix: str) -> PreparedCall:
         """Render and assign the call its index. From here on the call is recorded whatever happens."""
-        rendered = await self.render(identity, call)
+        rendered = self.render(identity, call)
         if not rendered.prompt_ids:
             raise bad_request("the prompt renders to no tokens", code="empty_prompt")
         index = identity.state.begin_call()
@@ -267,8 +249,8 @@ class CallService:
 
     # -- count_tokens ----------------------------------------------------------------------------
 
-    async def count_tokens(self, identity: CallIdentity, call: InternalCall) -> int:
-        return len((await self.render(identity, call)).array())
+    def count_tokens(self, identity: CallIdentity, call: InternalCall) -> int:
+        return len(self.render(identity, call).prompt_ids)
 
 
 def _delivered(prep: PreparedCall, generated: Generated) -> DeliveredCall:
