@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -71,6 +72,29 @@ class GatewayOptions:
         return cls(model_name=settings.model.name, model_aliases=dict(getattr(g, "model_aliases", {}) or {}),
                    prefix_mode=g.prefix_mode, unattributed=g.unattributed, max_body_bytes=g.max_body_bytes,
                    max_tokens_limit=g.max_tokens_limit, admin_key=g.admin_key, require_auth=g.require_auth)
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    """How a model route reads its request and turns it into the internal chat form."""
+
+    model: type[BaseModel]
+    to_internal: Callable[[Any, int], InternalCall]
+    adapter_version: str
+    tool_call_prefix: str
+    protocol: Protocol  # the shape of its errors
+    call_protocol: str  # its label on records and metrics
+
+
+CHAT_ROUTE = ModelRoute(ChatCompletionRequest, openai_adapter.chat_to_internal, openai_adapter.ADAPTER_VERSION,
+                        openai_adapter.TOOL_CALL_PREFIX, "openai", openai_adapter.CHAT_PROTOCOL)
+COMPLETIONS_ROUTE = ModelRoute(CompletionRequest, openai_adapter.completion_to_internal,
+                               openai_adapter.ADAPTER_VERSION, openai_adapter.TOOL_CALL_PREFIX, "openai",
+                               openai_adapter.COMPLETIONS_PROTOCOL)
+RESPONSES_ROUTE = ModelRoute(ResponsesRequest, responses_adapter.to_internal, responses_adapter.ADAPTER_VERSION,
+                             responses_adapter.TOOL_CALL_PREFIX, "openai", responses_adapter.PROTOCOL)
+MESSAGES_ROUTE = ModelRoute(MessagesRequest, anthropic_adapter.to_internal, anthropic_adapter.ADAPTER_VERSION,
+                            anthropic_adapter.TOOL_CALL_PREFIX, "anthropic", anthropic_adapter.PROTOCOL)
 
 
 class Gateway:
@@ -141,66 +165,48 @@ class Gateway:
     # -- OpenAI ----------------------------------------------------------------------------------
 
     async def chat_completions(self, request: Request) -> Response:
-        started, received = time.perf_counter(), records.now_us()
-        try:
-            identity = self._identity(request)
-            req, raw = await read_model(request, ChatCompletionRequest, self.options.max_body_bytes)
-            self.service.check_model(req.model)
-            call = openai_adapter.chat_to_internal(req, self.options.max_tokens_limit)
-            prep = self._prepare(request, identity, call, raw, received, started,
-                                 openai_adapter.ADAPTER_VERSION, openai_adapter.TOOL_CALL_PREFIX)
-        except GatewayError as exc:
-            return self._refuse(exc, "openai", openai_adapter.CHAT_PROTOCOL)
+        admitted = await self._admit(request, CHAT_ROUTE)
+        if isinstance(admitted, Response):
+            return admitted
+        req, prep = admitted
         token_text, fp = self.text.token_text, self.fingerprint
 
         def respond(outcome: CallOutcome) -> dict[str, Any]:
             return openai_adapter.chat_response(outcome, req, token_text, fp)
 
         if req.stream:
-            fmt = openai_adapter.ChatStream(req, prep.call_id, req.model, received // 1_000_000,
+            fmt = openai_adapter.ChatStream(req, prep.call_id, req.model, prep.received_at_us // 1_000_000,
                                             token_text, fp)
             return self._stream(prep, fmt, respond, GatewayError.openai_body, ping=None)
         return await self._unary(prep, respond, GatewayError.openai_body)
 
     async def responses(self, request: Request) -> Response:
         """OpenAI Responses API: converted to the internal chat form, then the same path as chat."""
-        started, received = time.perf_counter(), records.now_us()
-        try:
-            identity = self._identity(request)
-            req, raw = await read_model(request, ResponsesRequest, self.options.max_body_bytes)
-            self.service.check_model(req.model)
-            call = responses_adapter.to_internal(req, self.options.max_tokens_limit)
-            prep = self._prepare(request, identity, call, raw, received, started,
-                                 responses_adapter.ADAPTER_VERSION, responses_adapter.TOOL_CALL_PREFIX)
-        except GatewayError as exc:
-            return self._refuse(exc, "openai", responses_adapter.PROTOCOL)
+        admitted = await self._admit(request, RESPONSES_ROUTE)
+        if isinstance(admitted, Response):
+            return admitted
+        req, prep = admitted
 
         def respond(outcome: CallOutcome) -> dict[str, Any]:
             return responses_adapter.response_body(outcome, req)
 
         if req.stream:
-            fmt = responses_adapter.ResponseStream(req, prep.call_id, received // 1_000_000)
+            fmt = responses_adapter.ResponseStream(req, prep.call_id, prep.received_at_us // 1_000_000)
             return self._stream(prep, fmt, respond, GatewayError.openai_body, ping=None)
         return await self._unary(prep, respond, GatewayError.openai_body)
 
     async def completions(self, request: Request) -> Response:
-        started, received = time.perf_counter(), records.now_us()
-        try:
-            identity = self._identity(request)
-            req, raw = await read_model(request, CompletionRequest, self.options.max_body_bytes)
-            self.service.check_model(req.model)
-            call = openai_adapter.completion_to_internal(req, self.options.max_tokens_limit)
-            prep = self._prepare(request, identity, call, raw, received, started,
-                                 openai_adapter.ADAPTER_VERSION, openai_adapter.TOOL_CALL_PREFIX)
-        except GatewayError as exc:
-            return self._refuse(exc, "openai", openai_adapter.COMPLETIONS_PROTOCOL)
+        admitted = await self._admit(request, COMPLETIONS_ROUTE)
+        if isinstance(admitted, Response):
+            return admitted
+        req, prep = admitted
         token_text, fp = self.text.token_text, self.fingerprint
 
         def respond(outcome: CallOutcome) -> dict[str, Any]:
             return openai_adapter.completion_response(outcome, req, token_text, fp)
 
         if req.stream:
-            fmt = openai_adapter.CompletionStream(req, prep.call_id, req.model, received // 1_000_000,
+            fmt = openai_adapter.CompletionStream(req, prep.call_id, req.model, prep.received_at_us // 1_000_000,
                                                   token_text, fp)
             return self._stream(prep, fmt, respond, GatewayError.openai_body, ping=None, raw_text=True)
         return await self._unary(prep, respond, GatewayError.openai_body)
@@ -208,16 +214,10 @@ class Gateway:
     # -- Anthropic -------------------------------------------------------------------------------
 
     async def messages(self, request: Request) -> Response:
-        started, received = time.perf_counter(), records.now_us()
-        try:
-            identity = self._identity(request)
-            req, raw = await read_model(request, MessagesRequest, self.options.max_body_bytes)
-            self.service.check_model(req.model)
-            call = anthropic_adapter.to_internal(req, self.options.max_tokens_limit)
-            prep = self._prepare(request, identity, call, raw, received, started,
-                                 anthropic_adapter.ADAPTER_VERSION, anthropic_adapter.TOOL_CALL_PREFIX)
-        except GatewayError as exc:
-            return self._refuse(exc, "anthropic", anthropic_adapter.PROTOCOL)
+        admitted = await self._admit(request, MESSAGES_ROUTE)
+        if isinstance(admitted, Response):
+            return admitted
+        req, prep = admitted
         if req.stream:
             fmt = anthropic_adapter.MessageStream(prep.call_id, req.model)
             return self._stream(prep, fmt, anthropic_adapter.message_response, GatewayError.anthropic_body,
@@ -238,6 +238,21 @@ class Gateway:
         return OrjsonResponse({"input_tokens": count})
 
     # -- shared ----------------------------------------------------------------------------------
+
+    async def _admit(self, request: Request, route: ModelRoute) -> tuple[Any, PreparedCall] | Response:
+        """Identity, body, model and conversion checks, then render and index the call: the request
+        model and the prepared call, or the refusal as an error response in the route's protocol."""
+        started, received = time.perf_counter(), records.now_us()
+        try:
+            identity = self._identity(request)
+            req, raw = await read_model(request, route.model, self.options.max_body_bytes)
+            self.service.check_model(req.model)
+            call = route.to_internal(req, self.options.max_tokens_limit)
+            prep = self._prepare(request, identity, call, raw, received, started,
+                                 route.adapter_version, route.tool_call_prefix)
+        except GatewayError as exc:
+            return self._refuse(exc, route.protocol, route.call_protocol)
+        return req, prep
 
     def _identity(self, request: Request) -> CallIdentity:
         return resolve_call(request.path_params, request.headers, self.ctx.registry,

@@ -152,26 +152,28 @@ def test_position_dependent_pre_tokenizer_disables_cuts() -> None:
     # Metaspace with prepend_scheme="first" prefixes only the piece at offset 0: a cut would be wrong.
     tokenizer = _train(pre_tokenizers.Metaspace(prepend_scheme="first"), [AddedToken("<a>", normalized=False)],
                        decoders.Metaspace(prepend_scheme="first"))
-    first, second = "fox is<a>", "fox is<a>red owl"
-    assert _naive(tokenizer, first, "red owl") != _full(tokenizer, second)
-    cache = PrefixTokenCache(tokenizer, ["<a>"])
-    assert not cache.cuts_enabled
-    assert cache.encode(first).tolist() == _full(tokenizer, first)
-    assert cache.encode(second).tolist() == _full(tokenizer, second)
-    assert cache.encode(second).tolist() == _full(tokenizer, second)
-    assert cache.stats().prefix_hits == 0 and cache.stats().exact_hits == 1
+    cache = _refuses_cuts(tokenizer, "fox is<a>", "red owl")
+    assert cache.encode("fox is<a>red owl").tolist() == _full(tokenizer, "fox is<a>red owl")
+    assert cache.stats().prefix_hits == 0 and cache.stats().exact_hits == 1  # identical text still reused
 
 
 def test_stripping_added_token_disables_cuts() -> None:
     # An rstrip token swallows the whitespace after it, which lies beyond the cut.
     tokenizer = _train(pre_tokenizers.ByteLevel(add_prefix_space=False),
                        [AddedToken("<a>", normalized=False, rstrip=True)], decoders.ByteLevel())
-    first, second = "fox<a>", "fox<a>   red"
-    assert _naive(tokenizer, first, "   red") != _full(tokenizer, second)
+    _refuses_cuts(tokenizer, "fox<a>", "   red")
+
+
+def _refuses_cuts(tokenizer: Tokenizer, first: str, rest: str) -> PrefixTokenCache:
+    """A tokenizer where cutting after ``first`` would be wrong: the cache must not cut, and stay exact."""
+    second = first + rest
+    assert _naive(tokenizer, first, rest) != _full(tokenizer, second)
     cache = PrefixTokenCache(tokenizer, ["<a>"])
     assert not cache.cuts_enabled
     assert cache.encode(first).tolist() == _full(tokenizer, first)
     assert cache.encode(second).tolist() == _full(tokenizer, second)
+    assert cache.stats().prefix_hits == 0
+    return cache
 
 
 def test_memory_is_bounded_and_superseded_turns_are_dropped(renderer: ChatRenderer) -> None:
