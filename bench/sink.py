@@ -5,11 +5,19 @@ rows and inserted in batches, as the sink does after polling Kafka (the broker i
 ``tokens_per_s`` counts the token ids the calls stand for (prompt + sampled); ``rows_per_s`` counts rows
 of every table.
 
-Storage: the same calls stored twice, as recorded (later prompts delta-encoded on the previous call)
-and with every prompt in full, in the same table design (``CREATE TABLE calls_full AS calls``, written
-through the same EPHEMERAL byte inputs); compressed bytes on disk from system.parts after merging, all
-parts wide as in production (the default makes parts under 10 MB compact). ``stored_vs_full_prompts``
-is their ratio on disk; ``stored_vs_full_prompts_uncompressed`` is what Kafka, the network and memory see.
+Storage: the same calls stored twice, as the sink stores them (later prompts delta-encoded on the
+previous call, later request bodies stored as deltas on its body) and with every prompt and request
+body in full, in the same table design (``CREATE TABLE calls_full AS calls``, written through the same
+EPHEMERAL byte inputs); compressed bytes on disk from system.parts after merging, all parts wide as in
+production (the default makes parts under 10 MB compact). ``stored_vs_full_prompts`` is their ratio on
+disk; ``stored_vs_full_prompts_uncompressed`` is what the network and memory would see.
+
+Every call carries the harness request the gateway records (``--bodies chat``, the default): the whole
+conversation so far as text, tool definitions and parameters, as an OpenAI chat harness sends it, so
+the bodies grow with the rollout like the prompts. ``--bodies tiny`` puts placeholders there instead
+(the token columns alone; what this benchmark measured before request bodies were stored as deltas).
+``token_columns_vs_full_prompts`` compares the token columns alone, ``request_bodies_vs_full`` the
+request body column alone.
 
 Full prompts compress very differently per layout: ZSTD over packed bytes (the released 0001 layout)
 finds a prompt's repeat of the previous one inside its 1 MB block, while T64's bit-transposed blocks
@@ -41,6 +49,7 @@ from schemas.codec import get_codec
 from schemas.prompt_delta import full_prompt
 from sinks.client import connect
 from sinks.ddl import CALL_STORED_TOKEN_COLUMNS, TABLES, migrate
+from sinks.request_bodies import RequestBodyDeltas
 from sinks.rows import to_row
 from sinks.store import insert_rows
 from sinks.synthetic import GroupSpec, synthetic_group
@@ -57,6 +66,7 @@ def encoded_events(
     ids: str = "uniform",
     logprobs: str = "uniform",
     only: str | None = None,
+    bodies: str = "chat",
 ) -> list[tuple[str, bytes]]:
     """Encoded events of ``groups`` synthetic groups of 8 rollouts (only those named ``only`` if given)."""
     codec = get_codec()
@@ -72,6 +82,7 @@ def encoded_events(
             policy_version=1 + i // 4,
             ids=ids,
             logprobs=logprobs,
+            bodies=bodies,
         )
         events = synthetic_group(spec).events
         out += [(name, codec.encode(name, rec)) for name, rec in events if only in (None, name)]
@@ -84,9 +95,12 @@ def ingest(client: object, messages: list[tuple[str, bytes]]) -> tuple[int, int,
     start = time.perf_counter()
     pending: dict[str, list[dict]] = {}
     rows = tokens = 0
+    bodies = RequestBodyDeltas()
     for _name, data in messages:
         name, record = codec.decode(data)
         table, row = to_row(name, record)
+        if table == "calls":
+            row = bodies.encode(row)
         if name == "CallRecord":
             tokens += record["prompt"]["length"] + len(record["output_ids"]) // 4
         pending.setdefault(table, []).append(row)
@@ -99,6 +113,10 @@ def ingest(client: object, messages: list[tuple[str, bytes]]) -> tuple[int, int,
 
 
 FULL_TABLES = ("calls_full", "calls_full_bytes")
+# The full-prompt copies store every request body whole (calls_full keeps its length and sha256, as the
+# same design; the released 0001 design has neither).
+REQUEST_DELTA_COLUMNS = ("request_base_call_id", "request_shared_prefix", "request_shared_suffix")
+REQUEST_CHECK_COLUMNS = ("request_length", "request_sha256")
 
 
 def full_prompt_calls(client: object) -> None:
@@ -119,7 +137,7 @@ def full_prompt_calls(client: object) -> None:
         row = {
             k: v
             for k, v in row.items()
-            if k not in ("event_time", "ingested_at", "output_tokens", "prompt_stored_tokens")
+            if k not in ("event_time", "ingested_at", "output_tokens", "prompt_stored_tokens", *REQUEST_DELTA_COLUMNS)
         }
         row.update(prompt_ids=full["ids"], prompt_base_call_id=None, prompt_base_prefix_len=0, prompt_new_ids=None)
         batch.append(row)
@@ -131,8 +149,8 @@ def full_prompt_calls(client: object) -> None:
 
 def _insert_full(client: object, rows: list[dict]) -> None:
     if rows:
-        columns = list(rows[0])
         for table in FULL_TABLES:
+            columns = [c for c in rows[0] if table == "calls_full" or c not in REQUEST_CHECK_COLUMNS]
             client.insert(table, [[r[c] for c in columns] for r in rows], column_names=columns)  # type: ignore
 
 
@@ -169,7 +187,8 @@ def sweep_turns(dsn: str, turn_counts: list[int], args: argparse.Namespace) -> d
     out: dict[str, dict[str, float]] = {}
     for turns in turn_counts:
         calls = encoded_events(
-            args.groups, turns, args.prompt, args.turn, args.output, args.ids, args.logprobs, only="CallRecord"
+            args.groups, turns, args.prompt, args.turn, args.output, args.ids, args.logprobs, only="CallRecord",
+            bodies=args.bodies,
         )
         client = connect(dsn=dsn, database=f"sweep_{turns}", create_database=True)
         out[str(turns)] = stored_ratios(client, calls)
@@ -264,12 +283,16 @@ def main() -> None:
     parser.add_argument("--output", type=int, default=300, help="sampled tokens per call")
     parser.add_argument("--ids", choices=("uniform", "zipf"), default="uniform", help="token id distribution")
     parser.add_argument("--logprobs", choices=("uniform", "model"), default="uniform", help="logprob distribution")
+    parser.add_argument("--bodies", choices=("chat", "tiny"), default="chat",
+                        help="harness request bodies: the conversation as text (chat) or placeholders (tiny)")
     parser.add_argument("--sweep-turns", default="", help="comma-separated rollout lengths, e.g. 4,8,12,24,48")
     parser.add_argument("--codecs", action="store_true", help="compare codecs of the calls' token arrays")
     args = parser.parse_args()
     sweep = [int(t) for t in args.sweep_turns.split(",") if t.strip()]
 
-    messages = encoded_events(args.groups, args.turns, args.prompt, args.turn, args.output, args.ids, args.logprobs)
+    messages = encoded_events(
+        args.groups, args.turns, args.prompt, args.turn, args.output, args.ids, args.logprobs, bodies=args.bodies
+    )
     extra: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="bench-sink-") as tmp:
         dsn = f"chdb://{tmp}"
@@ -297,6 +320,12 @@ def main() -> None:
             "AND active AND table NOT IN ('calls_full', 'calls_full_bytes')"
         ).result_rows[0][0]
         sample_tokens = client.query("SELECT sum(tokens) FROM samples").result_rows[0][0]
+        request_bytes = dict(
+            client.query(
+                "SELECT table, sum(data_compressed_bytes) FROM system.columns "
+                "WHERE database = currentDatabase() AND name = 'request_json' GROUP BY table"
+            ).result_rows
+        )
         token_columns = dict(
             client.query(
                 "SELECT table, sum(data_compressed_bytes) FROM system.columns "
@@ -332,6 +361,15 @@ def main() -> None:
             "token_column_bytes_full_prompts": int(token_columns.get("calls_full", 0)),
             "token_column_bytes_full_prompts_bytes_layout": int(token_columns.get("calls_full_bytes", 0)),
             "calls_bytes_full_prompts_bytes_layout": int(bytes_disk),
+            "request_body_bytes_delta": int(request_bytes.get("calls", 0)),
+            "request_body_bytes_full": int(request_bytes.get("calls_full", 0)),
+            "request_bodies_vs_full": round(
+                request_bytes.get("calls", 0) / max(request_bytes.get("calls_full", 1), 1), 4
+            ),
+            "token_columns_vs_full_prompts": round(
+                token_columns.get("calls", 0) / max(token_columns.get("calls_full", 1), 1), 4
+            ),
+            "bodies": args.bodies,
             "part_types": part_types,
             "calls_bytes_per_token": round(delta_disk / logical, 4),
             "all_tables_bytes_per_call_token": round(all_disk / logical, 4),

@@ -11,7 +11,10 @@ server converts them (``reinterpret``), so Python never converts; reads turn the
 exact bytes (``packed_read_sql``). A later call's prompt is only its delta (new tokens after a prefix
 of an earlier call), never the full prompt again. Rollouts do not repeat their calls' tokens: they keep
 each call's lengths and hashes and are rebuilt from the calls table (sinks/store.py), so storage grows
-with the rollout once. Other tables (samples, dead letters) keep packed bytes as String + ZSTD.
+with the rollout once. The harness request bodies, which repeat the whole conversation on every call,
+are kept the same way: a later call's body as the text between what it shares with an earlier call's
+body at both ends (migration 0005, sinks/request_bodies.py). Other tables (samples, dead letters)
+keep packed bytes as String + ZSTD.
 
 Tables are partitioned by day of the event's own timestamp (not the ingestion time), so every copy of
 an event lands in the same partition and deduplicates.
@@ -455,6 +458,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         "calls: packed token bytes become EPHEMERAL inputs of the arrays",
         lambda db: _calls_ephemeral_token_bytes(f"{db}.calls"),
     ),
+    Migration(
+        "0005_calls_request_body_deltas",
+        "calls: request bodies stored as verified deltas on an earlier call's body",
+        lambda db: _calls_request_body_deltas(f"{db}.calls"),
+    ),
 )
 
 
@@ -568,6 +576,20 @@ def _calls_ephemeral_token_bytes(table: str) -> list[str]:
         *(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {p.name} {p.input_type} EPHEMERAL" for p in CALL_PACKED),
         *(f"ALTER TABLE {table} MODIFY COLUMN {s.spec(s.expr)}" for s in CALL_STORED),
     ]
+
+
+def _calls_request_body_deltas(table: str) -> list[str]:
+    """Where ``request_base_call_id`` is set, ``request_json`` holds only the text between the prefix and
+    suffix shared with the base call's body (sinks/request_bodies.py). Rows stored before have no base,
+    and an empty sha256 (nothing to check)."""
+    columns = (
+        "request_base_call_id Nullable(String) AFTER request_json",
+        "request_shared_prefix UInt32 DEFAULT 0 AFTER request_base_call_id",
+        "request_shared_suffix UInt32 DEFAULT 0 AFTER request_shared_prefix",
+        "request_length UInt32 DEFAULT 0 AFTER request_shared_suffix",
+        "request_sha256 String DEFAULT '' AFTER request_length",
+    )
+    return [f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {c}" for c in columns]
 
 
 def view_sql(db: str, name: str) -> str:

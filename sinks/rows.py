@@ -21,6 +21,7 @@ import numpy.typing as npt
 from schemas.codec import get_codec
 from schemas.ids import ids_digest
 from schemas.tokens import IdArray, unpack_floats, unpack_ids
+from sinks.text_delta import text_digest
 
 Record = dict[str, Any]
 Row = dict[str, Any]
@@ -129,6 +130,12 @@ def call_row(rec: Record) -> Row:
         **{k: timings[k] for k in ("received_at_us", "queue_ms", "first_token_ms", "total_ms")},
         "request_json": rec["request_json"],
         "response_json": rec["response_json"],
+        # Stored in full here; the sink may rewrite it as a delta (sinks/request_bodies.py).
+        "request_base_call_id": None,
+        "request_shared_prefix": 0,
+        "request_shared_suffix": 0,
+        "request_length": len(rec["request_json"]),
+        "request_sha256": text_digest(rec["request_json"]),
     }
 
 

@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from schemas.codec import Codec, DecodeError, get_codec
 from schemas.ids import event_id
+from sinks.request_bodies import DEFAULT_MEMO_CHARS, RequestBodyDeltas
 from sinks.rows import Row, RowError, Source, to_row
 from sinks.store import insert_rows
 from tokentrail.settings import Settings, get_settings
@@ -61,6 +62,7 @@ class SinkOptions:
     max_wait_assignment_s: float = 60.0
     progress_every_s: float = 5.0
     poll_timeout_s: float = 0.2
+    request_memo_chars: int = DEFAULT_MEMO_CHARS  # recent request bodies kept as delta bases
 
 
 @dataclass
@@ -146,6 +148,7 @@ class ClickHouseSink:
         self.log: Log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.stats = SinkStats()
         self.pending = _Pending()
+        self.request_bodies = RequestBodyDeltas(self.options.request_memo_chars)
         self.assignment: set[tuple[str, int]] = set()
         self.at_end: set[tuple[str, int]] = set()
         self._broken = False
@@ -234,6 +237,8 @@ class ClickHouseSink:
             if not self._broken:
                 self.flush()
         finally:
+            # Bases are only trusted from partitions read without a break; forget them all.
+            self.request_bodies = RequestBodyDeltas(self.options.request_memo_chars)
             gone = {(tp.topic, tp.partition) for tp in partitions}
             self.assignment -= gone
             self.at_end -= gone
@@ -259,6 +264,8 @@ class ClickHouseSink:
                 value, expect=self.topic_map.get(topic), topic=topic, partition=partition, offset=offset
             )
             table, row = to_row(name, record, Source(topic, partition, offset))
+            if table == "calls":
+                row = self.request_bodies.encode(row)
         except DecodeError as exc:
             table, row = self._dead_letter(msg, type(exc).__name__, exc.reason)
         except RowError as exc:

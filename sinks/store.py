@@ -1,7 +1,8 @@
 """Reading and writing events in ClickHouse: the small API the sink, audit, trace, report and replay share.
 
 Writes take decoded Avro records (``write_records``); reads give rows as dicts (``select_rows``) or
-Avro records again (``load_records``, ``load_rollouts``), deduplicated with FINAL.
+Avro records again (``load_records``, ``load_rollouts``), deduplicated with FINAL. Calls rows read
+with their request columns come back with whole request bodies (stored as deltas, rebuilt here).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from clickhouse_connect.driver.client import Client
 from schemas.prompt_delta import PromptReconstructionError, reconstruct_prompt
 from schemas.tokens import IdArray, unpack_ids
 from sinks.ddl import TABLE_NAMES, packed_read_sql, star_columns
+from sinks.request_bodies import REQUEST_COLUMNS, RequestBodyDeltas, rebuild_request_bodies
 from sinks.rows import (
     RECORD_OF,
     CallTokens,
@@ -47,10 +49,12 @@ def insert_rows(client: Client, table: str, rows: Sequence[Row], dedup_token: st
 
 
 def group_rows(records: Iterable[tuple[str, Record]], source: Source | None = None) -> dict[str, list[Row]]:
+    """Rows per table; calls' request bodies become deltas on earlier calls' bodies among ``records``."""
     by_table: dict[str, list[Row]] = defaultdict(list)
+    bodies = RequestBodyDeltas()
     for name, record in records:
         table, row = to_row(name, record, source)
-        by_table[table].append(row)
+        by_table[table].append(bodies.encode(row) if table == "calls" else row)
     return by_table
 
 
@@ -82,7 +86,13 @@ def select_rows(
     if order_by:
         sql += f" ORDER BY {order_by}"
     result = client.query(sql, parameters=parameters or {}, column_formats=column_formats(table))
-    return list(result.named_results())
+    rows = list(result.named_results())
+    if table == "calls" and rows and "request_base_call_id" in rows[0] and "request_json" in rows[0]:
+        rebuild_request_bodies(rows, lambda ids: rows_by_ids(client, "calls", ids, "call_id", _REQUEST_COLUMNS))
+    return rows
+
+
+_REQUEST_COLUMNS = ", ".join(REQUEST_COLUMNS)
 
 
 def rows_by_ids(

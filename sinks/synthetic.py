@@ -44,6 +44,10 @@ class GroupSpec:
     # (-1, 0]; "zipf" ids and "model" logprobs look like a real tokenizer and sampler (see below).
     ids: str = "uniform"  # uniform | zipf
     logprobs: str = "uniform"  # uniform | model
+    # Harness request/response bodies: "tiny" placeholders, or "chat": what the gateway records for an
+    # OpenAI chat harness (the whole conversation so far as text, tool definitions, parameters).
+    bodies: str = "tiny"  # tiny | chat
+    tools: int = 8  # tool definitions in every "chat" request
 
 
 @dataclass
@@ -92,6 +96,46 @@ def _logprobs(rng: np.random.Generator, n: int, dist: str) -> np.ndarray:
     raise ValueError(f"unknown logprob distribution {dist!r}")
 
 
+# "chat" bodies: each token id stands for a fixed piece of text (2-5 letters after a space), so a
+# body's text follows its prompt's tokens, as a real tokenizer's would.
+_TOKEN_TEXT: np.ndarray | None = None
+
+
+def _text(ids: np.ndarray) -> str:
+    global _TOKEN_TEXT
+    if _TOKEN_TEXT is None:
+        letters = np.random.default_rng(1).integers(97, 123, (VOCAB, 5))
+        _TOKEN_TEXT = np.array([" " + bytes(row[: 2 + i % 4].tolist()).decode() for i, row in enumerate(letters)])
+        _TOKEN_TEXT = _TOKEN_TEXT.astype(object)
+    return "".join(_TOKEN_TEXT[ids])
+
+
+def _tools(count: int) -> list[dict]:
+    rng = np.random.default_rng(2)
+    return [
+        {"type": "function", "function": {
+            "name": f"tool_{k}", "description": _text(rng.integers(0, VOCAB, 120)),
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "query": {"type": "string"}},
+                           "required": ["path"]}}}
+        for k in range(count)
+    ]
+
+
+def _chat_request(messages: list[dict], tools: list[dict]) -> str:
+    """A call's request as the gateway records it (records.request_json: sorted keys)."""
+    body = {"max_tokens": 256, "messages": messages, "model": "tokentrail-tiny", "temperature": 1.0,
+            "tools": tools}
+    doc = {"body": body, "headers": {"user-agent": "synthetic-harness/1.0"}, "method": "POST",
+           "path": "/v1/chat/completions", "query": ""}
+    return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _chat_response(index: int, text: str) -> str:
+    return orjson.dumps({"choices": [{"finish_reason": "stop", "index": 0,
+                                       "message": {"content": text, "role": "assistant"}}],
+                         "id": f"chatcmpl-{index}", "object": "chat.completion"}).decode()
+
+
 def _call_record(
     rid: str,
     aid: str,
@@ -101,6 +145,8 @@ def _call_record(
     logprobs: np.ndarray,
     version: int,
     t_us: int,
+    request_json: str = '{"messages":[]}',
+    response_json: str = '{"choices":[]}',
 ) -> Record:
     cid = call_id(rid, aid, index)
     return {
@@ -142,8 +188,8 @@ def _call_record(
         "spliced_outputs": index,
         "prefix_breaks": [],
         "timings": {"received_at_us": t_us, "queue_ms": 0.1, "first_token_ms": 5.0, "total_ms": 20.0},
-        "request_json": '{"messages":[]}',
-        "response_json": '{"choices":[]}',
+        "request_json": request_json,
+        "response_json": response_json,
     }
 
 
@@ -154,6 +200,9 @@ def synthetic_group(spec: GroupSpec) -> GroupEvents:
     out.group_id = gid
     t0 = BASE_TIME_US + spec.group_index * 60_000_000
     rollouts: list[dict] = []
+    if spec.bodies not in ("tiny", "chat"):
+        raise ValueError(f"unknown body kind {spec.bodies!r}")
+    tools = _tools(spec.tools) if spec.bodies == "chat" else []
     for r in range(spec.rollouts):
         rid = event_id("synthetic-rollout", spec.seed, spec.group_index, r)
         aid = f"{rid}-a1"
@@ -174,14 +223,24 @@ def synthetic_group(spec: GroupSpec) -> GroupEvents:
         prompt_ids = _ids(rng, spec.prompt_tokens, spec.ids)
         prev_id, prev_seq = None, None
         calls, envs, prompts, outputs = [], [], [], []
+        messages = [{"content": _text(prompt_ids), "role": "user"}] if spec.bodies == "chat" else []
         for i in range(spec.turns):
             if i:
                 tool = _ids(rng, spec.turn_tokens, spec.ids)
                 prompt_ids = np.concatenate([prev_seq, tool])
+                if messages:
+                    messages.append({"content": _text(tool), "role": "tool", "tool_call_id": f"call_{i - 1}"})
             output = _ids(rng, spec.output_tokens, spec.ids)
             logprobs = _logprobs(rng, spec.output_tokens, spec.logprobs)
             prompt = encode_prompt(prompt_ids, prev_id, prev_seq)
-            call = _call_record(rid, aid, i, prompt, output, logprobs, spec.policy_version, t0 + 1000 * (i + 1))
+            bodies = {}
+            if messages:
+                answer = _text(output)
+                bodies = {"request_json": _chat_request(messages, tools), "response_json": _chat_response(i, answer)}
+                messages.append({"content": answer, "role": "assistant"})
+            call = _call_record(
+                rid, aid, i, prompt, output, logprobs, spec.policy_version, t0 + 1000 * (i + 1), **bodies
+            )
             out.events.append(("CallRecord", call))
             out.call_ids.append(call["call_id"])
             calls.append(call)

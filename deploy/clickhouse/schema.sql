@@ -461,6 +461,16 @@ ALTER TABLE tokentrail.calls MODIFY COLUMN output_logprobs_arr Array(Float32) DE
 
 ALTER TABLE tokentrail.calls MODIFY COLUMN output_logprobs_odd String DEFAULT if(length(output_logprobs) % 4 = 0, '', output_logprobs) CODEC(ZSTD(3));
 
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS request_base_call_id Nullable(String) AFTER request_json;
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS request_shared_prefix UInt32 DEFAULT 0 AFTER request_base_call_id;
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS request_shared_suffix UInt32 DEFAULT 0 AFTER request_shared_prefix;
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS request_length UInt32 DEFAULT 0 AFTER request_shared_suffix;
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS request_sha256 String DEFAULT '' AFTER request_length;
+
 CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
         FROM tokentrail.attempt_starts FINAL
         UNION ALL

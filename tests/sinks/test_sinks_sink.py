@@ -17,7 +17,7 @@ from sinks.audit import run_audit
 from sinks.replay import publish, replay
 from sinks.rows import TABLE_OF
 from sinks.sink import SinkOptions, run_sink
-from sinks.store import table_counts, write_records
+from sinks.store import load_records, table_counts, write_records
 from sinks.synthetic import GroupSpec, synthetic_group
 from tokentrail.settings import Settings
 
@@ -55,7 +55,7 @@ def test_sink_stores_every_topic_dead_letters_and_deduplicates(
     settings = tokentrail_settings
     topic_map, topic_of, dead_topic = make_topics(new_topic)
     codec = get_codec()
-    groups = [synthetic_group(GroupSpec(group_index=i, pack=True)) for i in range(2)]
+    groups = [synthetic_group(GroupSpec(group_index=i, pack=True, bodies="chat", tools=2)) for i in range(2)]
     events = [e for g in groups for e in g.events]
     messages = [(topic_of[name], key_of(name, rec), codec.encode(name, rec)) for name, rec in events]
     score = next(rec for name, rec in events if name == "Score")
@@ -82,6 +82,11 @@ def test_sink_stores_every_topic_dead_letters_and_deduplicates(
     assert reasons["k3"].startswith("SchemaMismatch") and "expected CallRecord, got Score" in reasons["k3"]
     assert any("dead letter" in line for line in lines) and lines[-1].startswith("sink: ")
     assert all(r.passed for r in run_audit(ch))
+    # Later calls' request bodies were stored as deltas on their bases, and come back whole.
+    calls = sorted((rec for name, rec in events if name == "CallRecord"), key=lambda c: c["event_id"])
+    assert load_records(ch, "calls", order_by="event_id") == calls
+    deltas = ch.query("SELECT countIf(request_base_call_id IS NOT NULL) FROM calls FINAL").result_rows[0][0]
+    assert deltas == sum(1 for c in calls if c["call_index"] > 0)
 
     # The dead letters went to the dead-letter topic too, decodable, with the reason.
     consumer = Consumer(topics.consumer_config(settings, f"{group_id}-dlq"))
@@ -127,6 +132,7 @@ def test_sink_stores_every_topic_dead_letters_and_deduplicates(
     assert ch.query("SELECT count() FROM calls").result_rows[0][0] > expected["calls"]  # stored twice...
     assert table_counts(ch) == counts  # ...but one row per event after FINAL
     assert all(r.passed for r in run_audit(ch))
+    assert load_records(ch, "calls", order_by="event_id") == calls
 
 
 def test_replay_publishes_to_kafka_and_the_sink_stores_it(

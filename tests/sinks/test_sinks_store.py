@@ -101,13 +101,18 @@ def test_migrating_calls_stored_as_packed_bytes(
         with monkeypatch.context() as m:
             m.setattr(ddl, "MIGRATIONS", MIGRATIONS[:2])
             assert migrate(client) == ["0001_tables", "0002_rollouts_final_output_text"]
-        g = synthetic_group(GroupSpec(rollouts=2, turns=4))
+        g = synthetic_group(GroupSpec(rollouts=2, turns=4, bodies="chat", tools=1))
         old = [*g.events, *(("CallRecord", c) for c in odd_calls("old"))]
-        write_records(client, old)
-        assert migrate(client) == ["0003_calls_token_arrays", "0004_calls_ephemeral_token_bytes"]
+        for name, record in old:  # as the code before 0005 wrote them: whole bodies, no delta columns
+            table, row = to_row(name, record)
+            insert_rows(client, table, [{k: v for k, v in row.items() if not k.startswith("request_")
+                                         or k == "request_json"}])
+        assert migrate(client) == [
+            "0003_calls_token_arrays", "0004_calls_ephemeral_token_bytes", "0005_calls_request_body_deltas"
+        ]
         for statement in MIGRATIONS[3].statements(client.database):  # a repeated, interrupted migration
             client.command(statement)
-        new = odd_calls("new")
+        new = odd_calls("new") + synthetic_group(GroupSpec(group_index=1, turns=3, bodies="chat")).of("CallRecord")
         write_records(client, [("CallRecord", c) for c in new])
         calls = [rec for name, rec in old if name == "CallRecord"] + new
         assert load_records(client, "calls", order_by="event_id") == sorted(calls, key=lambda c: c["event_id"])
