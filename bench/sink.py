@@ -67,6 +67,7 @@ def encoded_events(
     logprobs: str = "uniform",
     only: str | None = None,
     bodies: str = "chat",
+    tools: int = 8,
 ) -> list[tuple[str, bytes]]:
     """Encoded events of ``groups`` synthetic groups of 8 rollouts (only those named ``only`` if given)."""
     codec = get_codec()
@@ -83,6 +84,7 @@ def encoded_events(
             ids=ids,
             logprobs=logprobs,
             bodies=bodies,
+            tools=tools,
         )
         events = synthetic_group(spec).events
         out += [(name, codec.encode(name, rec)) for name, rec in events if only in (None, name)]
@@ -188,7 +190,7 @@ def sweep_turns(dsn: str, turn_counts: list[int], args: argparse.Namespace) -> d
     for turns in turn_counts:
         calls = encoded_events(
             args.groups, turns, args.prompt, args.turn, args.output, args.ids, args.logprobs, only="CallRecord",
-            bodies=args.bodies,
+            bodies=args.bodies, tools=args.tools,
         )
         client = connect(dsn=dsn, database=f"sweep_{turns}", create_database=True)
         out[str(turns)] = stored_ratios(client, calls)
@@ -285,13 +287,15 @@ def main() -> None:
     parser.add_argument("--logprobs", choices=("uniform", "model"), default="uniform", help="logprob distribution")
     parser.add_argument("--bodies", choices=("chat", "tiny"), default="chat",
                         help="harness request bodies: the conversation as text (chat) or placeholders (tiny)")
+    parser.add_argument("--tools", type=int, default=8, help="tool definitions in every chat request body")
     parser.add_argument("--sweep-turns", default="", help="comma-separated rollout lengths, e.g. 4,8,12,24,48")
     parser.add_argument("--codecs", action="store_true", help="compare codecs of the calls' token arrays")
     args = parser.parse_args()
     sweep = [int(t) for t in args.sweep_turns.split(",") if t.strip()]
 
     messages = encoded_events(
-        args.groups, args.turns, args.prompt, args.turn, args.output, args.ids, args.logprobs, bodies=args.bodies
+        args.groups, args.turns, args.prompt, args.turn, args.output, args.ids, args.logprobs,
+        bodies=args.bodies, tools=args.tools,
     )
     extra: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="bench-sink-") as tmp:
