@@ -88,11 +88,23 @@ def select_rows(
     result = client.query(sql, parameters=parameters or {}, column_formats=column_formats(table))
     rows = list(result.named_results())
     if table == "calls" and rows and "request_base_call_id" in rows[0] and "request_json" in rows[0]:
-        rebuild_request_bodies(rows, lambda ids: rows_by_ids(client, "calls", ids, "call_id", _REQUEST_COLUMNS))
+        rebuild_request_bodies(rows, lambda ids: _stored_request_rows(client, ids))
     return rows
 
 
-_REQUEST_COLUMNS = ", ".join(REQUEST_COLUMNS)
+def _stored_request_rows(client: Client, call_ids: Iterable[str]) -> list[Row]:
+    """Request columns as stored of the given calls and every other call of their attempts: a body's
+    bases are earlier calls of its attempt, so one query brings a whole chain (not rebuilt here)."""
+    ids = sorted(set(call_ids))
+    out: list[Row] = []
+    for i in range(0, len(ids), ID_CHUNK):
+        result = client.query(
+            f"SELECT {', '.join(REQUEST_COLUMNS)} FROM calls FINAL WHERE call_id IN {{ids:Array(String)}} "
+            "OR attempt_id IN (SELECT attempt_id FROM calls WHERE call_id IN {ids:Array(String)})",
+            parameters={"ids": ids[i : i + ID_CHUNK]},
+        )
+        out += result.named_results()
+    return out
 
 
 def rows_by_ids(

@@ -143,3 +143,15 @@ def test_a_corrupted_stored_body_is_named_when_read(ch: Client) -> None:
     )
     with pytest.raises(TextDeltaError, match=middle_call):
         load_records(ch, "calls")
+
+
+def test_a_late_call_of_a_long_rollout_is_read_alone(ch: Client) -> None:
+    g = synthetic_group(GroupSpec(rollouts=1, turns=400, prompt_tokens=64, turn_tokens=4, output_tokens=4,
+                                  bodies="chat", tools=0, trainer_step=False))
+    calls = g.of("CallRecord")
+    write_records(ch, [("CallRecord", c) for c in calls])
+    last = calls[-1]
+    (row,) = select_rows(ch, "calls", "call_id = {c:String}", {"c": last["call_id"]})
+    assert row["request_json"] == last["request_json"]
+    chain = ch.query("SELECT countIf(request_base_call_id IS NOT NULL) FROM calls FINAL").result_rows[0][0]
+    assert chain > 300  # a chain far deeper than Python's recursion limit allows for nested reads
