@@ -30,6 +30,7 @@ from producers.gateway.chat import CallOutcome, InternalCall, SamplingSpec
 from producers.gateway.context import GatewayContext
 from producers.gateway.env_api import EnvApi
 from producers.gateway.errors import GatewayError, Protocol
+from producers.gateway.heap import serving_heap
 from producers.gateway.identity import CallIdentity, resolve_call
 from producers.gateway.metrics import GatewayMetrics
 from producers.gateway.models_anthropic import CountTokensRequest, MessagesRequest
@@ -410,14 +411,15 @@ def create_app(settings: Any, upstream: Upstream, sink: Any, renderer: TextSide,
             from producers.policy_store import PolicyStore
 
             follow(PolicyStore(policy_dir))
-        try:
-            yield
-        finally:
-            await gateway.drain()
-            if manage_sink and hasattr(sink, "close"):
-                await sink.close()
-            if close_upstream:
-                await upstream.close()
+        with serving_heap():
+            try:
+                yield
+            finally:
+                await gateway.drain()
+                if manage_sink and hasattr(sink, "close"):
+                    await sink.close()
+                if close_upstream:
+                    await upstream.close()
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
