@@ -11,7 +11,8 @@ Two modes:
 
 Splicing never changes the text: the spliced ids always decode to exactly what the template renders,
 proven on every call. For byte-level decoders the proof is piecewise (see ``piecewise_decoding``):
-earlier prompts' proven texts are passed in, and only the new text is decoded; otherwise the whole
+earlier prompts' proven texts are passed in, and only the new text is decoded (not even that where the
+tokenizer's configuration proves it comes back unchanged, see ``round_trip_rule``); otherwise the whole
 prompt is decoded and compared. Where the template renders something other than what was sampled (it drops
 earlier reasoning, re-serialises arguments, ...), the rendered text wins and the break is reported.
 
@@ -150,7 +151,10 @@ class ChatRenderer:
         # Prompts are cut for reuse at the added tokens the template emits (turn markers and the like).
         anchors = [t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content in template]
         self.token_cache = PrefixTokenCache(self._backend, anchors, max_tokens=cache_tokens)
-        self.piecewise = piecewise_decoding(json.loads(self._backend.to_str())) and self._decodes_piecewise()
+        config = json.loads(self._backend.to_str())
+        self.piecewise = piecewise_decoding(config) and self._decodes_piecewise()
+        # Which texts decode(encode(text)) gives back by construction, so new text needs no decoding.
+        self.round_trip = round_trip_rule(config) if self.piecewise and self._added_tokens_round_trip() else None
         # The rollouts of a group send the same conversation; a template that reads the clock renders
         # differently each time, so it is never memoized.
         self._render_memo = RenderMemo(enabled=cache_tokens > 0 and "strftime_now" not in template)
@@ -165,6 +169,22 @@ class ChatRenderer:
 
     def _added_texts(self) -> list[str]:
         return [t.content for t in self.tokenizer.added_tokens_decoder.values()]
+
+    def _added_tokens_round_trip(self) -> bool:
+        """What ``round_trip_rule`` cannot read from the configuration: each added token decodes to its
+        own text, nothing pads or truncates at run time, and an awkward sample comes back unchanged."""
+        if self._backend.padding is not None or self._backend.truncation is not None:
+            return False
+        if any(self.decode([i]) != t.content for i, t in self.tokenizer.added_tokens_decoder.items()):
+            return False
+        sample = "".join(map(chr, range(1, 0x250))) + " \u4e2d\u6587 \U0001f600" + " x ".join(self._added_texts())
+        return self.decode(self.encode(sample)) == sample
+
+    def round_trips(self, text: str) -> bool:
+        """``decode(encode(text)) == text`` without decoding: the tokenizer's ``round_trip`` rule covers
+        the text, and it has no U+FFFD (so, as for spliced ids, its bytes are exactly the text's)."""
+        rule = self.round_trip
+        return (rule == "any" or (rule == "ascii" and text.isascii())) and "\ufffd" not in text
 
     # ------------------------------------------------------------------------------------ basics
     def encode(self, text: str) -> list[int]:
@@ -243,7 +263,8 @@ class ChatRenderer:
         _check_messages(messages)
         text = self.render_text(messages, tools)
         if not prior_calls:
-            return RenderedPrompt(_frozen(self.token_cache.encode(text)), text)
+            # Proven here when the rule covers the text: the attempt's next call then needs no decoding.
+            return RenderedPrompt(_frozen(self.token_cache.encode(text)), text, text_is_exact=self.round_trips(text))
         outputs = {c.call_index: _OutputView(self, c) for c in prior_calls}
         matches = _match_messages(messages, prior_calls, outputs)
         breaks: list[PrefixBreak] = []
@@ -371,8 +392,10 @@ class ChatRenderer:
                 if piece.text:
                     parts.append(_ids(self.token_cache.encode(piece.text)))
                     length += len(parts[-1])
-                    # Only the new text is decoded (normalizers may change text; checked, not assumed).
-                    proven = proven and "\ufffd" not in piece.text and self.decode(parts[-1]) == piece.text
+                    # Only the new text is decoded, and only where no rule proves it comes back unchanged
+                    # (normalizers, prefix spaces, stripping added tokens may change text).
+                    proven = proven and "\ufffd" not in piece.text and (
+                        self.round_trips(piece.text) or self.decode(parts[-1]) == piece.text)
                 continue
             parts.append(piece.ids)
             assert piece.call_index is not None
@@ -492,6 +515,70 @@ def piecewise_decoding(config: dict[str, Any]) -> bool:
     model = config.get("model") or {}
     return ((config.get("decoder") or {}).get("type") == "ByteLevel"
             and model.get("type") == "BPE" and not model.get("byte_fallback"))
+
+
+# Pre-tokenizers that only cut text into pieces, keeping every character (unless told to remove some).
+_SPLITTING_PRE_TOKENIZERS = {"Split", "Digits", "Punctuation"}
+# Post-processors that add nothing when asked for no special tokens (all encoding here asks so).
+_PLAIN_POST_PROCESSORS = {"ByteLevel", "TemplateProcessing", "RobertaProcessing", "BertProcessing"}
+
+
+def round_trip_rule(config: dict[str, Any]) -> str | None:
+    """For which texts ``decode(encode(text)) == text`` holds by construction, for a tokenizer (its
+    ``tokenizer.json`` as a dict) that decodes piecewise: ``"any"``, ``"ascii"`` (an NFC normalizer
+    leaves ASCII alone, other text maybe not), or None (not provable: decode and compare).
+
+    Encoding splits out added tokens (each decodes to its own text: checked on the tokenizer itself,
+    ``ChatRenderer._added_tokens_round_trip``); the rest is normalized (a no-op by the rule), cut into
+    pieces keeping every character, mapped byte by byte to the 256 characters of the byte-level alphabet
+    (every one in the vocabulary, so BPE never drops a byte or emits an unknown token) and merged by BPE,
+    whose tokens' strings join to exactly those characters. Decoding maps the same characters back to the
+    same bytes, so valid UTF-8 text comes back unchanged. Anything that adds, removes or rewrites
+    characters on the way (a prefix space, stripping added tokens, subword markers, padding,
+    truncation, a model id whose token is not the added token's text) makes the rule None."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    model = config.get("model") or {}
+    vocab: dict[str, int] = model.get("vocab") or {}
+    if not piecewise_decoding(config) or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") \
+            or config.get("truncation") or config.get("padding"):
+        return None
+    if not all(ch in vocab for ch in ByteLevel.alphabet()) or len(set(vocab.values())) != len(vocab):
+        return None
+    added = config.get("added_tokens") or []
+    by_id = {int(t["id"]): t["content"] for t in added}
+    if any(t.get("lstrip") or t.get("rstrip") for t in added) \
+            or any(by_id[i] != token for token, i in vocab.items() if i in by_id):
+        return None
+    if not _keeps_characters(config.get("pre_tokenizer")) or not _adds_nothing(config.get("post_processor")):
+        return None
+    return _normalized_texts(config.get("normalizer"))
+
+
+def _keeps_characters(node: dict[str, Any] | None) -> bool:
+    """A byte-level pre-tokenizer (exactly one ByteLevel, no prefix space) that only cuts text."""
+    steps = (node or {}).get("pretokenizers", []) if (node or {}).get("type") == "Sequence" else [node]
+    byte_level = [s for s in steps if s and s.get("type") == "ByteLevel"]
+    return len(byte_level) == 1 and not byte_level[0].get("add_prefix_space") and all(
+        s is not None and (s.get("type") == "ByteLevel" or (
+            s.get("type") in _SPLITTING_PRE_TOKENIZERS and s.get("behavior") != "Removed"))
+        for s in steps)
+
+
+def _adds_nothing(node: dict[str, Any] | None) -> bool:
+    if node is None:
+        return True
+    if node.get("type") == "Sequence":
+        return all(_adds_nothing(child) for child in node.get("processors", []))
+    return node.get("type") in _PLAIN_POST_PROCESSORS
+
+
+def _normalized_texts(node: dict[str, Any] | None) -> str | None:
+    """Which texts the normalizer leaves unchanged: "any" (none), "ascii" (NFC alone), else None."""
+    if node is None:
+        return "any"
+    steps = node.get("normalizers", []) if node.get("type") == "Sequence" else [node]
+    return "ascii" if steps and all(s.get("type") == "NFC" for s in steps) else "any" if not steps else None
 
 
 def _ids(values: Sequence[int] | array | IdArray) -> IdArray:
