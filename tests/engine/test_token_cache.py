@@ -9,11 +9,11 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from producers.model_build import LOOKUP_TOOL, lookup_call, task_messages
 from producers.rendering import ChatRenderer
-from producers.token_cache import PrefixTokenCache
+from producers.token_cache import PrefixTokenCache, ascii_twin
 
 TOOLS = [LOOKUP_TOOL]
 PIECES = ["<|im_start|>", "<|im_end|>", "<|im_", "end|>", "<tool_call>", "</tool_call>", "<think>",
@@ -228,3 +228,39 @@ def test_a_fresh_text_is_cut_only_at_anchors_the_tokenizer_sees_whole() -> None:
     longer = text[: text.index("red <a>") + len("red <a>")] + "blue owl"  # shares up to the second anchor
     assert cache.encode(longer).tolist() == _full(tokenizer, longer)
     assert cache.stats().prefix_hits == 1 and cache.stats().tokens_reused > 0
+
+
+# ------------------------------------------------------------------ ASCII text skips an NFC normalizer
+ascii_pieces = [p for p in PIECES if p.isascii()]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(ascii_pieces), min_size=1, max_size=30))
+def test_ascii_text_gives_the_same_ids_without_the_nfc_normalizer(renderer: ChatRenderer, parts: list[str]) -> None:
+    tokenizer = renderer.tokenizer.backend_tokenizer
+    twin = ascii_twin(tokenizer)
+    assert twin is not None and twin.normalizer is None
+    text = "".join(parts)
+    assert _full(twin, text) == _full(tokenizer, text)
+
+
+def test_other_text_keeps_the_normalizer(renderer: ChatRenderer) -> None:
+    tokenizer = renderer.tokenizer.backend_tokenizer
+    cache = PrefixTokenCache(tokenizer, ["<|im_start|>", "<|im_end|>"])
+    twin = ascii_twin(tokenizer)
+    assert twin is not None
+    for text in ["cafe\u0301 <|im_end|>", "<|im_start|>user\ncafe\u0301<|im_end|>\n<|im_start|>a\u0301"]:
+        assert _full(twin, text) != _full(tokenizer, text)  # NFC composes the accent: the twin would be wrong
+        assert cache.encode(text).tolist() == _full(tokenizer, text)
+
+
+def test_only_an_nfc_normalizer_is_skipped(renderer: ChatRenderer) -> None:
+    tokenizer = Tokenizer.from_str(renderer.tokenizer.backend_tokenizer.to_str())
+    tokenizer.normalizer = normalizers.Lowercase()  # changes ASCII: skipping it would change ids
+    assert ascii_twin(tokenizer) is None
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.NFKC()])
+    assert ascii_twin(tokenizer) is None
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFC()])
+    assert ascii_twin(tokenizer) is not None
+    cache = PrefixTokenCache(tokenizer, ["<|im_start|>", "<|im_end|>"])
+    assert cache.encode("Hello <|im_end|> World").tolist() == _full(tokenizer, "Hello <|im_end|> World")
