@@ -160,8 +160,9 @@ class CallTokenCache:
     def fetch(self, call_ids: Iterable[str]) -> None:
         """Load the given calls and, transitively, every delta base they need."""
         wanted = {c for c in call_ids if c not in self.rows}
+        whole_attempts = False
         while wanted:
-            rows = rows_by_ids(self.client, "calls", wanted, "call_id", CALL_TOKEN_COLUMNS)
+            rows = self._rows(wanted, whole_attempts)
             for row in rows:
                 self.rows[row["call_id"]] = row
             bases = {r["prompt_base_call_id"] for r in rows if r["prompt_base_call_id"]}
@@ -169,6 +170,24 @@ class CallTokenCache:
             for missing in wanted - {r["call_id"] for r in rows}:
                 self.rows.setdefault(missing, {})
             wanted = {b for b in bases if b not in self.rows}
+            # Bases are earlier calls of the same attempt: fetch those attempts whole, so a chain of any
+            # length costs one more query, not one per link.
+            whole_attempts = True
+
+    def _rows(self, call_ids: set[str], whole_attempts: bool) -> list[Row]:
+        if not whole_attempts:
+            return rows_by_ids(self.client, "calls", call_ids, "call_id", CALL_TOKEN_COLUMNS)
+        ids = sorted(call_ids)
+        out: list[Row] = []
+        for i in range(0, len(ids), ID_CHUNK):
+            out += select_rows(
+                self.client,
+                "calls",
+                "attempt_id IN (SELECT attempt_id FROM calls WHERE call_id IN {ids:Array(String)})",
+                {"ids": ids[i : i + ID_CHUNK]},
+                columns=CALL_TOKEN_COLUMNS,
+            )
+        return out
 
     def has(self, call_id: str) -> bool:
         self.fetch([call_id])

@@ -1,4 +1,5 @@
-"""Request bodies stored as deltas on earlier calls' bodies: exact rebuilds, checks, and what is saved."""
+"""Request bodies stored as deltas on earlier calls' bodies: exact rebuilds, checks, and what is saved;
+long delta chains (bodies and prompts) read back in a fixed number of queries."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import random
 import pytest
 from clickhouse_connect.driver.client import Client
 
+from schemas.ids import ids_digest
 from sinks.request_bodies import MIN_SAVED_CHARS, RequestBodyDeltas, rebuild_request_bodies
 from sinks.rows import to_row
-from sinks.store import load_records, select_rows, write_records
+from sinks.store import CallTokenCache, load_records, select_rows, write_records
 from sinks.synthetic import GroupSpec, synthetic_group
 from sinks.text_delta import RecentTexts, TextDelta, TextDeltaError, apply_delta, encode_delta, text_digest
 
@@ -155,3 +157,27 @@ def test_a_late_call_of_a_long_rollout_is_read_alone(ch: Client) -> None:
     assert row["request_json"] == last["request_json"]
     chain = ch.query("SELECT countIf(request_base_call_id IS NOT NULL) FROM calls FINAL").result_rows[0][0]
     assert chain > 300  # a chain far deeper than Python's recursion limit allows for nested reads
+
+
+class _CountingClient:
+    """The real client, counting the queries made through it."""
+
+    def __init__(self, client: Client) -> None:
+        self.client, self.queries = client, 0
+
+    def query(self, *args: object, **kwargs: object) -> object:
+        self.queries += 1
+        return self.client.query(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_late_calls_prompt_chain_is_fetched_in_two_queries(ch: Client) -> None:
+    g = synthetic_group(GroupSpec(rollouts=1, turns=200, prompt_tokens=64, turn_tokens=4, output_tokens=4,
+                                  trainer_step=False))
+    calls = g.of("CallRecord")
+    write_records(ch, [("CallRecord", c) for c in calls])
+    counting = _CountingClient(ch)
+    cache = CallTokenCache(counting)  # type: ignore[arg-type]
+    last = calls[-1]
+    prompt = cache.prompt(last["call_id"])
+    assert len(prompt) == last["prompt"]["length"] and ids_digest(prompt.tobytes()) == last["prompt"]["sha256"]
+    assert counting.queries == 2  # the call, then its attempt's other calls: not one query per link
