@@ -109,6 +109,7 @@ def _sink(args: argparse.Namespace) -> int:
         once=args.once,
         idle_s=args.until_idle,
         progress_every_s=args.progress_every,
+        **({"request_memo_chars": args.request_memo_chars} if args.request_memo_chars is not None else {}),
     )
     stats = run_sink(client, settings, options)
     return 0 if stats.dead_letters == 0 or not args.fail_on_dead_letters else 1
@@ -227,6 +228,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-rows", type=int, default=5000)
     p.add_argument("--flush-interval", type=float, default=1.0, help="seconds between inserts at most")
     p.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
+    p.add_argument(
+        "--request-memo-chars", type=int, metavar="N",
+        help="characters of recent request bodies kept as bases for later calls' bodies, which are then "
+        "stored as deltas (default 64,000,000)",
+    )
     p.add_argument("--fail-on-dead-letters", action="store_true", help="exit 1 if any message was dead-lettered")
     p.set_defaults(func=_sink)
 

@@ -181,3 +181,11 @@ def test_a_late_calls_prompt_chain_is_fetched_in_two_queries(ch: Client) -> None
     prompt = cache.prompt(last["call_id"])
     assert len(prompt) == last["prompt"]["length"] and ids_digest(prompt.tobytes()) == last["prompt"]["sha256"]
     assert counting.queries == 2  # the call, then its attempt's other calls: not one query per link
+
+
+def test_without_a_memo_every_body_is_stored_whole() -> None:
+    calls, rows = _call_rows()
+    deltas = RequestBodyDeltas(max_chars=0)
+    for row in rows:
+        deltas.encode(row)
+    assert deltas.deltas == 0 and [r["request_json"] for r in rows] == [c["request_json"] for c in calls]
