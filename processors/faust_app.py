@@ -35,6 +35,9 @@ outputs and its state write may, after the restart, decide again with more input
 after a PARTIAL one, an INCOMPLETE rollout with more events); both records keep their own ids. The
 assembler rewrites a rollout's whole state per event, so changelog bytes grow with calls² per rollout.
 
+faust acks the input it skips during a rebalance, which would let a commit pass unprocessed input;
+commits are capped at what the agents finished (``_cap_commits``).
+
 Bad input never stops a worker: DecodeError, InvalidEvent, ConflictingEvent and any other
 ProcessorError become a DeadLetter on tokentrail.dead-letter with the reason. Anything else (a Kafka
 failure, a bug) crashes the worker, which restarts from the committed offsets. A watchdog watches the
@@ -159,6 +162,7 @@ class ProcessorsApp:
         app.timer(cfg.tick_s, name="grouper-timer")(self._guarded(self._grouper_tick))
         app.timer(10.0, name="progress")(self._report_progress)
         app.task(self._install_task_dump)
+        app.task(self._cap_commits)
         if cfg.stall_timeout_s > 0:
             app.timer(min(WATCHDOG_EVERY_S, cfg.stall_timeout_s / 3), name="watchdog")(self._guarded(self._watchdog))
 
@@ -277,6 +281,30 @@ class ProcessorsApp:
         for partition in clocks.known() - owned:
             clocks.forget(partition)
         return entries
+
+    async def _cap_commits(self) -> None:
+        """Commit an input partition's offset only up to what this worker's agents processed.
+
+        faust acks the messages it skips during a rebalance (fetched under an older generation), so its
+        next commit can pass input that no agent handled. It seeks back to the committed offsets after
+        the rebalance and reads them again, but a kill -9 in between loses them for good (seen in the
+        reliability test as rollouts that never complete). ``_next_offset`` only moves when an agent has
+        finished a message, so capping at it keeps at-least-once; a partition with nothing processed
+        since it was assigned is not committed."""
+        consumer = self.app.consumer
+        commit = consumer._commit
+        inputs = {self.topics.calls, self.topics.env, self.topics.rollouts, self.topics.by_group}
+
+        async def capped(offsets: Any) -> bool:
+            kept = {}
+            for tp, offset in offsets.items():
+                if tp.topic not in inputs:
+                    kept[tp] = offset
+                elif (done := self._next_offset.get(tp)) is not None:
+                    kept[tp] = min(offset, done)
+            return bool(kept) and bool(await commit(kept))
+
+        consumer._commit = capped
 
     async def _install_task_dump(self) -> None:
         """``kill -USR1 <pid>`` logs what every asyncio task of the worker is waiting on."""

@@ -52,3 +52,32 @@ def test_outputs_are_placed_where_confluent_kafka_puts_the_same_key(
         producer.produce(topic, key=key, value=b"x", on_delivery=delivered)
     assert producer.flush(30) == 0
     assert placed == {key: partition_for(key, 6) for key in keys}
+
+
+def test_input_commits_stop_at_what_the_agents_finished(tokentrail_settings: Settings) -> None:
+    """faust acks messages it skips in a rebalance; the commit must not pass input no agent finished.
+    (The broker-side commit is replaced by a recorder: what is tested is which offsets reach it.)"""
+    import asyncio
+
+    from faust.types import TP
+
+    from processors.faust_app import ProcessorsApp
+    from processors.stream.config import StreamConfig
+
+    worker = ProcessorsApp(StreamConfig.from_settings(tokentrail_settings, topic_prefix="cap-test"))
+    committed: list[dict] = []
+
+    async def record(offsets: dict) -> bool:
+        committed.append(dict(offsets))
+        return True
+
+    calls, env, changelog = TP(worker.topics.calls, 0), TP(worker.topics.env, 1), TP("cap-test-changelog", 0)
+    worker.app.consumer._commit = record
+    asyncio.run(worker._cap_commits())
+    worker._next_offset[calls] = 5  # the agent finished offsets up to 4; faust acked (skipped) up to 8
+    assert asyncio.run(worker.app.consumer._commit({calls: 9, env: 3, changelog: 7}))
+    assert committed == [{calls: 5, changelog: 7}]  # env: nothing finished since assignment, not committed
+    worker._next_offset[calls] = 12
+    asyncio.run(worker.app.consumer._commit({calls: 9}))
+    assert committed[-1] == {calls: 9}
+    assert not asyncio.run(worker.app.consumer._commit({env: 3}))  # nothing left to commit
