@@ -49,7 +49,7 @@ from schemas.codec import get_codec
 from schemas.prompt_delta import full_prompt
 from sinks.client import connect
 from sinks.ddl import CALL_STORED_TOKEN_COLUMNS, TABLES, migrate
-from sinks.request_bodies import RequestBodyDeltas
+from sinks.request_bodies import CHECK_COLUMNS, DELTA_COLUMNS, RequestBodyDeltas
 from sinks.rows import to_row
 from sinks.store import insert_rows
 from sinks.synthetic import GroupSpec, synthetic_group
@@ -117,8 +117,6 @@ def ingest(client: object, messages: list[tuple[str, bytes]]) -> tuple[int, int,
 FULL_TABLES = ("calls_full", "calls_full_bytes")
 # The full-prompt copies store every request body whole (calls_full keeps its length and sha256, as the
 # same design; the released 0001 design has neither).
-REQUEST_DELTA_COLUMNS = ("request_base_call_id", "request_shared_prefix", "request_shared_suffix")
-REQUEST_CHECK_COLUMNS = ("request_length", "request_sha256")
 
 
 def full_prompt_calls(client: object) -> None:
@@ -139,7 +137,7 @@ def full_prompt_calls(client: object) -> None:
         row = {
             k: v
             for k, v in row.items()
-            if k not in ("event_time", "ingested_at", "output_tokens", "prompt_stored_tokens", *REQUEST_DELTA_COLUMNS)
+            if k not in ("event_time", "ingested_at", "output_tokens", "prompt_stored_tokens", *DELTA_COLUMNS)
         }
         row.update(prompt_ids=full["ids"], prompt_base_call_id=None, prompt_base_prefix_len=0, prompt_new_ids=None)
         batch.append(row)
@@ -152,7 +150,7 @@ def full_prompt_calls(client: object) -> None:
 def _insert_full(client: object, rows: list[dict]) -> None:
     if rows:
         for table in FULL_TABLES:
-            columns = [c for c in rows[0] if table == "calls_full" or c not in REQUEST_CHECK_COLUMNS]
+            columns = [c for c in rows[0] if table == "calls_full" or c not in CHECK_COLUMNS]
             client.insert(table, [[r[c] for c in columns] for r in rows], column_names=columns)  # type: ignore
 
 

@@ -43,7 +43,7 @@ import orjson
 
 from producers.model_build import sha256_file, sha256_text
 from producers.parsing import ParsedOutput, parse_output
-from producers.token_cache import PrefixTokenCache
+from producers.token_cache import PrefixTokenCache, nfc_only, normalizer_steps
 from schemas.tokens import IDS_DTYPE, IdArray
 
 Message = Mapping[str, Any]
@@ -575,10 +575,9 @@ def _adds_nothing(node: dict[str, Any] | None) -> bool:
 
 def _normalized_texts(node: dict[str, Any] | None) -> str | None:
     """Which texts the normalizer leaves unchanged: "any" (none), "ascii" (NFC alone), else None."""
-    if node is None:
+    if not normalizer_steps(node):
         return "any"
-    steps = node.get("normalizers", []) if node.get("type") == "Sequence" else [node]
-    return "ascii" if steps and all(s.get("type") == "NFC" for s in steps) else "any" if not steps else None
+    return "ascii" if nfc_only(node) else None
 
 
 def _ids(values: Sequence[int] | array | IdArray) -> IdArray:

@@ -256,13 +256,24 @@ def ascii_twin(tokenizer: Any, config: dict[str, Any] | None = None) -> Any | No
     from tokenizers import Tokenizer
 
     config = config if config is not None else json.loads(tokenizer.to_str())
-    node = config.get("normalizer")
-    steps = (node.get("normalizers") or [None]) if node and node.get("type") == "Sequence" else [node]
-    if not all(step is not None and step.get("type") == "NFC" for step in steps):
+    if not nfc_only(config.get("normalizer")):
         return None
     twin = Tokenizer.from_str(json.dumps({**config, "normalizer": None}))
     twin.encode_special_tokens = bool(getattr(tokenizer, "encode_special_tokens", False))
     return twin
+
+
+def normalizer_steps(node: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The steps of a ``tokenizer.json`` normalizer (none, one, or a Sequence's)."""
+    if node is None:
+        return []
+    return list(node.get("normalizers") or []) if node.get("type") == "Sequence" else [node]
+
+
+def nfc_only(node: dict[str, Any] | None) -> bool:
+    """Whether the normalizer is NFC and nothing else (it then leaves ASCII text unchanged)."""
+    steps = normalizer_steps(node)
+    return bool(steps) and all(step.get("type") == "NFC" for step in steps)
 
 
 def _key(text: str, end: int) -> _Key:

@@ -23,15 +23,10 @@ DEFAULT_MEMO_CHARS = 64_000_000
 # A delta names its base call (an id of ~40 characters) and two lengths: worth it only well above that.
 MIN_SAVED_CHARS = 256
 
-REQUEST_COLUMNS = (
-    "call_id",
-    "request_json",
-    "request_base_call_id",
-    "request_shared_prefix",
-    "request_shared_suffix",
-    "request_length",
-    "request_sha256",
-)
+# Where a body is a delta (NULL / 0 for a whole body), and what checks a rebuilt body.
+DELTA_COLUMNS = ("request_base_call_id", "request_shared_prefix", "request_shared_suffix")
+CHECK_COLUMNS = ("request_length", "request_sha256")
+REQUEST_COLUMNS = ("call_id", "request_json", *DELTA_COLUMNS, *CHECK_COLUMNS)
 
 
 def _memo_key(row: Row, call_id: str) -> str:

@@ -8,6 +8,7 @@ every rollout's weight is 1.0, as its credit says.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -98,16 +99,14 @@ def _logprobs(rng: np.random.Generator, n: int, dist: str) -> np.ndarray:
 
 # "chat" bodies: each token id stands for a fixed piece of text (2-5 letters after a space), so a
 # body's text follows its prompt's tokens, as a real tokenizer's would.
-_TOKEN_TEXT: np.ndarray | None = None
+@functools.cache
+def _token_texts() -> np.ndarray:
+    letters = np.random.default_rng(1).integers(97, 123, (VOCAB, 5))
+    return np.array([" " + bytes(row[: 2 + i % 4].tolist()).decode() for i, row in enumerate(letters)], dtype=object)
 
 
 def _text(ids: np.ndarray) -> str:
-    global _TOKEN_TEXT
-    if _TOKEN_TEXT is None:
-        letters = np.random.default_rng(1).integers(97, 123, (VOCAB, 5))
-        _TOKEN_TEXT = np.array([" " + bytes(row[: 2 + i % 4].tolist()).decode() for i, row in enumerate(letters)])
-        _TOKEN_TEXT = _TOKEN_TEXT.astype(object)
-    return "".join(_TOKEN_TEXT[ids])
+    return "".join(_token_texts()[ids])
 
 
 def _tools(count: int) -> list[dict]:

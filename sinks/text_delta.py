@@ -105,6 +105,3 @@ class RecentTexts:
         while self.chars > self.max_chars:
             _, evicted = self._texts.popitem(last=False)
             self.chars -= len(evicted)
-
-    def __len__(self) -> int:
-        return len(self._texts)
