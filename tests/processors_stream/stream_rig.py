@@ -32,6 +32,7 @@ from tokentrail.reliability.pipeline import (  # noqa: F401 - re-exported for th
     derive_outputs,
     group_events,
     interleave,
+    worker_log_tail,
 )
 from tokentrail.settings import Settings
 
@@ -135,7 +136,9 @@ class StreamRig:
                     raise AssertionError(f"worker exited with {proc.returncode}\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 sizes = {n: len(v) for n, v in self.collected.records.items()}
-                raise AssertionError(f"outputs incomplete after {timeout_s}s: {sizes}\n{self.log_tail()}")
+                missing = getattr(until, "missing", None)
+                what = f"; missing: {missing(self.collected)}" if missing else ""
+                raise AssertionError(f"outputs incomplete after {timeout_s}s: {sizes}{what}\n{self.log_tail(120)}")
             for msg in consumer.consume(500, timeout=0.5):
                 if msg.error():
                     continue
@@ -164,9 +167,7 @@ class StreamRig:
         self.collected.add(name, msg.key(), record)
 
     def log_tail(self, lines: int = 60) -> str:
-        if not self.log_path.exists():
-            return "(no worker log)"
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return worker_log_tail(self.log_path, lines)
 
     def close(self) -> None:
         self.stop_all()

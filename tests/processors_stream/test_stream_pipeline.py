@@ -16,8 +16,22 @@ from schemas.topics import admin_config
 ANSWERS = ["The answer is 4", "The answer is 5", "4", "no idea"]
 
 
-def has_all(expected: dict[str, dict[str, dict]]) -> Callable[[Collected], bool]:
-    return lambda got: all(set(expected[name]) <= got.ids(name) for name in expected)
+class AllCollected:
+    """Every expected output id collected; ``missing`` names what is not (for the time-out message)."""
+
+    def __init__(self, expected: dict[str, dict[str, dict]]) -> None:
+        self.expected = expected
+
+    def __call__(self, got: Collected) -> bool:
+        return all(set(self.expected[name]) <= got.ids(name) for name in self.expected)
+
+    def missing(self, got: Collected) -> dict[str, list[str]]:
+        return {name: sorted(set(records) - got.ids(name))[:8] for name, records in self.expected.items()
+                if set(records) - got.ids(name)}
+
+
+def has_all(expected: dict[str, dict[str, dict]]) -> AllCollected:
+    return AllCollected(expected)
 
 
 def assert_outputs_equal(got: Collected, expected: dict[str, dict[str, dict]]) -> None:

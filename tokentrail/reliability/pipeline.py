@@ -318,9 +318,7 @@ class Pipeline:
         return self.collected
 
     def log_tail(self, lines: int = 30) -> str:
-        if not self.log_path.exists():
-            return "(no worker log)"
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return worker_log_tail(self.log_path, lines)
 
     def close(self, delete: bool = True) -> None:
         self.stop_workers()
@@ -339,3 +337,13 @@ def delete_topics(settings: Settings, prefixes: Iterable[str]) -> None:
                 future.result(timeout=60)
             except Exception:  # already gone
                 pass
+
+
+def worker_log_tail(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of a worker log, without faust's box-drawn partition tables (they crowd
+    out the events that explain a failure)."""
+    if not path.exists():
+        return "(no worker log)"
+    text = [line for line in path.read_text(errors="replace").splitlines()
+            if not line.lstrip().startswith(("|", "+", "\u3003"))]
+    return "\n".join(text[-lines:])
