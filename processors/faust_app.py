@@ -35,8 +35,8 @@ outputs and its state write may, after the restart, decide again with more input
 after a PARTIAL one, an INCOMPLETE rollout with more events); both records keep their own ids. The
 assembler rewrites a rollout's whole state per event, so changelog bytes grow with calls² per rollout.
 
-faust acks the input it skips during a rebalance, which would let a commit pass unprocessed input;
-commits are capped at what the agents finished (``_cap_commits``).
+faust acks the input it skips during a rebalance, which would let its commit pass unprocessed input;
+the worker commits input offsets itself, exactly where each agent stopped (``_own_commits``).
 
 Bad input never stops a worker: DecodeError, InvalidEvent, ConflictingEvent and any other
 ProcessorError become a DeadLetter on tokentrail.dead-letter with the reason. Anything else (a Kafka
@@ -54,7 +54,10 @@ import asyncio
 import functools
 import logging
 import signal
+import sys
+import threading
 import time
+import traceback
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -89,6 +92,10 @@ SIZE_SLACK = 64 * 1024
 # The watchdog looks this often, and re-seeks an idle input partition that waits this long.
 WATCHDOG_EVERY_S = 5.0
 KICK_AFTER_S = 5.0
+# The longest the watchdog waits for the consumer thread to answer an offsets query or a seek.
+CONSUMER_ANSWER_S = 10.0
+# How often finished input offsets are committed (faust's own commit runs on its acks as well).
+COMMIT_EVERY_S = 3.0
 
 
 class StalledError(RuntimeError):
@@ -150,6 +157,9 @@ class ProcessorsApp:
         self._behind_since: dict[Any, tuple[int, float]] = {}
         self._unready_since: float | None = None
         self._kicked: set[Any] = set()
+        self._consumer_silent_since: float | None = None
+        self._inputs = {self.topics.calls, self.topics.env, self.topics.rollouts, self.topics.by_group}
+        self._commit_finished: Callable[..., Awaitable[bool]] | None = None
 
         app = self.app
         inputs = app.topic(self.topics.calls, self.topics.env, **RAW_TOPIC)
@@ -162,7 +172,9 @@ class ProcessorsApp:
         app.timer(cfg.tick_s, name="grouper-timer")(self._guarded(self._grouper_tick))
         app.timer(10.0, name="progress")(self._report_progress)
         app.task(self._install_task_dump)
-        app.task(self._cap_commits)
+        app.task(self._own_commits)
+        # faust commits only when it has new acks of its own; this commits what the agents finished.
+        app.timer(COMMIT_EVERY_S, name="commit")(self._guarded(self._commit_tick))
         if cfg.stall_timeout_s > 0:
             app.timer(min(WATCHDOG_EVERY_S, cfg.stall_timeout_s / 3), name="watchdog")(self._guarded(self._watchdog))
 
@@ -282,29 +294,43 @@ class ProcessorsApp:
             clocks.forget(partition)
         return entries
 
-    async def _cap_commits(self) -> None:
-        """Commit an input partition's offset only up to what this worker's agents processed.
+    async def _own_commits(self) -> None:
+        """Commit an input partition's offset exactly where its agent stopped: ``_next_offset``.
 
-        faust acks the messages it skips during a rebalance (fetched under an older generation), so its
-        next commit can pass input that no agent handled. It seeks back to the committed offsets after
-        the rebalance and reads them again, but a kill -9 in between loses them for good (seen in the
-        reliability test as rollouts that never complete). ``_next_offset`` only moves when an agent has
-        finished a message, so capping at it keeps at-least-once; a partition with nothing processed
-        since it was assigned is not committed."""
+        faust commits what it acked, and it acks the messages it skips during a rebalance (fetched
+        under an older generation), so its commit can pass input no agent handled; a kill -9 before
+        the re-read lost them for good. Capping faust's offsets is not enough: faust then records an
+        offset as committed that the broker never got, and its ack bookkeeping (acks below the
+        committed offset are ignored; a gap after it stops its commits) drifts from the broker's. So
+        faust's commit is replaced: each commit sends the finished offsets of the assigned input
+        partitions that moved, and records exactly those as faust's committed offsets. A partition
+        with nothing finished since it was assigned is not committed."""
         consumer = self.app.consumer
-        commit = consumer._commit
-        inputs = {self.topics.calls, self.topics.env, self.topics.rollouts, self.topics.by_group}
+        lock = asyncio.Lock()
 
-        async def capped(offsets: Any) -> bool:
-            kept = {}
-            for tp, offset in offsets.items():
-                if tp.topic not in inputs:
-                    kept[tp] = offset
-                elif (done := self._next_offset.get(tp)) is not None:
-                    kept[tp] = min(offset, done)
-            return bool(kept) and bool(await commit(kept))
+        async def commit_finished(offsets: Any = None, start_new_transaction: bool = True) -> bool:
+            async with lock:
+                assignment = consumer.assignment()
+                committed = consumer._committed_offset
+                todo = {tp: offset for tp, offset in (offsets or {}).items()
+                        if tp.topic not in self._inputs and tp in assignment}  # none today; kept as faust has them
+                for tp, done in self._next_offset.items():
+                    if tp in assignment and (committed.get(tp) is None or done > committed[tp]):
+                        todo[tp] = done
+                if not todo:
+                    return False
+                await self.app.producer.flush()
+                if not await consumer._commit(todo):
+                    return False
+                committed.update(todo)
+                return True
 
-        consumer._commit = capped
+        consumer._commit_offsets = commit_finished
+        self._commit_finished = commit_finished
+
+    async def _commit_tick(self) -> None:
+        if self._commit_finished is not None and self._ready():
+            await self._commit_finished()
 
     async def _install_task_dump(self) -> None:
         """``kill -USR1 <pid>`` logs what every asyncio task of the worker is waiting on."""
@@ -328,8 +354,7 @@ class ProcessorsApp:
         assignment = self.app.consumer.assignment()
         for tp in [tp for tp in self._next_offset if tp not in assignment]:
             del self._next_offset[tp]  # revoked: a later assignment starts from the committed offset
-        inputs = {self.topics.calls, self.topics.env, self.topics.rollouts, self.topics.by_group}
-        tps = [tp for tp in assignment if tp.topic in inputs]
+        tps = [tp for tp in assignment if tp.topic in self._inputs]
         if not tps:
             return
         committed = getattr(self.app.consumer, "_committed_offset", {})
@@ -338,11 +363,23 @@ class ProcessorsApp:
         # worst kind (nothing of it was ever processed), so it must count too.
         unknown = [tp for tp in tps if self._next_offset.get(tp, committed.get(tp)) is None]
         try:
-            ends = await self.app.consumer.highwaters(*tps)
-            earliest = await self.app.consumer.earliest_offsets(*unknown) if unknown else {}
+            # Bounded: the consumer thread answers these, and a stuck consumer thread is what a stalled
+            # fetch can look like (a watchdog awaiting it forever would never stop the worker).
+            ends = await asyncio.wait_for(self.app.consumer.highwaters(*tps), CONSUMER_ANSWER_S)
+            earliest = (await asyncio.wait_for(self.app.consumer.earliest_offsets(*unknown), CONSUMER_ANSWER_S)
+                        if unknown else {})
+        except TimeoutError:
+            self._consumer_silent_since = self._consumer_silent_since or now
+            silent = now - self._consumer_silent_since
+            log.warning("watchdog: the consumer has not answered offset queries for %.0fs", silent)
+            if silent >= self.cfg.stall_timeout_s:
+                self._dump_tasks()
+                raise StalledError(f"consumer unresponsive for {silent:.0f}s") from None
+            return
         except Exception as exc:  # a rebalance began meanwhile (partitions no longer assigned): look next time
             log.info("watchdog: offsets unavailable this time (%r)", exc)
             return
+        self._consumer_silent_since = None
         stalled = []
         for tp in tps:
             position = self._next_offset.get(tp, committed.get(tp))
@@ -368,7 +405,7 @@ class ProcessorsApp:
                 log.warning("watchdog: %s[%s] waits at offset %s of %s; seeking there", tp.topic, tp.partition,
                             position, ends[tp])
                 try:
-                    await self.app.consumer.seek(tp, position)
+                    await asyncio.wait_for(self.app.consumer.seek(tp, position), CONSUMER_ANSWER_S)
                 except Exception as exc:  # e.g. revoked by a rebalance meanwhile: the stall exit stays the backstop
                     log.warning("watchdog: seeking %s[%s] failed: %r", tp.topic, tp.partition, exc)
         if stalled:
@@ -395,6 +432,11 @@ class ProcessorsApp:
             where = " <- ".join(f"{f.f_code.co_name}@{f.f_code.co_filename.rsplit('/', 2)[-1]}:{f.f_lineno}"
                                 for f in reversed(frames))
             log.warning("task %s: %s", task.get_name(), where or "(not started)")
+        names = {t.ident: t.name for t in threading.enumerate()}
+        for ident, frame in sys._current_frames().items():  # the consumer thread runs its own event loop
+            stack = traceback.extract_stack(frame, limit=12)
+            log.warning("thread %s: %s", names.get(ident, ident),
+                        " <- ".join(f"{f.name}@{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in reversed(stack)))
 
     async def _report_progress(self) -> None:
         current = dict(self.stats)

@@ -78,7 +78,7 @@ class StreamRig:
         for name, rec in events:
             topic = self.topics.calls if name == "CallRecord" else self.topics.env
             self.produce_raw(topic, rec["rollout_id"].encode(), self.codec.encode(name, rec))
-        self._producer.flush(30)
+        assert self._producer.flush(30) == 0, "input not delivered to the broker within 30s"
 
     def produce_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
         self._producer.produce(topic, key=key, value=value)

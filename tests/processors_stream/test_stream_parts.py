@@ -55,8 +55,9 @@ def test_outputs_are_placed_where_confluent_kafka_puts_the_same_key(
 
 
 def test_input_commits_stop_at_what_the_agents_finished(tokentrail_settings: Settings) -> None:
-    """faust acks messages it skips in a rebalance; the commit must not pass input no agent finished.
-    (The broker-side commit is replaced by a recorder: what is tested is which offsets reach it.)"""
+    """faust acks messages it skips in a rebalance; the commit must not pass input no agent finished,
+    and faust's record of what is committed must be what the broker got. (The broker-side commit is
+    replaced by a recorder: what is tested is which offsets reach it.)"""
     import asyncio
 
     from faust.types import TP
@@ -65,19 +66,32 @@ def test_input_commits_stop_at_what_the_agents_finished(tokentrail_settings: Set
     from processors.stream.config import StreamConfig
 
     worker = ProcessorsApp(StreamConfig.from_settings(tokentrail_settings, topic_prefix="cap-test"))
+    consumer = worker.app.consumer
+    calls, env, other = TP(worker.topics.calls, 0), TP(worker.topics.env, 1), TP("cap-test-other", 0)
     committed: list[dict] = []
 
     async def record(offsets: dict) -> bool:
         committed.append(dict(offsets))
         return True
 
-    calls, env, changelog = TP(worker.topics.calls, 0), TP(worker.topics.env, 1), TP("cap-test-changelog", 0)
-    worker.app.consumer._commit = record
-    asyncio.run(worker._cap_commits())
-    worker._next_offset[calls] = 5  # the agent finished offsets up to 4; faust acked (skipped) up to 8
-    assert asyncio.run(worker.app.consumer._commit({calls: 9, env: 3, changelog: 7}))
-    assert committed == [{calls: 5, changelog: 7}]  # env: nothing finished since assignment, not committed
-    worker._next_offset[calls] = 12
-    asyncio.run(worker.app.consumer._commit({calls: 9}))
-    assert committed[-1] == {calls: 9}
-    assert not asyncio.run(worker.app.consumer._commit({env: 3}))  # nothing left to commit
+    async def flushed() -> None:
+        return None
+
+    async def scenario() -> list[bool]:
+        consumer._commit = record
+        consumer.assignment = lambda: {calls, env, other}
+        worker.app.producer.flush = flushed
+        await worker._own_commits()
+        worker._next_offset[calls] = 5  # the agent finished offsets up to 4; faust acked (skipped) up to 8
+        first = await consumer._commit_offsets({calls: 9, env: 3, other: 7})
+        after_first = dict(consumer._committed_offset)
+        worker._next_offset[calls] = 12
+        second = await consumer._commit_offsets({calls: 9})
+        third = await consumer._commit_offsets({env: 3})  # nothing finished moved: nothing to commit
+        assert after_first == {calls: 5, other: 7}
+        return [first, second, third]
+
+    assert asyncio.run(scenario()) == [True, True, False]
+    # env: nothing finished since assignment, never committed; calls: what the agent finished, not faust's 9
+    assert committed == [{calls: 5, other: 7}, {calls: 12}]
+    assert consumer._committed_offset[calls] == 12
