@@ -29,6 +29,7 @@ from schemas.prompt_delta import PromptReconstructionError
 from schemas.tokens import unpack_floats, unpack_ids, unpack_int32, unpack_mask
 from sinks.ddl import packed_read_sql
 from sinks.rows import segment_weight_sums
+from sinks.sample_refs import SampleRefError, is_input_ref, rebuild_sample
 from sinks.store import CallTokenCache, select_rows
 
 MAX_LISTED_FAILURES = 200
@@ -83,7 +84,8 @@ def _rows(client: Client, sql: str, parameters: dict[str, Any] | None = None) ->
 
 # ---- (a) token traceability ----------------------------------------------------------------------
 
-# Per OUTPUT segment: does the call exist, are the offsets inside its output, are the ids equal?
+# Per OUTPUT segment: does the call exist, are the offsets inside its output, are the ids equal? Only
+# samples whose ids are stored whole: referenced ids are rebuilt and checked in Python.
 SQL_OUTPUT_SEGMENTS = """
 SELECT s.sample_id, s.call_id, s.sample_start, s.call_start, s.len,
        c.found, (s.call_start + s.len) * 4 <= length(c.output_ids) AS in_range,
@@ -94,7 +96,7 @@ FROM (
            substring(input_ids, seg_sample_start * 4 + 1, seg_length * 4) AS seg_tokens
     FROM samples FINAL
     ARRAY JOIN seg_call_id, seg_source, seg_sample_start, seg_call_start, seg_length
-    WHERE seg_source = 'OUTPUT'
+    WHERE seg_source = 'OUTPUT' AND empty(input_ref_call_ids)
 ) AS s
 LEFT JOIN (SELECT call_id, any(OUTPUT_BYTES) AS output_ids, 1 AS found FROM calls FINAL GROUP BY call_id) AS c
     ON s.call_id = c.call_id
@@ -127,9 +129,7 @@ def check_token_traceability(client: Client, page: int = SAMPLE_PAGE) -> CheckRe
                 "(a loss token with no sampling call, or overlapping segments)",
             )
     for sample_id, call_id, s_start, c_start, length, found, in_range, _equal in _rows(client, SQL_OUTPUT_SEGMENTS):
-        where = (
-            f"segment at sample[{s_start}:{s_start + length}] <- call {call_id} output[{c_start}:{c_start + length}]"
-        )
+        where = _output_segment(s_start, c_start, length, call_id)
         if not found:
             reason = f"{where}: call not in the calls table"
         elif not in_range:
@@ -144,7 +144,12 @@ def check_token_traceability(client: Client, page: int = SAMPLE_PAGE) -> CheckRe
         cache.fetch(
             c for row in batch for c, src in zip(row["seg_call_id"], row["seg_source"], strict=True) if src == "OUTPUT"
         )
+        cache.fetch(c for row in batch for c in row["input_ref_call_ids"])
         for row in batch:
+            for reason in _referenced_ids_problems(row, cache):
+                result.fail(row["event_id"], "Sample", reason)
+            if is_input_ref(row):
+                continue  # its ids could not be rebuilt (reported above)
             for reason in _conditioning_problems(row, cache, calls_checked):
                 result.fail(row["event_id"], "Sample", reason)
     result.notes.append(f"{len(calls_checked)} sampling calls' prompts rebuilt and hash-checked")
@@ -162,13 +167,45 @@ def _sample_pages(client: Client, page: int) -> Iterator[list[dict[str, Any]]]:
             {"r": last[0], "e": last[1]},
             columns="rollout_id, event_id, input_ids, loss_mask, weights, sequence_starts, "
             "seg_rollout_id, seg_call_id, seg_source, seg_sample_start, seg_call_start, "
-            "seg_length, seg_weight, weight_total",
+            "seg_length, seg_weight, weight_total, input_ref_call_ids, input_length, input_sha256",
             order_by=f"rollout_id, event_id LIMIT {int(page)}",
+            rebuild=False,  # referenced ids are rebuilt one sample at a time: a bad one is a failure
         )
         if not rows:
             return
         yield rows
         last = (rows[-1]["rollout_id"], rows[-1]["event_id"])
+
+
+def _output_segment(s_start: int, c_start: int, length: int, call_id: str) -> str:
+    return f"segment at sample[{s_start}:{s_start + length}] <- call {call_id} output[{c_start}:{c_start + length}]"
+
+
+def _referenced_ids_problems(row: dict[str, Any], cache: CallTokenCache) -> list[str]:
+    """For a sample whose ids are stored by reference: rebuild them (in place) and check its OUTPUT
+    segments against the calls' sampled ids, as SQL_OUTPUT_SEGMENTS does for ids stored whole."""
+    if not is_input_ref(row):
+        return []
+    try:
+        rebuild_sample(row, cache.call_tokens)
+    except SampleRefError as exc:
+        return [f"input ids stored by reference cannot be rebuilt: {exc}"]
+    ids = unpack_ids(row["input_ids"])
+    problems = []
+    for i, call_id in enumerate(row["seg_call_id"]):
+        if row["seg_source"][i] != "OUTPUT":
+            continue
+        s_start, c_start, length = row["seg_sample_start"][i], row["seg_call_start"][i], row["seg_length"][i]
+        where = _output_segment(s_start, c_start, length, call_id)
+        if not cache.has(call_id):
+            problems.append(f"{where}: call not in the calls table")
+            continue
+        output = cache.output_ids(call_id)
+        if c_start + length > len(output):
+            problems.append(f"{where}: offsets beyond the call's output")
+        elif not np.array_equal(ids[s_start : s_start + length], output[c_start : c_start + length]):
+            problems.append(f"{where}: token ids differ from the call's sampled ids")
+    return problems
 
 
 def _conditioning_problems(row: dict[str, Any], cache: CallTokenCache, calls_checked: set[str]) -> list[str]:

@@ -110,6 +110,7 @@ def _sink(args: argparse.Namespace) -> int:
         idle_s=args.until_idle,
         progress_every_s=args.progress_every,
         **({"request_memo_chars": args.request_memo_chars} if args.request_memo_chars is not None else {}),
+        **({"sample_memo_calls": args.sample_memo_calls} if args.sample_memo_calls is not None else {}),
     )
     stats = run_sink(client, settings, options)
     return 0 if stats.dead_letters == 0 or not args.fail_on_dead_letters else 1
@@ -232,6 +233,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--request-memo-chars", type=int, metavar="N",
         help="characters of recent request bodies kept as bases for later calls' bodies, which are then "
         "stored as deltas (default 64,000,000)",
+    )
+    p.add_argument(
+        "--sample-memo-calls", type=int, metavar="N",
+        help="recent calls remembered (as hashes) so that samples repeating their tokens are stored as "
+        "references to them (default 200,000; 0 stores every sample whole)",
     )
     p.add_argument("--fail-on-dead-letters", action="store_true", help="exit 1 if any message was dead-lettered")
     p.set_defaults(func=_sink)

@@ -13,8 +13,12 @@ of an earlier call), never the full prompt again. Rollouts do not repeat their c
 each call's lengths and hashes and are rebuilt from the calls table (sinks/store.py), so storage grows
 with the rollout once. The harness request bodies, which repeat the whole conversation on every call,
 are kept the same way: a later call's body as the text between what it shares with an earlier call's
-body at both ends (migration 0005, sinks/request_bodies.py). Other tables (samples, dead letters)
-keep packed bytes as String + ZSTD.
+body at both ends (migration 0005, sinks/request_bodies.py). Samples repeat their calls' tokens too:
+where the writer proves a sample's ids are its calls' prompt ‖ output and its logprobs its calls'
+sampled logprobs, those columns are stored empty, with the calls named and the length and sha256 of
+what they held (migration 0006, sinks/sample_refs.py); reads rebuild and check them. Other packed
+bytes (a sample's mask, advantages and weights, or ids that differ from its calls; dead letters)
+stay String + ZSTD.
 
 Tables are partitioned by day of the event's own timestamp (not the ingestion time), so every copy of
 an event lands in the same partition and deduplicates.
@@ -368,7 +372,8 @@ VIEWS: dict[str, str] = {
         UNION ALL
         SELECT event_id, rollout_id, attempt_id, 'AttemptFinished' AS event_type, created_at_us
         FROM {db}.attempt_finishes FINAL""",
-    # One row per sample segment: which call, which offsets.
+    # One row per sample segment: which call, which offsets. input_ids is empty where the sample's ids
+    # are stored by reference to its calls (migration 0006; sinks.store rebuilds them).
     "sample_segments": """
         SELECT event_id AS sample_id, sample_config_id, kind AS sample_kind, seg_rollout_id AS rollout_id,
                seg_call_id AS call_id, seg_call_index AS call_index, seg_source AS source,
@@ -462,6 +467,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         "0005_calls_request_body_deltas",
         "calls: request bodies stored as verified deltas on an earlier call's body",
         lambda db: _calls_request_body_deltas(f"{db}.calls"),
+    ),
+    Migration(
+        "0006_samples_token_references",
+        "samples: input ids and rollout logprobs stored as verified references to their calls",
+        lambda db: _samples_token_references(f"{db}.samples"),
     ),
 )
 
@@ -590,6 +600,25 @@ def _calls_request_body_deltas(table: str) -> list[str]:
         "request_sha256 String DEFAULT '' AFTER request_length",
     )
     return [f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {c}" for c in columns]
+
+
+def _samples_token_references(table: str) -> list[str]:
+    """Where ``input_ref_call_ids`` is not empty, ``input_ids`` is stored empty: it is the concatenation
+    of each named call's prompt ‖ output (one call per sequence). Where ``logprobs_sha256`` is set,
+    ``rollout_logprobs`` is stored empty: NaN outside OUTPUT segments, each segment's call's logprobs
+    inside (sinks/sample_refs.py). ``input_length`` is the token count (0 on rows stored before, whose
+    bytes are whole), so ``tokens`` counts either."""
+    columns = (
+        "input_ref_call_ids Array(String) AFTER sequence_starts",
+        "input_length UInt32 DEFAULT 0 AFTER input_ref_call_ids",
+        "input_sha256 String DEFAULT '' AFTER input_length",
+        "logprobs_sha256 String DEFAULT '' AFTER input_sha256",
+    )
+    return [
+        *(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {c}" for c in columns),
+        f"ALTER TABLE {table} MODIFY COLUMN tokens UInt32 MATERIALIZED "
+        "greatest(input_length, intDiv(length(input_ids), 4))",
+    ]
 
 
 def view_sql(db: str, name: str) -> str:

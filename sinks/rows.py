@@ -200,6 +200,9 @@ def sample_row(rec: Record) -> Row:
     weights = unpack_floats(rec["weights"]).astype(np.float64)
     row["seg_weight"] = segment_weight_sums(weights, rec["segments"])
     row["weight_total"] = float(weights.sum())
+    # Stored in full here; the writer may replace token columns by references to their calls
+    # (sinks/sample_refs.py), which these columns then describe.
+    row.update(input_ref_call_ids=[], input_length=tokens, input_sha256="", logprobs_sha256="")
     return row
 
 
@@ -402,6 +405,9 @@ def _prompt_as_recorded(full: IdArray, base_call_id: str | None, base_prefix_len
 
 
 def sample_from_row(row: Row) -> Record:
+    if row.get("input_ref_call_ids") or row.get("logprobs_sha256"):
+        # Never an empty column in place of tokens: rebuilding needs the calls (sinks/store.py does it).
+        raise RowError(f"sample {row['event_id']}: token columns stored by reference to calls, not rebuilt")
     rec = {k: _plain(row[k]) for k in _schema_fields("Sample") if k != "segments"}
     rec["segments"] = [{f: row[f"seg_{f}"][i] for f in SEGMENT_FIELDS} for i in range(len(row["seg_call_id"]))]
     return _reorder("Sample", rec)

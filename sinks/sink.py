@@ -26,7 +26,8 @@ from schemas.codec import Codec, DecodeError, get_codec
 from schemas.ids import event_id
 from sinks.request_bodies import DEFAULT_MEMO_CHARS, RequestBodyDeltas
 from sinks.rows import Row, RowError, Source, to_row
-from sinks.store import insert_rows
+from sinks.sample_refs import DEFAULT_MEMO_CALLS, SampleRefs
+from sinks.store import encode_samples, insert_rows, inserts_in_order
 from tokentrail.settings import Settings, get_settings
 
 # Record types each topic may carry (the codec checks the writer schema against these).
@@ -63,6 +64,7 @@ class SinkOptions:
     progress_every_s: float = 5.0
     poll_timeout_s: float = 0.2
     request_memo_chars: int = DEFAULT_MEMO_CHARS  # recent request bodies kept as delta bases
+    sample_memo_calls: int = DEFAULT_MEMO_CALLS  # recent calls samples may reference (0: samples whole)
 
 
 @dataclass
@@ -149,6 +151,7 @@ class ClickHouseSink:
         self.stats = SinkStats()
         self.pending = _Pending()
         self.request_bodies = RequestBodyDeltas(self.options.request_memo_chars)
+        self.sample_refs = SampleRefs(self.options.sample_memo_calls)
         self.assignment: set[tuple[str, int]] = set()
         self.at_end: set[tuple[str, int]] = set()
         self._broken = False
@@ -239,6 +242,7 @@ class ClickHouseSink:
         finally:
             # Bases are only trusted from partitions read without a break; forget them all.
             self.request_bodies = RequestBodyDeltas(self.options.request_memo_chars)
+            self.sample_refs = SampleRefs(self.options.sample_memo_calls)
             gone = {(tp.topic, tp.partition) for tp in partitions}
             self.assignment -= gone
             self.at_end -= gone
@@ -266,6 +270,8 @@ class ClickHouseSink:
             table, row = to_row(name, record, Source(topic, partition, offset))
             if table == "calls":
                 row = self.request_bodies.encode(row)
+                # Stored in this batch or an earlier one, before any sample of this batch (see flush).
+                self.sample_refs.note_call(row)
         except DecodeError as exc:
             table, row = self._dead_letter(msg, type(exc).__name__, exc.reason)
         except RowError as exc:
@@ -300,7 +306,9 @@ class ClickHouseSink:
         self._broken = True  # until this batch is fully stored and committed
         if p.dead_letters:
             self._produce_dead_letters(p.dead_letters)
-        for table, rows in p.rows.items():
+        self._encode_samples(p.rows.get("samples", []))
+        for table in inserts_in_order(p.rows):  # calls before the samples that reference them
+            rows = p.rows[table]
             self._insert(table, rows, dedup_token(table, p.ranges[table]))
             self.stats.rows[table] += len(rows)
         self.consumer.commit(
@@ -310,6 +318,17 @@ class ClickHouseSink:
         self.stats.commits += 1
         self.pending = _Pending()
         self._broken = False
+
+    def _encode_samples(self, rows: list[Row]) -> None:
+        """Samples reference calls of this batch (inserted first), of earlier batches, or that ClickHouse
+        stores already (looked up: another sink or a run before a restart may have stored them)."""
+        if not rows or not self.sample_refs.max_calls:
+            return
+        try:
+            encode_samples(self.client, self.sample_refs, rows)
+        except Exception as exc:  # a failed look-up: reference only calls this sink stored
+            self.log(f"sink: looking up stored calls for samples failed ({exc})")
+            encode_samples(None, self.sample_refs, rows)
 
     def _insert(self, table: str, rows: list[Row], token: str) -> None:
         delay = 0.5

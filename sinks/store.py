@@ -2,11 +2,14 @@
 
 Writes take decoded Avro records (``write_records``); reads give rows as dicts (``select_rows``) or
 Avro records again (``load_records``, ``load_rollouts``), deduplicated with FINAL. Calls rows read
-with their request columns come back with whole request bodies (stored as deltas, rebuilt here).
+with their request columns come back with whole request bodies (stored as deltas, rebuilt here);
+samples rows read with their token columns come back whole (stored by reference to their calls,
+rebuilt and hash-checked here).
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -29,6 +32,15 @@ from sinks.rows import (
     rollout_from_row,
     to_row,
 )
+from sinks.sample_refs import (
+    REBUILD_COLUMNS,
+    REF_COLUMNS,
+    SampleRefs,
+    is_input_ref,
+    is_ref,
+    rebuild_sample,
+    stored_call_digest,
+)
 
 # Keep IN (...) lists and query sizes moderate.
 ID_CHUNK = 2000
@@ -48,20 +60,35 @@ def insert_rows(client: Client, table: str, rows: Sequence[Row], dedup_token: st
     client.insert(table, data, column_names=columns, settings=settings)
 
 
-def group_rows(records: Iterable[tuple[str, Record]], source: Source | None = None) -> dict[str, list[Row]]:
-    """Rows per table; calls' request bodies become deltas on earlier calls' bodies among ``records``."""
+def group_rows(
+    records: Iterable[tuple[str, Record]], source: Source | None = None, samples: SampleRefs | None = None
+) -> dict[str, list[Row]]:
+    """Rows per table; calls' request bodies become deltas on earlier calls' bodies among ``records``.
+    Calls are noted in ``samples`` (a writer that inserts them first may then ``encode_samples``)."""
     by_table: dict[str, list[Row]] = defaultdict(list)
     bodies = RequestBodyDeltas()
+    samples = samples or SampleRefs()
     for name, record in records:
         table, row = to_row(name, record, source)
-        by_table[table].append(bodies.encode(row) if table == "calls" else row)
+        if table == "calls":
+            row = bodies.encode(row)
+            samples.note_call(row)
+        by_table[table].append(row)
     return by_table
 
 
+def inserts_in_order(tables: Iterable[str]) -> list[str]:
+    """Tables in the order their rows must be inserted: calls before samples that reference them."""
+    return sorted(tables, key=lambda t: t != "calls")
+
+
 def write_records(client: Client, records: Iterable[tuple[str, Record]]) -> dict[str, int]:
-    """Insert (schema name, record) pairs, one insert per table; returns rows per table."""
+    """Insert (schema name, record) pairs, one insert per table (calls first); returns rows per table."""
     counts = {}
-    for table, rows in group_rows(records).items():
+    refs = SampleRefs()
+    grouped = group_rows(records, samples=refs)
+    encode_samples(client, refs, grouped.get("samples", []))
+    for table, rows in ((t, grouped[t]) for t in inserts_in_order(grouped)):
         # Rows of one table can differ in which optional columns they carry only if builders differ;
         # they do not, so a single insert per table is safe.
         insert_rows(client, table, rows)
@@ -77,7 +104,13 @@ def select_rows(
     columns: str = "*",
     order_by: str = "",
     final: bool = True,
+    rebuild: bool = True,
 ) -> list[Row]:
+    """Rows of a table as dicts. With ``rebuild`` (the default), columns stored as deltas or references
+    come back whole: calls' request bodies, samples' token columns (SampleRefError if one fails)."""
+    added: list[str] = []
+    if table == "samples" and rebuild:
+        columns, added = _with_sample_ref_columns(columns)
     if columns == "*":
         columns = star_columns(table)  # calls: token bytes rebuilt from the stored arrays
     sql = f"SELECT {columns} FROM {table}{' FINAL' if final else ''}"
@@ -87,9 +120,66 @@ def select_rows(
         sql += f" ORDER BY {order_by}"
     result = client.query(sql, parameters=parameters or {}, column_formats=column_formats(table))
     rows = list(result.named_results())
-    if table == "calls" and rows and "request_base_call_id" in rows[0] and "request_json" in rows[0]:
+    if rebuild and table == "calls" and rows and "request_base_call_id" in rows[0] and "request_json" in rows[0]:
         rebuild_request_bodies(rows, lambda ids: _stored_request_rows(client, ids))
+    if rebuild and table == "samples" and any(is_ref(r) for r in rows):
+        rebuild_samples(rows, CallTokenCache(client))
+    for row in rows if added else ():
+        for column in added:
+            del row[column]
     return rows
+
+
+_TOKEN_COLUMN = re.compile(r"\b(input_ids|rollout_logprobs)\b")
+
+
+def _with_sample_ref_columns(columns: str) -> tuple[str, list[str]]:
+    """``columns`` plus what rebuilding referenced token columns needs, and which of those it added."""
+    if columns == "*" or not _TOKEN_COLUMN.search(columns):
+        return columns, []
+    added = [c for c in (*REF_COLUMNS, *REBUILD_COLUMNS) if not re.search(rf"\b{c}\b", columns)]
+    return ", ".join([columns, *added]), added
+
+
+def encode_samples(client: Client | None, refs: SampleRefs, rows: list[Row]) -> None:
+    """Let samples rows reference their calls where ``refs`` can prove them equal, in place.
+
+    The caller inserts the calls it noted in ``refs`` before these rows. With a ``client``, calls that
+    ``refs`` has not seen but ClickHouse already stores (an earlier batch, another writer, a run before
+    a restart) are read back first, their prompts rebuilt and hash-checked; a call missing or broken
+    stays unknown, and what needs it is stored whole.
+    """
+    if client is not None:
+        note_stored_calls(client, refs, set().union(*(refs.unknown_calls(r) for r in rows)))
+    for row in rows:
+        refs.encode(row)
+
+
+def note_stored_calls(client: Client, refs: SampleRefs, wanted: set[str]) -> None:
+    if not wanted:
+        return
+    cache = CallTokenCache(client)
+    cache.fetch(wanted)
+    for call_id in sorted(wanted):
+        try:
+            tokens = cache.tokens(call_id)
+        except (PromptReconstructionError, KeyError):
+            continue
+        if tokens is not None:
+            refs.note_stored(call_id, stored_call_digest(cache.rows[call_id]["prompt_sha256"], tokens))
+
+
+def rebuild_samples(rows: list[Row], cache: CallTokenCache) -> None:
+    """Rebuild every referenced token column of ``rows`` in place (SampleRefError names a bad sample)."""
+    cache.fetch(
+        c
+        for row in rows
+        if is_ref(row)
+        for c in (*(row["input_ref_call_ids"] if is_input_ref(row) else ()), *row["seg_call_id"])
+    )
+    for row in rows:
+        if is_ref(row):
+            rebuild_sample(row, cache.call_tokens)
 
 
 def _stored_request_rows(client: Client, call_ids: Iterable[str]) -> list[Row]:
@@ -256,6 +346,13 @@ class CallTokenCache:
         row = self.rows[call_id]
         return CallTokens(self.prompt(call_id), row["output_ids"], row["output_logprobs"])
 
+    def call_tokens(self, call_id: str) -> CallTokens:
+        """Like ``tokens``, but a missing call is a KeyError (and a broken prompt its own error)."""
+        tokens = self.tokens(call_id)
+        if tokens is None:
+            raise KeyError(f"call {call_id} is not in the calls table")
+        return tokens
+
 
 def load_rollouts(
     client: Client,
@@ -273,10 +370,12 @@ def load_rollouts(
 __all__ = [
     "RECORD_OF",
     "CallTokenCache",
+    "encode_samples",
     "group_rows",
     "insert_rows",
     "load_records",
     "load_rollouts",
+    "rebuild_samples",
     "rows_by_ids",
     "select_rows",
     "table_counts",

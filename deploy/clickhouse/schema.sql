@@ -471,6 +471,16 @@ ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS request_length UInt32 DEFA
 
 ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS request_sha256 String DEFAULT '' AFTER request_length;
 
+ALTER TABLE tokentrail.samples ADD COLUMN IF NOT EXISTS input_ref_call_ids Array(String) AFTER sequence_starts;
+
+ALTER TABLE tokentrail.samples ADD COLUMN IF NOT EXISTS input_length UInt32 DEFAULT 0 AFTER input_ref_call_ids;
+
+ALTER TABLE tokentrail.samples ADD COLUMN IF NOT EXISTS input_sha256 String DEFAULT '' AFTER input_length;
+
+ALTER TABLE tokentrail.samples ADD COLUMN IF NOT EXISTS logprobs_sha256 String DEFAULT '' AFTER input_sha256;
+
+ALTER TABLE tokentrail.samples MODIFY COLUMN tokens UInt32 MATERIALIZED greatest(input_length, intDiv(length(input_ids), 4));
+
 CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
         FROM tokentrail.attempt_starts FINAL
         UNION ALL

@@ -15,6 +15,7 @@ from sinks import dashboards, ddl
 from sinks.client import ClickHouseConfigError, connect, parse_dsn
 from sinks.ddl import CALL_STORED_TOKEN_COLUMNS, MIGRATIONS, TABLE_NAMES, VIEWS, migrate, schema_sql
 from sinks.rows import TABLE_OF, to_row
+from sinks.sample_refs import REF_COLUMNS
 from sinks.store import (
     CallTokenCache,
     insert_rows,
@@ -103,12 +104,14 @@ def test_migrating_calls_stored_as_packed_bytes(
             assert migrate(client) == ["0001_tables", "0002_rollouts_final_output_text"]
         g = synthetic_group(GroupSpec(rollouts=2, turns=4, bodies="chat", tools=1))
         old = [*g.events, *(("CallRecord", c) for c in odd_calls("old"))]
-        for name, record in old:  # as the code before 0005 wrote them: whole bodies, no delta columns
+        for name, record in old:  # as the code before 0005/0006 wrote them: whole bodies and samples
             table, row = to_row(name, record)
             insert_rows(client, table, [{k: v for k, v in row.items() if not k.startswith("request_")
-                                         or k == "request_json"}])
+                                         or k == "request_json"} if table != "samples" else
+                                        {k: v for k, v in row.items() if k not in REF_COLUMNS}])
         assert migrate(client) == [
-            "0003_calls_token_arrays", "0004_calls_ephemeral_token_bytes", "0005_calls_request_body_deltas"
+            "0003_calls_token_arrays", "0004_calls_ephemeral_token_bytes", "0005_calls_request_body_deltas",
+            "0006_samples_token_references",
         ]
         for statement in MIGRATIONS[3].statements(client.database):  # a repeated, interrupted migration
             client.command(statement)
@@ -132,6 +135,11 @@ def test_migrating_calls_stored_as_packed_bytes(
             "SELECT name FROM system.columns WHERE database = currentDatabase() AND table = 'calls' "
             "AND default_kind != 'EPHEMERAL'").result_rows}
         assert set(CALL_STORED_TOKEN_COLUMNS) <= columns and "prompt_ids" not in columns
+        samples = sorted(g.of("Sample"), key=lambda s: s["event_id"])  # stored whole before 0006
+        assert load_records(client, "samples", order_by="event_id") == samples
+        assert client.query("SELECT sum(tokens) FROM samples FINAL").result_rows[0][0] == sum(
+            len(s["input_ids"]) // 4 for s in samples
+        )
     finally:
         client.command(f"DROP DATABASE IF EXISTS {client.database}")
 
