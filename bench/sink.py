@@ -51,7 +51,8 @@ from sinks.client import connect
 from sinks.ddl import CALL_STORED_TOKEN_COLUMNS, TABLES, migrate
 from sinks.request_bodies import CHECK_COLUMNS, DELTA_COLUMNS, RequestBodyDeltas
 from sinks.rows import to_row
-from sinks.store import insert_rows
+from sinks.sample_refs import SampleRefs
+from sinks.store import encode_samples, insert_rows, inserts_in_order
 from sinks.synthetic import GroupSpec, synthetic_group
 
 BATCH_ROWS = 2000
@@ -98,20 +99,41 @@ def ingest(client: object, messages: list[tuple[str, bytes]]) -> tuple[int, int,
     pending: dict[str, list[dict]] = {}
     rows = tokens = 0
     bodies = RequestBodyDeltas()
+    samples = SampleRefs()
     for _name, data in messages:
         name, record = codec.decode(data)
         table, row = to_row(name, record)
         if table == "calls":
             row = bodies.encode(row)
+            samples.note_call(row)
         if name == "CallRecord":
             tokens += record["prompt"]["length"] + len(record["output_ids"]) // 4
         pending.setdefault(table, []).append(row)
         rows += 1
         if len(pending[table]) >= BATCH_ROWS:
-            insert_rows(client, table, pending.pop(table))  # type: ignore[arg-type]
-    for table, batch in pending.items():
-        insert_rows(client, table, batch)  # type: ignore[arg-type]
+            _insert_pending(client, pending, samples)
+    _insert_pending(client, pending, samples)
     return rows, tokens, time.perf_counter() - start
+
+
+def _insert_pending(client: object, pending: dict[str, list[dict]], samples: SampleRefs) -> None:
+    """Every pending batch as the sink inserts it: samples reference the calls, calls inserted first."""
+    encode_samples(client, samples, pending.get("samples", []))  # type: ignore[arg-type]
+    for table in inserts_in_order(pending):
+        insert_rows(client, table, pending[table])  # type: ignore[arg-type]
+    pending.clear()
+
+
+def full_samples(client: object, messages: list[tuple[str, bytes]]) -> None:
+    """The samples again in ``samples_full``, every token column stored whole (the design before 0006)."""
+    codec = get_codec()
+    client.command("CREATE TABLE samples_full AS samples")  # type: ignore[attr-defined]
+    client.command("ALTER TABLE samples_full MODIFY SETTING min_bytes_for_wide_part = 0")  # type: ignore
+    rows = [to_row(*codec.decode(data))[1] for name, data in messages if name == "Sample"]
+    for i in range(0, len(rows), BATCH_ROWS):
+        batch = rows[i : i + BATCH_ROWS]
+        columns = list(batch[0])
+        client.insert("samples_full", [[r[c] for c in columns] for r in batch], column_names=columns)  # type: ignore
 
 
 FULL_TABLES = ("calls_full", "calls_full_bytes")
@@ -302,10 +324,14 @@ def main() -> None:
         migrate(client)
         # Wide parts keep per-column sizes in system.columns (small parts are otherwise compact).
         client.command("ALTER TABLE calls MODIFY SETTING min_bytes_for_wide_part = 0")
+        client.command("ALTER TABLE samples MODIFY SETTING min_bytes_for_wide_part = 0")
         rows, tokens, seconds = ingest(client, messages)
         full_prompt_calls(client)
-        for table in ("calls", *FULL_TABLES):
+        full_samples(client, messages)
+        for table in ("calls", *FULL_TABLES, "samples", "samples_full"):
             client.command(f"OPTIMIZE TABLE {table} FINAL")
+        samples_disk, _ = table_bytes(client, "samples")
+        samples_full_disk, _ = table_bytes(client, "samples_full")
         delta_disk, delta_raw = table_bytes(client, "calls")
         full_disk, full_raw = table_bytes(client, "calls_full")
         bytes_disk, _ = table_bytes(client, "calls_full_bytes")
@@ -319,7 +345,7 @@ def main() -> None:
         n_calls, logical = client.query("SELECT count(), sum(prompt_length + output_tokens) FROM calls").result_rows[0]
         all_disk = client.query(
             "SELECT sum(bytes_on_disk) FROM system.parts WHERE database = currentDatabase() "
-            "AND active AND table NOT IN ('calls_full', 'calls_full_bytes')"
+            "AND active AND table NOT IN ('calls_full', 'calls_full_bytes', 'samples_full')"
         ).result_rows[0][0]
         sample_tokens = client.query("SELECT sum(tokens) FROM samples").result_rows[0][0]
         request_bytes = dict(
@@ -376,6 +402,10 @@ def main() -> None:
             "calls_bytes_per_token": round(delta_disk / logical, 4),
             "all_tables_bytes_per_call_token": round(all_disk / logical, 4),
             "sample_tokens": int(sample_tokens),
+            "samples_bytes": int(samples_disk),
+            "samples_bytes_full": int(samples_full_disk),
+            "samples_vs_full": round(samples_disk / samples_full_disk, 4),
+            "calls_and_samples_vs_full": round((delta_disk + samples_disk) / (full_disk + samples_full_disk), 4),
             "stored_vs_full_prompts_uncompressed": round(delta_raw / full_raw, 4),
             "stored_vs_full_prompts_bytes_layout": round(delta_disk / bytes_disk, 4),
             **extra,
