@@ -19,6 +19,11 @@ the bodies grow with the rollout like the prompts. ``--bodies tiny`` puts placeh
 ``token_columns_vs_full_prompts`` compares the token columns alone, ``request_bodies_vs_full`` the
 request body column alone.
 
+Samples are stored as the sink stores them (ids and logprobs by reference to their calls where
+proven equal) and again whole in ``samples_full``: ``samples_vs_full`` is their ratio on disk, and
+``calls_and_samples_vs_full`` the ratio of both tables together (``stored_vs_full_prompts`` stays the
+calls table's).
+
 Full prompts compress very differently per layout: ZSTD over packed bytes (the released 0001 layout)
 finds a prompt's repeat of the previous one inside its 1 MB block, while T64's bit-transposed blocks
 hide it. So the stored calls are also compared with full prompts in the 0001 byte layout,
