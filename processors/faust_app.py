@@ -35,8 +35,12 @@ outputs and its state write may, after the restart, decide again with more input
 after a PARTIAL one, an INCOMPLETE rollout with more events); both records keep their own ids. The
 assembler rewrites a rollout's whole state per event, so changelog bytes grow with calls² per rollout.
 
-faust acks the input it skips during a rebalance, which would let its commit pass unprocessed input;
-the worker commits input offsets itself, exactly where each agent stopped (``_own_commits``).
+Each input partition is processed strictly in offset order from its committed offset (``_in_order``):
+in a rebalance faust drops the messages it fetched under the old generation and, where a partition has
+no committed offset yet, does not seek back, so an agent would go on past them; a message ahead of the
+next offset rewinds the partition to it instead. faust also acks what it drops, which would let its
+commit pass unprocessed input; the worker commits input offsets itself, exactly where each agent
+stopped (``_own_commits``).
 
 Bad input never stops a worker: DecodeError, InvalidEvent, ConflictingEvent and any other
 ProcessorError become a DeadLetter on tokentrail.dead-letter with the reason. Anything else (a Kafka
@@ -158,6 +162,8 @@ class ProcessorsApp:
         self._unready_since: float | None = None
         self._kicked: set[Any] = set()
         self._consumer_silent_since: float | None = None
+        # Input partitions rewound to their next offset, and to which offset (see _in_order).
+        self._rewinding: dict[Any, int] = {}
         self._inputs = {self.topics.calls, self.topics.env, self.topics.rollouts, self.topics.by_group}
         self._commit_finished: Callable[..., Awaitable[bool]] | None = None
 
@@ -173,6 +179,7 @@ class ProcessorsApp:
         app.timer(10.0, name="progress")(self._report_progress)
         app.task(self._install_task_dump)
         app.task(self._own_commits)
+        app.on_partitions_revoked.connect(self._on_revoked)
         # faust commits only when it has new acks of its own; this commits what the agents finished.
         app.timer(COMMIT_EVERY_S, name="commit")(self._guarded(self._commit_tick))
         if cfg.stall_timeout_s > 0:
@@ -181,14 +188,87 @@ class ProcessorsApp:
     # ------------------------------------------------------------------------------ plumbing
 
     def _stream_of(self, handle: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+        guarded = self._guarded(handle)
+
         async def agent(stream: Any) -> None:
             async for event in stream.events():
                 message = event.message
-                await self._guarded(handle)(message)
-                self._next_offset[message.tp] = message.offset + 1
+                if await self._in_order(message):
+                    await guarded(message)
+                    self._next_offset[message.tp] = message.offset + 1
 
         agent.__name__ = agent.__qualname__ = handle.__name__.lstrip("_")
         return agent
+
+    async def _in_order(self, message: Any) -> bool:
+        """Whether ``message`` is the next one its partition's agent must process.
+
+        Each input partition is processed strictly in offset order from where it was committed. In a
+        rebalance faust drops the messages it fetched under the old generation; where the partition has
+        no committed offset yet, it does not seek back, so the agent would next see a later message and
+        the dropped ones never (seen as an attempt whose AttemptStarted was never assembled, its later
+        events processed and committed). A message past the next offset therefore rewinds the partition
+        to it (once; the later messages already buffered are passed over until it arrives), and one
+        before it was processed already (faust re-delivers from the committed offset)."""
+        tp, offset = message.tp, message.offset
+        expected = self._next_offset.get(tp)
+        if expected is None:
+            expected = await self._resume_offset(tp, offset)
+            self._next_offset[tp] = expected
+        if offset == expected:
+            self._rewinding.pop(tp, None)
+            return True
+        if offset < expected:
+            self.stats["skipped.processed_before"] += 1
+            return False
+        if self._rewinding.get(tp) != expected and (start := await self._log_start(tp)) is not None \
+                and start > expected:
+            # Retention deleted what was not processed yet: nothing to rewind to.
+            log.warning("%s[%s]: offsets %s..%s were deleted by retention before they were processed",
+                        tp.topic, tp.partition, expected, start - 1)
+            self.stats["lost.retention"] += start - expected
+            expected = self._next_offset[tp] = start
+            if offset == expected:
+                return True
+        if self._rewinding.get(tp) != expected:
+            self._rewinding[tp] = expected
+            self.stats["rewinds"] += 1
+            log.warning("%s[%s]: offset %s arrived before offset %s was processed; seeking back to it",
+                        tp.topic, tp.partition, offset, expected)
+            try:
+                await asyncio.wait_for(self.app.consumer.seek(tp, expected), CONSUMER_ANSWER_S)
+            except Exception as exc:  # revoked meanwhile, or a silent consumer: the watchdog is the backstop
+                log.warning("seeking %s[%s] back failed: %r", tp.topic, tp.partition, exc)
+                self._rewinding.pop(tp, None)
+        return False
+
+    async def _resume_offset(self, tp: Any, offset: int) -> int:
+        """Where processing of a newly assigned partition resumes: its committed offset, or (none
+        committed) its log start; the message's own offset where neither can be had."""
+        committed = self.app.consumer._committed_offset.get(tp)  # the broker's, read after the assignment
+        if committed is not None:
+            return int(committed)
+        start = await self._log_start(tp)
+        if start is None:
+            log.warning("%s[%s]: log start unknown; resuming at offset %s", tp.topic, tp.partition, offset)
+            return offset
+        return start
+
+    async def _log_start(self, tp: Any) -> int | None:
+        try:
+            earliest = await asyncio.wait_for(self.app.consumer.earliest_offsets(tp), CONSUMER_ANSWER_S)
+        except Exception as exc:
+            log.warning("%s[%s]: log start offset unavailable (%r)", tp.topic, tp.partition, exc)
+            return None
+        start = earliest.get(tp)
+        return None if start is None else int(start)
+
+    async def _on_revoked(self, sender: Any, revoked: Any, **_: Any) -> None:
+        """A revoked partition resumes from its committed offset if it comes back (another worker may
+        have moved it on meanwhile)."""
+        for tp in revoked:
+            self._next_offset.pop(tp, None)
+            self._rewinding.pop(tp, None)
 
     def _guarded(self, fn: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
         """Unexpected errors stop the worker (it restarts from committed offsets) instead of being

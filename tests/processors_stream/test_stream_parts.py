@@ -95,3 +95,54 @@ def test_input_commits_stop_at_what_the_agents_finished(tokentrail_settings: Set
     # env: nothing finished since assignment, never committed; calls: what the agent finished, not faust's 9
     assert committed == [{calls: 5, other: 7}, {calls: 12}]
     assert consumer._committed_offset[calls] == 12
+
+
+def test_each_input_partition_is_processed_in_offset_order_from_its_committed_offset(
+        tokentrail_settings: Settings) -> None:
+    """In a rebalance faust drops messages fetched under the old generation and, for a partition with no
+    committed offset, does not seek back: the agent must rewind to the dropped message, not go on past
+    it. (The consumer's seek and offset queries are replaced by recorders; what is tested is the order.)"""
+    import asyncio
+    from types import SimpleNamespace
+
+    from faust.types import TP
+
+    from processors.faust_app import ProcessorsApp
+    from processors.stream.config import StreamConfig
+
+    worker = ProcessorsApp(StreamConfig.from_settings(tokentrail_settings, topic_prefix="order-test"))
+    consumer = worker.app.consumer
+    env, calls, late = TP(worker.topics.env, 0), TP(worker.topics.calls, 1), TP(worker.topics.env, 1)
+    seeks: list[tuple[TP, int]] = []
+    log_start = {env: 0, calls: 0, late: 10}
+
+    async def seek(tp: TP, offset: int) -> None:
+        seeks.append((tp, offset))
+
+    async def earliest_offsets(*tps: TP) -> dict[TP, int]:
+        return {tp: log_start[tp] for tp in tps}
+
+    consumer.seek = seek
+    consumer.earliest_offsets = earliest_offsets
+    consumer._committed_offset.update({calls: 5, late: 3})
+
+    async def deliver(tp: TP, offsets: list[int]) -> list[int]:
+        """Offsets the agent processes, in the order faust hands them over."""
+        done = []
+        for offset in offsets:
+            if await worker._in_order(SimpleNamespace(tp=tp, offset=offset)):
+                done.append(offset)
+                worker._next_offset[tp] = offset + 1
+        return done
+
+    # No committed offset; offset 0 dropped in a rebalance: 1 and 2 are passed over, one seek back to 0.
+    assert asyncio.run(deliver(env, [1, 2, 0, 1, 2, 3])) == [0, 1, 2, 3]
+    assert seeks == [(env, 0)]
+    # Committed at 5: a re-delivered 4 was processed before; 5 on goes in order.
+    assert asyncio.run(deliver(calls, [4, 5, 6])) == [5, 6]
+    # Committed at 3 but retention deleted up to 9: nothing to rewind to, 10 is next.
+    assert asyncio.run(deliver(late, [10, 11])) == [10, 11]
+    assert worker.stats["lost.retention"] == 7 and len(seeks) == 1
+    # A revoked partition forgets its position: it resumes from the committed offset when it returns.
+    asyncio.run(worker._on_revoked(worker.app, {env}))
+    assert env not in worker._next_offset and calls in worker._next_offset
