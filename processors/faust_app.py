@@ -98,6 +98,8 @@ WATCHDOG_EVERY_S = 5.0
 KICK_AFTER_S = 5.0
 # The longest the watchdog waits for the consumer thread to answer an offsets query or a seek.
 CONSUMER_ANSWER_S = 10.0
+# A partition rewound to a dropped message that still sees only later ones after this long seeks again.
+REWIND_RETRY_S = 2.0
 # How often finished input offsets are committed (faust's own commit runs on its acks as well).
 COMMIT_EVERY_S = 3.0
 
@@ -162,8 +164,9 @@ class ProcessorsApp:
         self._unready_since: float | None = None
         self._kicked: set[Any] = set()
         self._consumer_silent_since: float | None = None
-        # Input partitions rewound to their next offset, and to which offset (see _in_order).
-        self._rewinding: dict[Any, int] = {}
+        # Input partitions rewound to their next offset: (that offset, the first offset seen past it,
+        # when the seek was made); see _in_order.
+        self._rewinding: dict[Any, tuple[int, int, float]] = {}
         self._inputs = {self.topics.calls, self.topics.env, self.topics.rollouts, self.topics.by_group}
         self._commit_finished: Callable[..., Awaitable[bool]] | None = None
 
@@ -208,8 +211,10 @@ class ProcessorsApp:
         no committed offset yet, it does not seek back, so the agent would next see a later message and
         the dropped ones never (seen as an attempt whose AttemptStarted was never assembled, its later
         events processed and committed). A message past the next offset therefore rewinds the partition
-        to it (once; the later messages already buffered are passed over until it arrives), and one
-        before it was processed already (faust re-delivers from the committed offset)."""
+        to it (the later messages already buffered are passed over until the re-read reaches them), and
+        one before it was processed already (faust re-delivers from the committed offset). Where the
+        re-read itself starts past the next offset, the offsets between hold no records (transaction
+        markers, compaction) and processing goes on from there."""
         tp, offset = message.tp, message.offset
         expected = self._next_offset.get(tp)
         if expected is None:
@@ -221,8 +226,22 @@ class ProcessorsApp:
         if offset < expected:
             self.stats["skipped.processed_before"] += 1
             return False
-        if self._rewinding.get(tp) != expected and (start := await self._log_start(tp)) is not None \
-                and start > expected:
+        rewind = self._rewinding.get(tp)
+        if rewind is not None and rewind[0] == expected:
+            if offset <= rewind[1]:
+                # Read again from ``expected`` and still past it: offsets expected..offset-1 hold no
+                # records (transaction markers, compaction); nothing was dropped there.
+                del self._rewinding[tp]
+                self.stats["skipped.no_records"] += offset - expected
+                self._next_offset[tp] = offset
+                return True
+            if time.monotonic() - rewind[2] >= REWIND_RETRY_S:
+                # Still only messages fetched before the seek: faust's fetcher may have dropped the
+                # re-read (it drops offsets below the last one it delivered); seek again.
+                await self._seek_back(tp, expected, rewind[1])
+            return False
+        start = await self._log_start(tp)
+        if start is not None and start > expected:
             # Retention deleted what was not processed yet: nothing to rewind to.
             log.warning("%s[%s]: offsets %s..%s were deleted by retention before they were processed",
                         tp.topic, tp.partition, expected, start - 1)
@@ -230,17 +249,18 @@ class ProcessorsApp:
             expected = self._next_offset[tp] = start
             if offset == expected:
                 return True
-        if self._rewinding.get(tp) != expected:
-            self._rewinding[tp] = expected
-            self.stats["rewinds"] += 1
-            log.warning("%s[%s]: offset %s arrived before offset %s was processed; seeking back to it",
-                        tp.topic, tp.partition, offset, expected)
-            try:
-                await asyncio.wait_for(self.app.consumer.seek(tp, expected), CONSUMER_ANSWER_S)
-            except Exception as exc:  # revoked meanwhile, or a silent consumer: the watchdog is the backstop
-                log.warning("seeking %s[%s] back failed: %r", tp.topic, tp.partition, exc)
-                self._rewinding.pop(tp, None)
+        self.stats["rewinds"] += 1
+        log.warning("%s[%s]: offset %s arrived before offset %s was processed; seeking back to it",
+                    tp.topic, tp.partition, offset, expected)
+        await self._seek_back(tp, expected, offset)
         return False
+
+    async def _seek_back(self, tp: Any, expected: int, first_ahead: int) -> None:
+        self._rewinding[tp] = (expected, first_ahead, time.monotonic())
+        try:
+            await asyncio.wait_for(self.app.consumer.seek(tp, expected), CONSUMER_ANSWER_S)
+        except Exception as exc:  # revoked meanwhile, or a silent consumer: the watchdog is the backstop
+            log.warning("seeking %s[%s] back failed: %r", tp.topic, tp.partition, exc)
 
     async def _resume_offset(self, tp: Any, offset: int) -> int:
         """Where processing of a newly assigned partition resumes: its committed offset, or (none

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 from confluent_kafka import Producer
 
 from processors.grouper import GroupSlot, Member
@@ -98,7 +99,7 @@ def test_input_commits_stop_at_what_the_agents_finished(tokentrail_settings: Set
 
 
 def test_each_input_partition_is_processed_in_offset_order_from_its_committed_offset(
-        tokentrail_settings: Settings) -> None:
+        tokentrail_settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """In a rebalance faust drops messages fetched under the old generation and, for a partition with no
     committed offset, does not seek back: the agent must rewind to the dropped message, not go on past
     it. (The consumer's seek and offset queries are replaced by recorders; what is tested is the order.)"""
@@ -107,6 +108,7 @@ def test_each_input_partition_is_processed_in_offset_order_from_its_committed_of
 
     from faust.types import TP
 
+    from processors import faust_app
     from processors.faust_app import ProcessorsApp
     from processors.stream.config import StreamConfig
 
@@ -143,6 +145,17 @@ def test_each_input_partition_is_processed_in_offset_order_from_its_committed_of
     # Committed at 3 but retention deleted up to 9: nothing to rewind to, 10 is next.
     assert asyncio.run(deliver(late, [10, 11])) == [10, 11]
     assert worker.stats["lost.retention"] == 7 and len(seeks) == 1
+    # Offsets 0 and 1 hold no records (transaction markers): the re-read from 0 starts at 2, and goes on.
+    markers = TP(worker.topics.rollouts, 0)
+    log_start[markers] = 0
+    assert asyncio.run(deliver(markers, [3, 4, 2, 3, 4])) == [2, 3, 4]
+    assert seeks[-1] == (markers, 0) and worker.stats["skipped.no_records"] == 2
+    # Still only later messages after the retry interval (the fetcher dropped the re-read): seek again.
+    again = TP(worker.topics.by_group, 0)
+    log_start[again] = 0
+    monkeypatch.setattr(faust_app, "REWIND_RETRY_S", 0.0)
+    assert asyncio.run(deliver(again, [5, 6])) == []
+    assert seeks[-2:] == [(again, 0), (again, 0)]
     # A revoked partition forgets its position: it resumes from the committed offset when it returns.
     asyncio.run(worker._on_revoked(worker.app, {env}))
     assert env not in worker._next_offset and calls in worker._next_offset
