@@ -57,7 +57,7 @@ from sinks.ddl import CALL_STORED_TOKEN_COLUMNS, TABLES, migrate
 from sinks.request_bodies import CHECK_COLUMNS, DELTA_COLUMNS, RequestBodyDeltas
 from sinks.rows import to_row
 from sinks.sample_refs import SampleRefs
-from sinks.store import encode_samples, insert_rows, inserts_in_order
+from sinks.store import insert_grouped
 from sinks.synthetic import GroupSpec, synthetic_group
 
 BATCH_ROWS = 2000
@@ -123,9 +123,7 @@ def ingest(client: object, messages: list[tuple[str, bytes]]) -> tuple[int, int,
 
 def _insert_pending(client: object, pending: dict[str, list[dict]], samples: SampleRefs) -> None:
     """Every pending batch as the sink inserts it: samples reference the calls, calls inserted first."""
-    encode_samples(client, samples, pending.get("samples", []))  # type: ignore[arg-type]
-    for table in inserts_in_order(pending):
-        insert_rows(client, table, pending[table])  # type: ignore[arg-type]
+    insert_grouped(client, pending, samples)  # type: ignore[arg-type]
     pending.clear()
 
 

@@ -168,7 +168,7 @@ class ProcessorsApp:
         # when the seek was made); see _in_order.
         self._rewinding: dict[Any, tuple[int, int, float]] = {}
         self._inputs = {self.topics.calls, self.topics.env, self.topics.rollouts, self.topics.by_group}
-        self._commit_finished: Callable[..., Awaitable[bool]] | None = None
+        self._commit_lock = asyncio.Lock()
 
         app = self.app
         inputs = app.topic(self.topics.calls, self.topics.env, **RAW_TOPIC)
@@ -395,41 +395,38 @@ class ProcessorsApp:
         return entries
 
     async def _own_commits(self) -> None:
-        """Commit an input partition's offset exactly where its agent stopped: ``_next_offset``.
+        """Replace faust's commit by ``_commit_finished``.
 
         faust commits what it acked, and it acks the messages it skips during a rebalance (fetched
         under an older generation), so its commit can pass input no agent handled; a kill -9 before
         the re-read lost them for good. Capping faust's offsets is not enough: faust then records an
         offset as committed that the broker never got, and its ack bookkeeping (acks below the
-        committed offset are ignored; a gap after it stops its commits) drifts from the broker's. So
-        faust's commit is replaced: each commit sends the finished offsets of the assigned input
-        partitions that moved, and records exactly those as faust's committed offsets. A partition
-        with nothing finished since it was assigned is not committed."""
+        committed offset are ignored; a gap after it stops its commits) drifts from the broker's."""
+        self.app.consumer._commit_offsets = self._commit_finished
+
+    async def _commit_finished(self, offsets: Any = None, start_new_transaction: bool = True) -> bool:
+        """Commit each assigned input partition exactly where its agent stopped (``_next_offset``), where
+        that moved, and record exactly that as faust's committed offset. A partition with nothing
+        finished since it was assigned is not committed. (The signature is faust's ``_commit_offsets``.)"""
         consumer = self.app.consumer
-        lock = asyncio.Lock()
-
-        async def commit_finished(offsets: Any = None, start_new_transaction: bool = True) -> bool:
-            async with lock:
-                assignment = consumer.assignment()
-                committed = consumer._committed_offset
-                todo = {tp: offset for tp, offset in (offsets or {}).items()
-                        if tp.topic not in self._inputs and tp in assignment}  # none today; kept as faust has them
-                for tp, done in self._next_offset.items():
-                    if tp in assignment and (committed.get(tp) is None or done > committed[tp]):
-                        todo[tp] = done
-                if not todo:
-                    return False
-                await self.app.producer.flush()
-                if not await consumer._commit(todo):
-                    return False
-                committed.update(todo)
-                return True
-
-        consumer._commit_offsets = commit_finished
-        self._commit_finished = commit_finished
+        async with self._commit_lock:
+            assignment = consumer.assignment()
+            committed = consumer._committed_offset
+            todo = {tp: offset for tp, offset in (offsets or {}).items()
+                    if tp.topic not in self._inputs and tp in assignment}  # none today; kept as faust has them
+            for tp, done in self._next_offset.items():
+                if tp in assignment and (committed.get(tp) is None or done > committed[tp]):
+                    todo[tp] = done
+            if not todo:
+                return False
+            await self.app.producer.flush()
+            if not await consumer._commit(todo):
+                return False
+            committed.update(todo)
+            return True
 
     async def _commit_tick(self) -> None:
-        if self._commit_finished is not None and self._ready():
+        if self._ready():
             await self._commit_finished()
 
     async def _install_task_dump(self) -> None:
@@ -451,9 +448,7 @@ class ProcessorsApp:
                 raise StalledError(f"rebalance / table recovery unfinished after {self.cfg.stall_timeout_s:g}s")
             return
         self._unready_since = None
-        assignment = self.app.consumer.assignment()
-        for tp in [tp for tp in self._next_offset if tp not in assignment]:
-            del self._next_offset[tp]  # revoked: a later assignment starts from the committed offset
+        assignment = self.app.consumer.assignment()  # revoked partitions left _next_offset (_on_revoked)
         tps = [tp for tp in assignment if tp.topic in self._inputs]
         if not tps:
             return

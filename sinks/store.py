@@ -84,16 +84,20 @@ def inserts_in_order(tables: Iterable[str]) -> list[str]:
 
 def write_records(client: Client, records: Iterable[tuple[str, Record]]) -> dict[str, int]:
     """Insert (schema name, record) pairs, one insert per table (calls first); returns rows per table."""
-    counts = {}
     refs = SampleRefs()
     grouped = group_rows(records, samples=refs)
-    encode_samples(client, refs, grouped.get("samples", []))
-    for table, rows in ((t, grouped[t]) for t in inserts_in_order(grouped)):
+    insert_grouped(client, grouped, refs)
+    return {table: len(rows) for table, rows in grouped.items()}
+
+
+def insert_grouped(client: Client, rows_by_table: dict[str, list[Row]], refs: SampleRefs) -> None:
+    """One insert per table, as the sink inserts a batch: samples reference the calls ``refs`` noted or
+    ClickHouse stores, and calls go in before the samples that reference them."""
+    encode_samples(client, refs, rows_by_table.get("samples", []))
+    for table in inserts_in_order(rows_by_table):
         # Rows of one table can differ in which optional columns they carry only if builders differ;
         # they do not, so a single insert per table is safe.
-        insert_rows(client, table, rows)
-        counts[table] = len(rows)
-    return counts
+        insert_rows(client, table, rows_by_table[table])
 
 
 def select_rows(
@@ -372,6 +376,7 @@ __all__ = [
     "CallTokenCache",
     "encode_samples",
     "group_rows",
+    "insert_grouped",
     "insert_rows",
     "load_records",
     "load_rollouts",
