@@ -76,7 +76,7 @@ class FastUpstream:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         n = min(request.sampling.max_tokens, len(self.output_ids))
         return GenerateResult(
-            prompt_ids=list(request.prompt_ids), output_ids=self.output_ids[:n],
+            prompt_ids=request.prompt_ids, output_ids=self.output_ids[:n],
             output_logprobs=self.logprobs[:n], finish_reason="length" if n < len(self.output_ids) else "stop",
             logprob_kind="RAW", policy_version=0, engine="bench/fast", upstream="in-process",
         )

@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from schemas.tokens import TokenIds
+
 LogprobKind = Literal["RAW", "PROCESSED"]
 
 
@@ -25,7 +27,9 @@ class Sampling:
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    prompt_ids: list[int]
+    # The gateway passes its read-only uint32 array: a 4k-id prompt is not worth turning into a list of
+    # Python ints for an upstream that sends it on as JSON or as a tensor.
+    prompt_ids: TokenIds
     sampling: Sampling
     request_id: str
     # Routing key: every call of a rollout goes to the same upstream replica (prefix-cache locality).
@@ -42,7 +46,7 @@ class TokenChunk:
 
 @dataclass
 class GenerateResult:
-    prompt_ids: list[int]  # what the engine actually ran (must equal the request's for token-in)
+    prompt_ids: TokenIds  # what the engine actually ran (must equal the request's for token-in)
     output_ids: list[int]
     output_logprobs: list[float]
     finish_reason: str  # "stop" | "length"

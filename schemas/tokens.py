@@ -20,6 +20,14 @@ IdArray = npt.NDArray[np.uint32]
 FloatArray = npt.NDArray[np.float32]
 
 
+TokenIds = Sequence[int] | IdArray  # a prompt or output as a list of ints or a uint32 array
+
+
+def int_list(ids: TokenIds) -> list[int]:
+    """Plain Python ints (for JSON and for comparisons), whichever form the ids come in."""
+    return ids.tolist() if isinstance(ids, np.ndarray) else [int(i) for i in ids]
+
+
 def pack_ids(ids: Sequence[int] | npt.NDArray[np.integer]) -> bytes:
     arr = np.asarray(ids)
     if arr.dtype == IDS_DTYPE:

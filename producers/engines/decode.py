@@ -7,17 +7,19 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from producers.engines.sampling import RowParams, processed_logits, sample_rows, token_logprobs
 from producers.upstream import LogprobKind
+from schemas.tokens import TokenIds
 
 
 @dataclass
 class DecodeRow:
     """One request in a batch, and what it produced so far."""
 
-    prompt_ids: Sequence[int]
+    prompt_ids: TokenIds
     params: RowParams
     max_tokens: int
     stop_ids: frozenset[int]
@@ -45,7 +47,7 @@ def decode_batch(model: torch.nn.Module, rows: Sequence[DecodeRow], pad_id: int,
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
     attention = torch.zeros((batch, width), dtype=torch.long)
     for i, row in enumerate(rows):
-        input_ids[i, width - len(row.prompt_ids):] = torch.tensor(list(row.prompt_ids), dtype=torch.long)
+        input_ids[i, width - len(row.prompt_ids):] = torch.as_tensor(np.asarray(row.prompt_ids, dtype=np.int64))
         attention[i, width - len(row.prompt_ids):] = 1
     padded = bool((attention == 0).any())
     positions = (attention.cumsum(-1) - 1).clamp(min=0)

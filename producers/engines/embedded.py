@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from producers.engines.decode import DecodeRow, decode_batch
@@ -31,6 +32,7 @@ from producers.upstream import (
     TokenChunk,
     UpstreamError,
 )
+from schemas.tokens import TokenIds
 
 ENGINE_VERSION = "0.1"
 
@@ -188,9 +190,9 @@ class EmbeddedEngine:
     def _validate(self, request: GenerateRequest) -> None:
         sampling: Sampling = request.sampling
         ids = request.prompt_ids
-        if not ids:
+        if not len(ids):
             raise UpstreamError("the prompt is empty", 400, "invalid_request_error")
-        bad = next((i for i in ids if not isinstance(i, int) or not 0 <= i < self.vocab_size), None)
+        bad = _first_out_of_vocabulary(ids, self.vocab_size)
         if bad is not None:
             raise UpstreamError(f"Token id {bad} is out of vocabulary", 400, "invalid_request_error")
         if sampling.max_tokens < 1:
@@ -260,7 +262,7 @@ class EmbeddedEngine:
             if row.finish_reason == "cancelled":
                 continue
             job.deliver(GenerateResult(
-                prompt_ids=list(job.request.prompt_ids),
+                prompt_ids=job.request.prompt_ids,
                 output_ids=row.output_ids,
                 output_logprobs=row.output_logprobs,
                 finish_reason=row.finish_reason,
@@ -292,3 +294,14 @@ class EmbeddedEngine:
             seed=job.seed,
             on_token=on_token,
         )
+
+
+def _first_out_of_vocabulary(ids: TokenIds, vocab_size: int) -> object | None:
+    """The first id that is not an integer in 0..vocab_size-1, or None. The gateway's uint32 arrays
+    are checked in one vectorised pass; lists (from other callers) one by one."""
+    if not isinstance(ids, np.ndarray):
+        return next((i for i in ids if not isinstance(i, int) or not 0 <= i < vocab_size), None)
+    if ids.dtype.kind not in "iu":
+        return ids[0].item()
+    bad = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+    return int(ids[bad[0]]) if bad.size else None

@@ -34,6 +34,7 @@ from producers.gateway.models_anthropic import (
 )
 from producers.gateway.sse import named_event
 from schemas.ids import event_id
+from schemas.tokens import TokenIds
 
 PROTOCOL = "anthropic.messages"
 ADAPTER_VERSION = "anthropic/1"
@@ -223,7 +224,7 @@ class MessageStream:
         self._index = -1
         self._open: str | None = None  # type of the open content block
 
-    def start(self, prompt_ids: list[int]) -> list[bytes]:
+    def start(self, prompt_ids: TokenIds) -> list[bytes]:
         message = {"id": f"msg_{self.call_id}", "type": "message", "role": "assistant", "model": self.model,
                    "content": [], "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": len(prompt_ids), "output_tokens": 0,

@@ -11,6 +11,7 @@ from typing import Any
 
 from producers.gateway.errors import bad_request
 from schemas.ids import event_id
+from schemas.tokens import TokenIds
 
 Message = dict[str, Any]
 Tool = dict[str, Any]
@@ -56,7 +57,7 @@ class CallOutcome:
     call_index: int
     model: str
     created: int  # unix seconds
-    prompt_ids: list[int]
+    prompt_ids: TokenIds
     output_ids: list[int]
     output_logprobs: list[float]
     text: str  # the whole visible output text (after a stop string cut)

@@ -27,6 +27,7 @@ from producers.gateway.models_openai import (
     _SamplingFields,
 )
 from producers.gateway.sse import DONE, data_event
+from schemas.tokens import int_list
 
 CHAT_PROTOCOL = "openai.chat"
 COMPLETIONS_PROTOCOL = "openai.completions"
@@ -177,7 +178,7 @@ def chat_response(outcome: CallOutcome, req: ChatCompletionRequest, token_text: 
                             "created": outcome.created, "model": outcome.model, "choices": [choice],
                             "usage": _usage(outcome), "system_fingerprint": fingerprint}
     if req.return_token_ids:
-        body["prompt_token_ids"] = list(outcome.prompt_ids)
+        body["prompt_token_ids"] = int_list(outcome.prompt_ids)
         choice["token_ids"] = list(outcome.output_ids)
     return body
 
@@ -203,7 +204,7 @@ def completion_response(outcome: CallOutcome, req: CompletionRequest, token_text
                             "created": outcome.created, "model": outcome.model, "choices": [choice],
                             "usage": _usage(outcome), "system_fingerprint": fingerprint}
     if req.return_token_ids:
-        body["prompt_token_ids"] = list(outcome.prompt_ids)
+        body["prompt_token_ids"] = int_list(outcome.prompt_ids)
         choice["token_ids"] = list(outcome.output_ids)
     return body
 
@@ -231,7 +232,7 @@ class ChatStream:
         return data_event(payload)
 
     def start(self, prompt_ids: Sequence[int]) -> list[bytes]:
-        extra = {"prompt_token_ids": list(prompt_ids)} if self.req.return_token_ids else {}
+        extra = {"prompt_token_ids": int_list(prompt_ids)} if self.req.return_token_ids else {}
         return [self._chunk({"role": "assistant", "content": ""}, **extra)]
 
     def content(self, text: str) -> list[bytes]:
@@ -287,7 +288,7 @@ class CompletionStream:
                                                     self.token_text)
         if self.req.return_token_ids:
             extra["token_ids"] = list(outcome.output_ids)
-            extra["prompt_token_ids"] = list(outcome.prompt_ids)
+            extra["prompt_token_ids"] = int_list(outcome.prompt_ids)
         frames = [self._chunk("", outcome.finish_reason, **extra)]
         if self.include_usage:
             frames.append(data_event({**self._base, "choices": [], "usage": _usage(outcome)}))

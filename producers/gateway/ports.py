@@ -13,28 +13,27 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from producers.gateway.attempts import PriorSample
-from schemas.tokens import IDS_DTYPE, IdArray
+from schemas.tokens import IDS_DTYPE, IdArray, TokenIds
 
 
 @dataclass
 class Rendered:
-    prompt_ids: list[int]
+    # A read-only uint32 array from the text side; a list where the harness sent the ids itself.
+    prompt_ids: TokenIds
     spliced_outputs: int = 0  # earlier outputs of the attempt that entered as their exact sampled ids
     prefix_breaks: list[str] = field(default_factory=list)  # where the template dropped/rewrote history
-    # The same ids packed (read-only), when the text side has them so; else made once by ``array()``.
-    prompt_array: IdArray | None = None
     # The text the prompt ids stand for, byte for byte, when the text side proved it; later calls of
     # the attempt reuse it instead of decoding this prompt again.
     text: str | None = None
 
     def array(self) -> IdArray:
-        """``prompt_ids`` as a read-only uint32 array, converted at most once (4k-id lists are slow to
-        convert, and the record, the delta base and the attempt state all need the array)."""
-        if self.prompt_array is None:
+        """``prompt_ids`` as a read-only uint32 array, converted at most once (the record, the delta
+        base and the attempt state all need the array)."""
+        if not isinstance(self.prompt_ids, np.ndarray) or self.prompt_ids.dtype != IDS_DTYPE:
             arr = np.asarray(self.prompt_ids, dtype=IDS_DTYPE)
             arr.flags.writeable = False
-            self.prompt_array = arr
-        return self.prompt_array
+            self.prompt_ids = arr
+        return self.prompt_ids
 
 
 @dataclass(frozen=True)

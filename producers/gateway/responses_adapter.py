@@ -30,6 +30,7 @@ from producers.gateway.models_responses import (
     ResponsesRequest,
 )
 from producers.gateway.sse import named_event
+from schemas.tokens import TokenIds
 
 PROTOCOL = "openai.responses"
 ADAPTER_VERSION = "openai-responses/1"
@@ -237,7 +238,7 @@ class ResponseStream:
     def _response_event(self, kind: str, response: dict[str, Any]) -> bytes:
         return self._event(kind, response=response)
 
-    def start(self, prompt_ids: list[int]) -> list[bytes]:
+    def start(self, prompt_ids: TokenIds) -> list[bytes]:
         skeleton = _skeleton(self.req, self.call_id, self.created)
         return [self._response_event("response.created", skeleton),
                 self._response_event("response.in_progress", skeleton)]

@@ -98,7 +98,7 @@ class CallService:
                 request_json: str, adapter_version: str, tool_call_prefix: str) -> PreparedCall:
         """Render and assign the call its index. From here on the call is recorded whatever happens."""
         rendered = self.render(identity, call)
-        if not rendered.prompt_ids:
+        if not len(rendered.prompt_ids):
             raise bad_request("the prompt renders to no tokens", code="empty_prompt")
         index = identity.state.begin_call()
         return PreparedCall(identity, call, rendered, index,

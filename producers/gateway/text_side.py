@@ -42,14 +42,13 @@ class ModelTextSide:
         try:
             if prefix_mode == "retokenize":
                 ids = self.renderer.render_cached(messages, tools)
-                return Rendered(ids.tolist(), prompt_array=_read_only(ids))
+                return Rendered(_read_only(ids))
             calls = [PriorCall(p.call_index, _NO_IDS if p.prompt_ids is None else p.prompt_ids,
                                p.output_ids, p.message, p.prompt_text) for p in prior]
             rendered = self.renderer.render_spliced(messages, tools, calls)
         except RenderError as exc:
             raise ValueError(str(exc)) from None
-        return Rendered(rendered.prompt_ids, len(rendered.spliced), rendered.break_descriptions,
-                        prompt_array=rendered.prompt_array,
+        return Rendered(rendered.prompt_array, len(rendered.spliced), rendered.break_descriptions,
                         text=rendered.text if rendered.text_is_exact else None)
 
     def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:

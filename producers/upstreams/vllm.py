@@ -34,6 +34,7 @@ from producers.upstream import (
     TokenChunk,
     UpstreamError,
 )
+from schemas.tokens import int_list
 
 LOGPROB_KINDS: dict[str, LogprobKind] = {"raw_logprobs": "RAW", "processed_logprobs": "PROCESSED"}
 
@@ -336,7 +337,7 @@ class VLLMUpstream:
                 f"vLLM ({server}) returned no prompt_token_ids; it must support return_token_ids", 502,
                 "upstream_error",
             )
-        if prompt_ids != request.prompt_ids:
+        if len(prompt_ids) != len(request.prompt_ids) or prompt_ids != int_list(request.prompt_ids):
             raise UpstreamError(
                 f"vLLM ({server}) ran {len(prompt_ids)} prompt ids that differ from the "
                 f"{len(request.prompt_ids)} sent; refusing a record whose condition is not the one asked for",
@@ -499,7 +500,7 @@ class VLLMUpstream:
         return dict(orjson.loads(response.content))
 
     async def _post(self, route_key: str, path: str, body: dict[str, Any]) -> tuple[str, httpx.Response]:
-        content = orjson.dumps(body)
+        content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)  # the prompt may be a uint32 array
         last: Exception | None = None
         for server in self.servers_for(route_key):
             try:
@@ -515,7 +516,7 @@ class VLLMUpstream:
     async def _open_stream(
         self, route_key: str, path: str, body: dict[str, Any]
     ) -> tuple[str, _OpenStream]:
-        content = orjson.dumps(body)
+        content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)  # the prompt may be a uint32 array
         last: Exception | None = None
         for server in self.servers_for(route_key):
             request = self._client.build_request("POST", server + path, content=content)

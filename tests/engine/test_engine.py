@@ -17,6 +17,7 @@ from producers.model_build import LOOKUP_TOOL, task_messages
 from producers.policy_store import PolicyStore
 from producers.rendering import ChatRenderer
 from producers.upstream import GenerateRequest, GenerateResult, Sampling, TokenChunk, UpstreamError
+from schemas.tokens import TokenIds
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +45,8 @@ def engine(model_dir: Path) -> Iterator[EmbeddedEngine]:
     asyncio.run(engine.close())
 
 
-def _request(prompt: list[int], request_id: str = "r", **sampling: object) -> GenerateRequest:
-    return GenerateRequest(list(prompt), Sampling(**sampling), request_id)  # type: ignore[arg-type]
+def _request(prompt: TokenIds, request_id: str = "r", **sampling: object) -> GenerateRequest:
+    return GenerateRequest(prompt, Sampling(**sampling), request_id)  # type: ignore[arg-type]
 
 
 def _run(engine: EmbeddedEngine, *requests: GenerateRequest) -> list[GenerateResult]:
@@ -173,7 +174,10 @@ def test_concurrent_requests_are_batched_and_match_solo_runs(engine: EmbeddedEng
 def test_bad_requests_are_refused_with_400(engine: EmbeddedEngine, prompt: list[int]) -> None:
     for request, text in [
         (_request([], max_tokens=4), "empty"),
-        (_request([1, 5, 100000], max_tokens=4), "out of vocabulary"),
+        (_request([1, 5, 100000], max_tokens=4), "Token id 100000 is out of vocabulary"),
+        (_request(np.array([1, 100001, 5], dtype=np.uint32), max_tokens=4), "Token id 100001 is out"),
+        (_request(np.zeros(0, dtype=np.uint32), max_tokens=4), "empty"),
+        (_request([1, 2.5], max_tokens=4), "Token id 2.5 is out of vocabulary"),
         (_request(prompt, max_tokens=10**6), "maximum context length"),
         (_request(prompt, max_tokens=0), "max_tokens"),
         (_request(prompt, top_p=0.0), "top_p"),

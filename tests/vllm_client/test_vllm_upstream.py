@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 from collections import Counter
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from fake_vllm_server import FakeVLLM
 
@@ -78,6 +80,28 @@ def test_token_in_completion_parses_ids_and_logprobs(fake_vllm: FakeVLLM, vllm_f
     assert (sent["seed"], sent["max_tokens"], sent["temperature"]) == (7, 24, 1.0)
     assert "top_k" not in sent and "stream" not in sent  # top_k 0 means "disabled": not sent
     assert fake_vllm.paths().count("/v1/models") == 1 and fake_vllm.paths().count("/version") == 1
+
+
+def test_the_gateways_uint32_prompt_array_is_sent_and_checked_like_a_list(
+        fake_vllm: FakeVLLM, vllm_fixtures: Fixtures) -> None:
+    """The gateway hands upstreams its read-only uint32 array; the JSON vLLM gets is the same (the
+    replaying server answers only a body it recorded), and the prompt check compares ids, not types."""
+    as_list = _d_request(vllm_fixtures)
+    as_array = dataclasses.replace(as_list, prompt_ids=np.asarray(as_list.prompt_ids, dtype=np.uint32))
+
+    async def run() -> tuple[GenerateResult, GenerateResult]:
+        upstream = VLLMUpstream(fake_vllm.url)
+        try:
+            return await upstream.generate(as_list), await upstream.generate(as_array)
+        finally:
+            await upstream.close()
+
+    from_list, from_array = asyncio.run(run())
+    assert from_array.prompt_ids == from_list.prompt_ids == as_list.prompt_ids
+    assert from_array.output_ids == from_list.output_ids and len(from_array.output_ids) == 24
+    wrong = dataclasses.replace(as_array, prompt_ids=as_array.prompt_ids[::-1].copy())
+    with pytest.raises(UpstreamError, match="differ from the"):
+        VLLMUpstream._check_prompt(wrong, list(as_list.prompt_ids), "server")
 
 
 def test_streaming_equals_non_streaming(fake_vllm: FakeVLLM, vllm_fixtures: Fixtures) -> None:
