@@ -19,6 +19,12 @@ the bodies grow with the rollout like the prompts. ``--bodies tiny`` puts placeh
 ``token_columns_vs_full_prompts`` compares the token columns alone, ``request_bodies_vs_full`` the
 request body column alone.
 
+``prompt_columns_vs_full_prompts`` narrows the comparison to the prompt itself, the quantity "every
+call's full prompt" names: the calls table's ``prompt_*`` columns (ids, new ids after the delta base,
+the base's call id and shared length, length, sha256) against the same columns holding every prompt
+whole. Request bodies, outputs and logprobs, stored alike in both tables, are left out of it; they
+stay in ``stored_vs_full_prompts``, the headline figure.
+
 Samples are stored as the sink stores them (ids and logprobs by reference to their calls where
 proven equal) and again whole in ``samples_full``: ``samples_vs_full`` is their ratio on disk, and
 ``calls_and_samples_vs_full`` the ratio of both tables together (``stored_vs_full_prompts`` stays the
@@ -33,7 +39,7 @@ hardest baseline (with random synthetic ids the stored deltas are already at the
 Options for storage studies (opt-in; the default run's figures are unchanged):
 ``--sweep-turns 4,8,12,24,48`` repeats the storage comparison (calls only, same groups and sizes) per
 rollout length and adds ``stored_vs_full_prompts_by_turns`` (and ``..._bytes_layout_by_turns``,
-``..._uncompressed_by_turns``); ``--codecs`` re-stores each token array column of the calls table
+``..._uncompressed_by_turns``, ``prompt_columns_vs_full_prompts_by_turns``); ``--codecs`` re-stores each token array column of the calls table
 under alternative codecs and prints bytes and insert speed; ``--ids zipf`` / ``--logprobs model``
 draw token ids and logprobs like a real tokenizer and sampler instead of uniformly (sinks/synthetic.py).
 
@@ -188,6 +194,14 @@ def table_bytes(client: object, table: str) -> tuple[int, int]:
     ).result_rows[0]
 
 
+def prompt_column_bytes(client: object) -> dict[str, int]:
+    """Compressed bytes of the prompt columns (``prompt_*``: ids, new ids, delta base, length, hash) per
+    calls table: what storing every call's full prompt costs against the delta, the rest of the row aside."""
+    return dict(client.query(  # type: ignore[attr-defined]
+        "SELECT table, sum(data_compressed_bytes) FROM system.columns "
+        "WHERE database = currentDatabase() AND name LIKE 'prompt%' GROUP BY table").result_rows)
+
+
 def stored_ratios(client: object, messages: list[tuple[str, bytes]]) -> dict[str, float]:
     """Store ``messages`` in a freshly migrated database, then the same calls with full prompts in both
     baseline designs; the three ratios of the default run (stored / full prompts)."""
@@ -200,8 +214,10 @@ def stored_ratios(client: object, messages: list[tuple[str, bytes]]) -> dict[str
     delta_disk, delta_raw = table_bytes(client, "calls")
     full_disk, full_raw = table_bytes(client, "calls_full")
     bytes_disk, _ = table_bytes(client, "calls_full_bytes")
+    prompts = prompt_column_bytes(client)
     return {
         "same_design": round(delta_disk / full_disk, 4),
+        "prompt_columns": round(prompts["calls"] / prompts["calls_full"], 4),
         "bytes_layout": round(delta_disk / bytes_disk, 4),
         "uncompressed": round(delta_raw / full_raw, 4),
     }
@@ -217,9 +233,10 @@ def sweep_turns(dsn: str, turn_counts: list[int], args: argparse.Namespace) -> d
         )
         client = connect(dsn=dsn, database=f"sweep_{turns}", create_database=True)
         out[str(turns)] = stored_ratios(client, calls)
-    print(f"  {'turns':>5}  {'same design':>11}  {'bytes layout':>12}  {'uncompressed':>12}")
+    print(f"  {'turns':>5}  {'same design':>11}  {'prompt columns':>14}  {'bytes layout':>12}  {'uncompressed':>12}")
     for turns, r in out.items():
-        print(f"  {turns:>5}  {r['same_design']:>11.4f}  {r['bytes_layout']:>12.4f}  {r['uncompressed']:>12.4f}")
+        print(f"  {turns:>5}  {r['same_design']:>11.4f}  {r['prompt_columns']:>14.4f}  {r['bytes_layout']:>12.4f}"
+              f"  {r['uncompressed']:>12.4f}")
     return out
 
 
@@ -366,12 +383,15 @@ def main() -> None:
                 parameters={"stored": list(CALL_STORED_TOKEN_COLUMNS)},
             ).result_rows
         )
+        prompts = prompt_column_bytes(client)
         if args.codecs:
             extra["codec_bytes"] = codec_table(client)
         if sweep:
             by_turns = sweep_turns(dsn, sweep, args)
             extra["stored_vs_full_prompts_uncompressed_by_turns"] = {t: r["uncompressed"] for t, r in by_turns.items()}
             extra["stored_vs_full_prompts_bytes_layout_by_turns"] = {t: r["bytes_layout"] for t, r in by_turns.items()}
+            extra["prompt_columns_vs_full_prompts_by_turns"] = {
+                t: r["prompt_columns"] for t, r in by_turns.items()}
             extra["stored_vs_full_prompts_by_turns"] = {t: r["same_design"] for t, r in by_turns.items()}
     if args.ids != "uniform" or args.logprobs != "uniform":
         extra["distributions"] = f"ids={args.ids} logprobs={args.logprobs}"
@@ -397,6 +417,9 @@ def main() -> None:
             "request_bodies_vs_full": round(
                 request_bytes.get("calls", 0) / max(request_bytes.get("calls_full", 1), 1), 4
             ),
+            "prompt_column_bytes_delta": int(prompts["calls"]),
+            "prompt_column_bytes_full": int(prompts["calls_full"]),
+            "prompt_columns_vs_full_prompts": round(prompts["calls"] / prompts["calls_full"], 4),
             "token_columns_vs_full_prompts": round(
                 token_columns.get("calls", 0) / max(token_columns.get("calls_full", 1), 1), 4
             ),
