@@ -39,9 +39,10 @@ hardest baseline (with random synthetic ids the stored deltas are already at the
 Options for storage studies (opt-in; the default run's figures are unchanged):
 ``--sweep-turns 4,8,12,24,48`` repeats the storage comparison (calls only, same groups and sizes) per
 rollout length and adds ``stored_vs_full_prompts_by_turns`` (and ``..._bytes_layout_by_turns``,
-``..._uncompressed_by_turns``, ``prompt_columns_vs_full_prompts_by_turns``); ``--codecs`` re-stores each token array column of the calls table
-under alternative codecs and prints bytes and insert speed; ``--ids zipf`` / ``--logprobs model``
-draw token ids and logprobs like a real tokenizer and sampler instead of uniformly (sinks/synthetic.py).
+``..._uncompressed_by_turns``, ``prompt_columns_vs_full_prompts_by_turns``); ``--codecs`` re-stores
+each token array column of the calls table under alternative codecs and prints bytes and insert speed;
+``--ids zipf`` / ``--logprobs model`` draw token ids and logprobs like a real tokenizer and sampler
+instead of uniformly (sinks/synthetic.py).
 
     python -m bench.sink [--groups N] [--turns T] [--sweep-turns 4,8,12] [--codecs] [--logprobs model]
 """

@@ -46,7 +46,7 @@ def _ratios(dsn: str, bodies: str, turns: int) -> dict[str, float]:
 
 def test_stored_share_of_full_prompts_falls_with_rollout_length(chdb_dsn: str) -> None:
     tiny = {turns: _ratios(chdb_dsn, "tiny", turns) for turns in (2, 6)}
-    for kind in ("same_design", "bytes_layout", "uncompressed"):
+    for kind in ("same_design", "prompt_columns", "bytes_layout", "uncompressed"):
         assert 0 < tiny[6][kind] < tiny[2][kind] < 1, (kind, tiny)
     # With the conversation in every request body, the bodies' deltas keep the fall (the released byte
     # layout's ZSTD finds small repeated bodies itself, so only the same design is compared here).
