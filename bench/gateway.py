@@ -14,6 +14,8 @@ Workloads (``--workload``), all with a first user message of about ``--prompt-to
   call k repeats the whole history (the earlier assistant answers and tool results of about
   ``--turn-tokens`` tokens each) and adds one turn, so each call's prompt extends the previous call's.
   Every conversation differs from its first word on, so only a rollout's own earlier calls can be reused.
+  ``--group-size G`` makes G consecutive conversations share their task message, as the rollouts of a
+  GRPO group do (each then gets tool results of its own): their first calls reuse the group's tokens.
 * ``distinct``: every call a single-turn conversation of its own; nothing tokenized before can be
   reused (the gateway's worst case).
 * ``same``: every call the same single-turn conversation, as the rollouts of one group send it (best case).
@@ -29,7 +31,7 @@ httpx costs several ms of CPU per call and would cap throughput at c64 far below
 (``--client httpx`` measures with it).
 
     python -m bench.gateway [--calls N] [--c64-calls N] [--prompt-tokens T] [--output-tokens K]
-                            [--workload agent|distinct|same] [--turns N] [--turn-tokens T]
+                            [--workload agent|distinct|same] [--turns N] [--turn-tokens T] [--group-size G]
                             [--client raw|httpx]
 """
 
@@ -330,8 +332,9 @@ def _words(rng: random.Random, count: int) -> str:
 
 
 def conversations(workload: str, calls: int, turns: int, first: str, answer: str, turn_tokens: int,
-                  max_tokens: int, seed: int) -> list[list[bytes]]:
-    """Request bodies, grouped by conversation (one rollout each), at least ``calls`` calls in all."""
+                  max_tokens: int, seed: int, group_size: int = 1) -> list[list[bytes]]:
+    """Request bodies, grouped by conversation (one rollout each), at least ``calls`` calls in all. In
+    the agent workload, ``group_size`` consecutive conversations share their first message (a group)."""
     rng = random.Random(seed)
 
     def body(messages: list[dict[str, str]]) -> bytes:
@@ -344,7 +347,9 @@ def conversations(workload: str, calls: int, turns: int, first: str, answer: str
                 for n in range(calls)]
     out = []
     for n in range(-(-calls // turns)):
-        messages = [{"role": "user", "content": f"task-{seed}-{n}-{uuid.uuid4().hex[:6]} {first}"}]
+        if n % group_size == 0:
+            task = f"task-{seed}-{n}-{uuid.uuid4().hex[:6]} {first}"
+        messages = [{"role": "user", "content": task}]
         bodies = [body(messages)]
         for _ in range(turns - 1):
             messages = [*messages, {"role": "assistant", "content": answer},
@@ -387,7 +392,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
     def phase(calls: int, seed: int) -> list[list[bytes]]:
         return conversations(args.workload, calls, turns, content, answer, args.turn_tokens, args.output_tokens,
-                             seed)
+                             seed, args.group_size)
 
     warmup, timed, c64 = phase(args.warmup, 1), phase(args.calls, 2), phase(args.c64_calls, 3)
     total = sum(len(c) for c in warmup + timed + c64)
@@ -483,6 +488,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "gateway_calls": total,
             "workload": args.workload,
             "turns_per_conversation": turns,
+            "group_size": args.group_size if args.workload == "agent" else 1,
             "spool_depth_at_end": sink.get("spool_depth", -1),
             "delivery_errors": sink.get("delivery_errors", -1),
         }
@@ -518,6 +524,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="agent: multi-turn conversations, each call extending the previous one (default); "
                         "distinct: a new single-turn conversation per call; same: one conversation for all")
     parser.add_argument("--turns", type=int, default=8, help="calls per conversation in the agent workload")
+    parser.add_argument("--group-size", type=int, default=1,
+                        help="agent workload: conversations per group sharing their task prompt, as the rollouts "
+                        "of a GRPO group do (default 1: every conversation differs from its first word)")
     parser.add_argument("--turn-tokens", type=int, default=128,
                         help="words of tool result added per turn in the agent workload")
     parser.add_argument("--client", choices=["raw", "httpx"], default="raw",
