@@ -27,7 +27,7 @@ from producers.gateway.models_openai import (
     _SamplingFields,
 )
 from producers.gateway.sse import DONE, data_event
-from schemas.tokens import int_list
+from schemas.tokens import TokenIds, int_list
 
 CHAT_PROTOCOL = "openai.chat"
 COMPLETIONS_PROTOCOL = "openai.completions"
@@ -231,7 +231,7 @@ class ChatStream:
             payload["usage"] = None
         return data_event(payload)
 
-    def start(self, prompt_ids: Sequence[int]) -> list[bytes]:
+    def start(self, prompt_ids: TokenIds) -> list[bytes]:
         extra = {"prompt_token_ids": int_list(prompt_ids)} if self.req.return_token_ids else {}
         return [self._chunk({"role": "assistant", "content": ""}, **extra)]
 
@@ -273,7 +273,7 @@ class CompletionStream:
             payload["usage"] = None
         return data_event(payload)
 
-    def start(self, prompt_ids: Sequence[int]) -> list[bytes]:
+    def start(self, prompt_ids: TokenIds) -> list[bytes]:
         return []
 
     def content(self, text: str) -> list[bytes]:
