@@ -66,15 +66,13 @@ class CallDigest:
     logprobs_sha256: bytes
 
 
-def call_digest(row: Row) -> CallDigest:
+def call_digest(prompt_tokens: int, prompt_sha256: str, output_ids: bytes, output_logprobs: bytes) -> CallDigest:
+    return CallDigest(prompt_tokens, prompt_sha256, len(output_ids) // 4, _sha(output_ids), _sha(output_logprobs))
+
+
+def row_call_digest(row: Row) -> CallDigest:
     """The digest of a calls row as ``sinks.rows.call_row`` builds it (packed bytes columns)."""
-    return CallDigest(
-        int(row["prompt_length"]),
-        row["prompt_sha256"],
-        len(row["output_ids"]) // 4,
-        _sha(row["output_ids"]),
-        _sha(row["output_logprobs"]),
-    )
+    return call_digest(int(row["prompt_length"]), row["prompt_sha256"], row["output_ids"], row["output_logprobs"])
 
 
 def is_input_ref(row: Row) -> bool:
@@ -109,10 +107,7 @@ def _last_call(row: Row, lo: int, hi: int) -> str | None:
 
 def stored_call_digest(prompt_sha256: str, tokens: CallTokens) -> CallDigest:
     """The digest of a call read back from the calls table (its prompt rebuilt and hash-checked)."""
-    return CallDigest(
-        len(tokens.prompt), prompt_sha256, len(tokens.output_ids) // 4, _sha(tokens.output_ids),
-        _sha(tokens.output_logprobs),
-    )
+    return call_digest(len(tokens.prompt), prompt_sha256, tokens.output_ids, tokens.output_logprobs)
 
 
 class SampleRefs:
@@ -130,7 +125,7 @@ class SampleRefs:
         if row.get("prompt_ids") is None and (base is None or base not in self.calls):
             self.calls.pop(row["call_id"], None)
             return
-        self.note_stored(row["call_id"], call_digest(row))
+        self.note_stored(row["call_id"], row_call_digest(row))
 
     def note_stored(self, call_id: str, digest: CallDigest) -> None:
         """Remember a call already stored (read back, its prompt rebuilt: a valid target and base)."""
