@@ -44,6 +44,10 @@ each token array column of the calls table under alternative codecs and prints b
 ``--ids zipf`` / ``--logprobs model`` draw token ids and logprobs like a real tokenizer and sampler
 instead of uniformly (sinks/synthetic.py).
 
+The rollouts of a group answer one task, so their first prompts (and first request bodies) are
+identical, as in GRPO; the sink stores such a prompt once (sinks/shared_prompts.py). ``--task-prompt
+distinct`` gives every rollout a first prompt of its own, the worst case for storage.
+
     python -m bench.sink [--groups N] [--turns T] [--sweep-turns 4,8,12] [--codecs] [--logprobs model]
 """
 
@@ -64,6 +68,7 @@ from sinks.ddl import CALL_STORED_TOKEN_COLUMNS, TABLES, migrate
 from sinks.request_bodies import CHECK_COLUMNS, DELTA_COLUMNS, RequestBodyDeltas
 from sinks.rows import to_row
 from sinks.sample_refs import SampleRefs
+from sinks.shared_prompts import SharedPrompts
 from sinks.store import insert_grouped
 from sinks.synthetic import GroupSpec, synthetic_group
 
@@ -81,6 +86,7 @@ def encoded_events(
     only: str | None = None,
     bodies: str = "chat",
     tools: int = 8,
+    task_prompt: str = "shared",
 ) -> list[tuple[str, bytes]]:
     """Encoded events of ``groups`` synthetic groups of 8 rollouts (only those named ``only`` if given)."""
     codec = get_codec()
@@ -98,6 +104,7 @@ def encoded_events(
             logprobs=logprobs,
             bodies=bodies,
             tools=tools,
+            task_prompt=task_prompt,
         )
         events = synthetic_group(spec).events
         out += [(name, codec.encode(name, rec)) for name, rec in events if only in (None, name)]
@@ -112,6 +119,7 @@ def ingest(client: object, messages: list[tuple[str, bytes]]) -> tuple[int, int,
     rows = tokens = 0
     bodies = RequestBodyDeltas()
     samples = SampleRefs()
+    shared = SharedPrompts()
     for _name, data in messages:
         name, record = codec.decode(data)
         table, row = to_row(name, record)
@@ -123,14 +131,17 @@ def ingest(client: object, messages: list[tuple[str, bytes]]) -> tuple[int, int,
         pending.setdefault(table, []).append(row)
         rows += 1
         if len(pending[table]) >= BATCH_ROWS:
-            _insert_pending(client, pending, samples)
-    _insert_pending(client, pending, samples)
+            _insert_pending(client, pending, samples, shared)
+    _insert_pending(client, pending, samples, shared)
     return rows, tokens, time.perf_counter() - start
 
 
-def _insert_pending(client: object, pending: dict[str, list[dict]], samples: SampleRefs) -> None:
-    """Every pending batch as the sink inserts it: samples reference the calls, calls inserted first."""
-    insert_grouped(client, pending, samples)  # type: ignore[arg-type]
+def _insert_pending(
+    client: object, pending: dict[str, list[dict]], samples: SampleRefs, shared: SharedPrompts
+) -> None:
+    """Every pending batch as the sink inserts it: samples reference the calls, calls inserted first,
+    identical full prompts stored once."""
+    insert_grouped(client, pending, samples, shared)  # type: ignore[arg-type]
     pending.clear()
 
 
@@ -147,6 +158,8 @@ def full_samples(client: object, messages: list[tuple[str, bytes]]) -> None:
 
 
 FULL_TABLES = ("calls_full", "calls_full_bytes")
+# Columns of the calls table added after the released 0001 design (calls_full_bytes lacks them).
+RELEASED_LATER = (*CHECK_COLUMNS, "prompt_shared_call_id")
 # The full-prompt copies store every request body whole (calls_full keeps its length and sha256, as the
 # same design; the released 0001 design has neither).
 
@@ -171,7 +184,8 @@ def full_prompt_calls(client: object) -> None:
             for k, v in row.items()
             if k not in ("event_time", "ingested_at", "output_tokens", "prompt_stored_tokens", *DELTA_COLUMNS)
         }
-        row.update(prompt_ids=full["ids"], prompt_base_call_id=None, prompt_base_prefix_len=0, prompt_new_ids=None)
+        row.update(prompt_ids=full["ids"], prompt_base_call_id=None, prompt_base_prefix_len=0, prompt_new_ids=None,
+                   prompt_shared_call_id=None)
         batch.append(row)
         if len(batch) >= BATCH_ROWS:
             _insert_full(client, batch)
@@ -182,7 +196,7 @@ def full_prompt_calls(client: object) -> None:
 def _insert_full(client: object, rows: list[dict]) -> None:
     if rows:
         for table in FULL_TABLES:
-            columns = [c for c in rows[0] if table == "calls_full" or c not in CHECK_COLUMNS]
+            columns = [c for c in rows[0] if table == "calls_full" or c not in RELEASED_LATER]
             client.insert(table, [[r[c] for c in columns] for r in rows], column_names=columns)  # type: ignore
 
 
@@ -230,7 +244,7 @@ def sweep_turns(dsn: str, turn_counts: list[int], args: argparse.Namespace) -> d
     for turns in turn_counts:
         calls = encoded_events(
             args.groups, turns, args.prompt, args.turn, args.output, args.ids, args.logprobs, only="CallRecord",
-            bodies=args.bodies, tools=args.tools,
+            bodies=args.bodies, tools=args.tools, task_prompt=args.task_prompt,
         )
         client = connect(dsn=dsn, database=f"sweep_{turns}", create_database=True)
         out[str(turns)] = stored_ratios(client, calls)
@@ -329,6 +343,9 @@ def main() -> None:
     parser.add_argument("--bodies", choices=("chat", "tiny"), default="chat",
                         help="harness request bodies: the conversation as text (chat) or placeholders (tiny)")
     parser.add_argument("--tools", type=int, default=8, help="tool definitions in every chat request body")
+    parser.add_argument("--task-prompt", choices=("shared", "distinct"), default="shared",
+                        help="first prompts: one per group, as GRPO rollouts of one task have (shared), "
+                        "or one per rollout, the storage worst case (distinct)")
     parser.add_argument("--sweep-turns", default="", help="comma-separated rollout lengths, e.g. 4,8,12,24,48")
     parser.add_argument("--codecs", action="store_true", help="compare codecs of the calls' token arrays")
     args = parser.parse_args()
@@ -336,7 +353,7 @@ def main() -> None:
 
     messages = encoded_events(
         args.groups, args.turns, args.prompt, args.turn, args.output, args.ids, args.logprobs,
-        bodies=args.bodies, tools=args.tools,
+        bodies=args.bodies, tools=args.tools, task_prompt=args.task_prompt,
     )
     extra: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="bench-sink-") as tmp:
@@ -425,6 +442,7 @@ def main() -> None:
                 token_columns.get("calls", 0) / max(token_columns.get("calls_full", 1), 1), 4
             ),
             "bodies": args.bodies,
+            "task_prompt": args.task_prompt,
             "part_types": part_types,
             "calls_bytes_per_token": round(delta_disk / logical, 4),
             "all_tables_bytes_per_call_token": round(all_disk / logical, 4),

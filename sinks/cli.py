@@ -111,6 +111,7 @@ def _sink(args: argparse.Namespace) -> int:
         progress_every_s=args.progress_every,
         **({"request_memo_chars": args.request_memo_chars} if args.request_memo_chars is not None else {}),
         **({"sample_memo_calls": args.sample_memo_calls} if args.sample_memo_calls is not None else {}),
+        **({"shared_prompt_memo": args.shared_prompt_memo} if args.shared_prompt_memo is not None else {}),
     )
     stats = run_sink(client, settings, options)
     return 0 if stats.dead_letters == 0 or not args.fail_on_dead_letters else 1
@@ -238,6 +239,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--sample-memo-calls", type=int, metavar="N",
         help="recent calls remembered (as hashes) so that samples repeating their tokens are stored as "
         "references to them (default 200,000; 0 stores every sample whole)",
+    )
+    p.add_argument(
+        "--shared-prompt-memo", type=int, metavar="N",
+        help="stored full prompts remembered (as hashes) so that a call with the same full prompt, as "
+        "the rollouts of a group have, stores it once, by reference (default 100,000; 0: every prompt whole)",
     )
     p.add_argument("--fail-on-dead-letters", action="store_true", help="exit 1 if any message was dead-lettered")
     p.set_defaults(func=_sink)

@@ -16,7 +16,9 @@ are kept the same way: a later call's body as the text between what it shares wi
 body at both ends (migration 0005, sinks/request_bodies.py). Samples repeat their calls' tokens too:
 where the writer proves a sample's ids are its calls' prompt ‖ output and its logprobs its calls'
 sampled logprobs, those columns are stored empty, with the calls named and the length and sha256 of
-what they held (migration 0006, sinks/sample_refs.py); reads rebuild and check them. Other packed
+what they held (migration 0006, sinks/sample_refs.py); reads rebuild and check them. The rollouts of a
+group share their first prompt (the task): a full prompt already stored by another call is stored
+once, the later rows naming that call (migration 0007, sinks/shared_prompts.py). Other packed
 bytes (a sample's mask, advantages and weights, or ids that differ from its calls; dead letters)
 stay String + ZSTD.
 
@@ -472,6 +474,14 @@ MIGRATIONS: tuple[Migration, ...] = (
         "0006_samples_token_references",
         "samples: input ids and rollout logprobs stored as verified references to their calls",
         lambda db: _samples_token_references(f"{db}.samples"),
+    ),
+    Migration(
+        "0007_calls_shared_prompts",
+        "calls: a full prompt already stored by another call is stored once, by reference",
+        lambda db: [
+            f"ALTER TABLE {db}.calls ADD COLUMN IF NOT EXISTS prompt_shared_call_id Nullable(String) "
+            "AFTER prompt_base_prefix_len"
+        ],
     ),
 )
 

@@ -105,6 +105,8 @@ def call_row(rec: Record) -> Row:
         "prompt_base_call_id": prompt.get("base_call_id"),
         "prompt_base_prefix_len": prompt["base_prefix_len"],
         "prompt_new_ids": prompt.get("new_ids"),
+        # Storage only: the sink may store an identical full prompt once (sinks/shared_prompts.py).
+        "prompt_shared_call_id": None,
         "output_ids": rec["output_ids"],
         "output_logprobs": rec["output_logprobs"],
         "logprob_kind": rec["logprob_kind"],

@@ -27,6 +27,7 @@ from schemas.ids import event_id
 from sinks.request_bodies import DEFAULT_MEMO_CHARS, RequestBodyDeltas
 from sinks.rows import Row, RowError, Source, to_row
 from sinks.sample_refs import DEFAULT_MEMO_CALLS, SampleRefs
+from sinks.shared_prompts import DEFAULT_MEMO_PROMPTS, SharedPrompts
 from sinks.store import encode_samples, insert_rows, inserts_in_order
 from tokentrail.settings import Settings, get_settings
 
@@ -65,6 +66,7 @@ class SinkOptions:
     poll_timeout_s: float = 0.2
     request_memo_chars: int = DEFAULT_MEMO_CHARS  # recent request bodies kept as delta bases
     sample_memo_calls: int = DEFAULT_MEMO_CALLS  # recent calls samples may reference (0: samples whole)
+    shared_prompt_memo: int = DEFAULT_MEMO_PROMPTS  # stored full prompts later calls may share (0: none)
 
 
 @dataclass
@@ -152,6 +154,8 @@ class ClickHouseSink:
         self.pending = _Pending()
         self.request_bodies = RequestBodyDeltas(self.options.request_memo_chars)
         self.sample_refs = SampleRefs(self.options.sample_memo_calls)
+        # Holds only prompts of committed inserts, which no rebalance can undo: never reset.
+        self.shared_prompts = SharedPrompts(self.options.shared_prompt_memo)
         self.assignment: set[tuple[str, int]] = set()
         self.at_end: set[tuple[str, int]] = set()
         self._broken = False
@@ -307,10 +311,16 @@ class ClickHouseSink:
         if p.dead_letters:
             self._produce_dead_letters(p.dead_letters)
         self._encode_samples(p.rows.get("samples", []))
-        for table in inserts_in_order(p.rows):  # calls before the samples that reference them
-            rows = p.rows[table]
-            self._insert(table, rows, dedup_token(table, p.ranges[table]))
-            self.stats.rows[table] += len(rows)
+        self.shared_prompts.assign(p.rows.get("calls", []))
+        try:
+            for table in inserts_in_order(p.rows):  # calls before the samples that reference them
+                rows = p.rows[table]
+                self._insert(table, rows, dedup_token(table, p.ranges[table]))
+                self.stats.rows[table] += len(rows)
+        except BaseException:
+            self.shared_prompts.insert_failed()
+            raise
+        self.shared_prompts.stored_ok()
         self.consumer.commit(
             offsets=[TopicPartition(t, part, off) for (t, part), off in p.offsets.items()], asynchronous=False
         )

@@ -41,6 +41,7 @@ from sinks.sample_refs import (
     rebuild_sample,
     stored_call_digest,
 )
+from sinks.shared_prompts import SharedPrompts, rebuild_shared_prompts
 
 # Keep IN (...) lists and query sizes moderate.
 ID_CHUNK = 2000
@@ -90,14 +91,24 @@ def write_records(client: Client, records: Iterable[tuple[str, Record]]) -> dict
     return {table: len(rows) for table, rows in grouped.items()}
 
 
-def insert_grouped(client: Client, rows_by_table: dict[str, list[Row]], refs: SampleRefs) -> None:
+def insert_grouped(
+    client: Client, rows_by_table: dict[str, list[Row]], refs: SampleRefs, shared: SharedPrompts | None = None
+) -> None:
     """One insert per table, as the sink inserts a batch: samples reference the calls ``refs`` noted or
-    ClickHouse stores, and calls go in before the samples that reference them."""
+    ClickHouse stores, calls go in before the samples that reference them, and identical full prompts
+    are stored once (within this insert, and on prompts ``shared`` saw stored by earlier ones)."""
     encode_samples(client, refs, rows_by_table.get("samples", []))
-    for table in inserts_in_order(rows_by_table):
-        # Rows of one table can differ in which optional columns they carry only if builders differ;
-        # they do not, so a single insert per table is safe.
-        insert_rows(client, table, rows_by_table[table])
+    shared = shared if shared is not None else SharedPrompts()
+    shared.assign(rows_by_table.get("calls", []))
+    try:
+        for table in inserts_in_order(rows_by_table):
+            # Rows of one table can differ in which optional columns they carry only if builders differ;
+            # they do not, so a single insert per table is safe.
+            insert_rows(client, table, rows_by_table[table])
+    except BaseException:
+        shared.insert_failed()
+        raise
+    shared.stored_ok()
 
 
 def select_rows(
@@ -111,10 +122,13 @@ def select_rows(
     rebuild: bool = True,
 ) -> list[Row]:
     """Rows of a table as dicts. With ``rebuild`` (the default), columns stored as deltas or references
-    come back whole: calls' request bodies, samples' token columns (SampleRefError if one fails)."""
+    come back whole: calls' request bodies and shared prompts, samples' token columns (SampleRefError,
+    TextDeltaError or SharedPromptError if one fails)."""
     added: list[str] = []
     if table == "samples" and rebuild:
         columns, added = _with_sample_ref_columns(columns)
+    if table == "calls" and rebuild:
+        columns, added = _with_shared_prompt_columns(columns)
     if columns == "*":
         columns = star_columns(table)  # calls: token bytes rebuilt from the stored arrays
     sql = f"SELECT {columns} FROM {table}{' FINAL' if final else ''}"
@@ -126,6 +140,8 @@ def select_rows(
     rows = list(result.named_results())
     if rebuild and table == "calls" and rows and "request_base_call_id" in rows[0] and "request_json" in rows[0]:
         rebuild_request_bodies(rows, lambda ids: _stored_request_rows(client, ids))
+    if rebuild and table == "calls" and rows and "prompt_shared_call_id" in rows[0]:
+        rebuild_shared_prompts(rows, lambda ids: _stored_prompt_rows(client, ids))
     if rebuild and table == "samples" and any(is_ref(r) for r in rows):
         rebuild_samples(rows, CallTokenCache(client))
     for row in rows if added else ():
@@ -135,6 +151,19 @@ def select_rows(
 
 
 _TOKEN_COLUMN = re.compile(r"\b(input_ids|rollout_logprobs)\b")
+
+
+# What rebuilding a shared prompt needs besides the ids (checked against the row's length and sha256).
+SHARED_PROMPT_COLUMNS = ("call_id", "prompt_length", "prompt_sha256", "prompt_shared_call_id")
+_PROMPT_IDS = re.compile(r"\bprompt_ids\b")
+
+
+def _with_shared_prompt_columns(columns: str) -> tuple[str, list[str]]:
+    """``columns`` plus what rebuilding a shared prompt needs, when they name the prompt ids."""
+    if columns == "*" or not _PROMPT_IDS.search(columns):
+        return columns, []
+    added = [c for c in SHARED_PROMPT_COLUMNS if not re.search(rf"\b{c}\b", columns)]
+    return ", ".join([columns, *added]), added
 
 
 def _with_sample_ref_columns(columns: str) -> tuple[str, list[str]]:
@@ -201,6 +230,21 @@ def _stored_request_rows(client: Client, call_ids: Iterable[str]) -> list[Row]:
     return out
 
 
+def _stored_prompt_rows(client: Client, call_ids: Iterable[str]) -> list[Row]:
+    """Prompt ids as stored (bytes) and shared-prompt references of the given calls (not rebuilt here)."""
+    ids = sorted(set(call_ids))
+    out: list[Row] = []
+    for i in range(0, len(ids), ID_CHUNK):
+        result = client.query(
+            f"SELECT call_id, {packed_read_sql('prompt_ids')} AS prompt_ids, prompt_shared_call_id "
+            "FROM calls FINAL WHERE call_id IN {ids:Array(String)}",
+            parameters={"ids": ids[i : i + ID_CHUNK]},
+            column_formats=column_formats("calls"),
+        )
+        out += result.named_results()
+    return out
+
+
 def rows_by_ids(
     client: Client, table: str, ids: Iterable[str], id_column: str = "event_id", columns: str = "*"
 ) -> list[Row]:
@@ -235,6 +279,7 @@ def table_counts(client: Client) -> dict[str, int]:
 
 CALL_TOKEN_COLUMNS = (
     "call_id, attempt_id, prompt_length, prompt_sha256, prompt_base_call_id, prompt_base_prefix_len, "
+    "prompt_shared_call_id, "
     + ", ".join(
         f"{packed_read_sql(name)} AS {name}"
         for name in ("prompt_ids", "prompt_new_ids", "output_ids", "output_logprobs")

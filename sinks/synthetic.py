@@ -49,6 +49,9 @@ class GroupSpec:
     # OpenAI chat harness (the whole conversation so far as text, tool definitions, parameters).
     bodies: str = "tiny"  # tiny | chat
     tools: int = 8  # tool definitions in every "chat" request
+    # "shared": the rollouts of the group answer one task, so their first prompts are identical (GRPO);
+    # "distinct": every rollout starts from a prompt of its own (the storage worst case).
+    task_prompt: str = "shared"  # shared | distinct
 
 
 @dataclass
@@ -202,6 +205,9 @@ def synthetic_group(spec: GroupSpec) -> GroupEvents:
     if spec.bodies not in ("tiny", "chat"):
         raise ValueError(f"unknown body kind {spec.bodies!r}")
     tools = _tools(spec.tools) if spec.bodies == "chat" else []
+    if spec.task_prompt not in ("shared", "distinct"):
+        raise ValueError(f"unknown task prompt kind {spec.task_prompt!r}")
+    task_prompt = _ids(np.random.default_rng([spec.seed, spec.group_index, 7]), spec.prompt_tokens, spec.ids)
     for r in range(spec.rollouts):
         rid = event_id("synthetic-rollout", spec.seed, spec.group_index, r)
         aid = f"{rid}-a1"
@@ -219,7 +225,9 @@ def synthetic_group(spec: GroupSpec) -> GroupEvents:
             "created_at_us": t0,
         }
         out.events.append(("AttemptStarted", start))
-        prompt_ids = _ids(rng, spec.prompt_tokens, spec.ids)
+        prompt_ids = _ids(rng, spec.prompt_tokens, spec.ids)  # drawn either way: later draws stay the same
+        if spec.task_prompt == "shared":
+            prompt_ids = task_prompt
         prev_id, prev_seq = None, None
         calls, envs, prompts, outputs = [], [], [], []
         messages = [{"content": _text(prompt_ids), "role": "user"}] if spec.bodies == "chat" else []

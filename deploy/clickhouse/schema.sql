@@ -481,6 +481,8 @@ ALTER TABLE tokentrail.samples ADD COLUMN IF NOT EXISTS logprobs_sha256 String D
 
 ALTER TABLE tokentrail.samples MODIFY COLUMN tokens UInt32 MATERIALIZED greatest(input_length, intDiv(length(input_ids), 4));
 
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS prompt_shared_call_id Nullable(String) AFTER prompt_base_prefix_len;
+
 CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
         FROM tokentrail.attempt_starts FINAL
         UNION ALL

@@ -55,7 +55,11 @@ def test_sink_stores_every_topic_dead_letters_and_deduplicates(
     settings = tokentrail_settings
     topic_map, topic_of, dead_topic = make_topics(new_topic)
     codec = get_codec()
-    groups = [synthetic_group(GroupSpec(group_index=i, pack=True, bodies="chat", tools=2)) for i in range(2)]
+    # Task prompts of 300 tokens: long enough to be stored once per group (sinks/shared_prompts.py).
+    groups = [
+        synthetic_group(GroupSpec(group_index=i, pack=True, bodies="chat", tools=2, prompt_tokens=300))
+        for i in range(2)
+    ]
     events = [e for g in groups for e in g.events]
     messages = [(topic_of[name], key_of(name, rec), codec.encode(name, rec)) for name, rec in events]
     score = next(rec for name, rec in events if name == "Score")
@@ -85,8 +89,17 @@ def test_sink_stores_every_topic_dead_letters_and_deduplicates(
     # Later calls' request bodies were stored as deltas on their bases, and come back whole.
     calls = sorted((rec for name, rec in events if name == "CallRecord"), key=lambda c: c["event_id"])
     assert load_records(ch, "calls", order_by="event_id") == calls
-    deltas = ch.query("SELECT countIf(request_base_call_id IS NOT NULL) FROM calls FINAL").result_rows[0][0]
-    assert deltas == sum(1 for c in calls if c["call_index"] > 0)
+    deltas = ch.query("SELECT countIf(request_base_call_id IS NOT NULL) FROM calls FINAL WHERE call_index > 0")
+    assert deltas.result_rows[0][0] == sum(1 for c in calls if c["call_index"] > 0)
+    # A group's rollouts share their task prompt: the ones stored after the first name it instead (some
+    # may stay whole: a batch only names a smaller call id), their identical first request bodies too,
+    # and every prompt and body came back whole above.
+    shared, shared_bodies = ch.query(
+        "SELECT countIf(prompt_shared_call_id IS NOT NULL), "
+        "countIf(request_base_call_id = prompt_shared_call_id) FROM calls FINAL WHERE call_index = 0"
+    ).result_rows[0]
+    assert 0 < shared <= sum(1 for c in calls if c["call_index"] == 0) - len(groups)
+    assert shared_bodies == shared
 
     # The dead letters went to the dead-letter topic too, decodable, with the reason.
     consumer = Consumer(topics.consumer_config(settings, f"{group_id}-dlq"))

@@ -16,7 +16,12 @@ def test_default_distributions_are_the_uniform_draws_other_tests_rely_on() -> No
     spec = GroupSpec(group_index=3)
     first = synthetic_group(spec).of("CallRecord")[0]
     rng = np.random.default_rng(spec.seed * 100_003 + spec.group_index)
-    assert np.array_equal(unpack_ids(first["prompt"]["ids"]), rng.integers(0, VOCAB, 64, dtype=np.uint32))
+    distinct_prompt = rng.integers(0, VOCAB, 64, dtype=np.uint32)
+    task_prompt = np.random.default_rng([spec.seed, spec.group_index, 7]).integers(0, VOCAB, 64, dtype=np.uint32)
+    assert np.array_equal(unpack_ids(first["prompt"]["ids"]), task_prompt)
+    distinct = synthetic_group(GroupSpec(group_index=3, task_prompt="distinct")).of("CallRecord")[0]
+    assert np.array_equal(unpack_ids(distinct["prompt"]["ids"]), distinct_prompt)
+    assert distinct["output_ids"] == first["output_ids"]  # the task prompt leaves every later draw alone
     assert np.array_equal(unpack_ids(first["output_ids"]), rng.integers(0, VOCAB, 32, dtype=np.uint32))
     expected = -rng.random(32, dtype=np.float32)
     assert np.array_equal(np.frombuffer(first["output_logprobs"], "<f4"), expected)
