@@ -71,7 +71,7 @@ class SharedPrompts:
 
     def assign(self, rows: Iterable[Row]) -> None:
         """Rewrite, in place, the rows of one insert whose full prompt is already stored or stored by a
-        row of the same insert with a smaller call id. Call ``stored()`` once the insert succeeded."""
+        row of the same insert with a smaller call id. Call ``stored_ok()`` once the insert succeeded."""
         if not self.max_prompts:
             return
         candidates = sorted(

@@ -218,29 +218,30 @@ def rebuild_samples(rows: list[Row], cache: CallTokenCache) -> None:
 def _stored_request_rows(client: Client, call_ids: Iterable[str]) -> list[Row]:
     """Request columns as stored of the given calls and every other call of their attempts: a body's
     bases are earlier calls of its attempt, so one query brings a whole chain (not rebuilt here)."""
-    ids = sorted(set(call_ids))
-    out: list[Row] = []
-    for i in range(0, len(ids), ID_CHUNK):
-        result = client.query(
-            f"SELECT {', '.join(REQUEST_COLUMNS)} FROM calls FINAL WHERE call_id IN {{ids:Array(String)}} "
-            "OR attempt_id IN (SELECT attempt_id FROM calls WHERE call_id IN {ids:Array(String)})",
-            parameters={"ids": ids[i : i + ID_CHUNK]},
-        )
-        out += result.named_results()
-    return out
+    return _query_by_ids(
+        client,
+        f"SELECT {', '.join(REQUEST_COLUMNS)} FROM calls FINAL WHERE call_id IN {{ids:Array(String)}} "
+        "OR attempt_id IN (SELECT attempt_id FROM calls WHERE call_id IN {ids:Array(String)})",
+        call_ids,
+    )
 
 
 def _stored_prompt_rows(client: Client, call_ids: Iterable[str]) -> list[Row]:
     """Prompt ids as stored (bytes) and shared-prompt references of the given calls (not rebuilt here)."""
-    ids = sorted(set(call_ids))
+    return _query_by_ids(
+        client,
+        f"SELECT call_id, {packed_read_sql('prompt_ids')} AS prompt_ids, prompt_shared_call_id "
+        "FROM calls FINAL WHERE call_id IN {ids:Array(String)}",
+        call_ids,
+    )
+
+
+def _query_by_ids(client: Client, sql: str, ids: Iterable[str]) -> list[Row]:
+    """Rows of calls ``sql`` taking the ids as ``{ids:Array(String)}``, ID_CHUNK ids a query."""
+    unique = sorted(set(ids))
     out: list[Row] = []
-    for i in range(0, len(ids), ID_CHUNK):
-        result = client.query(
-            f"SELECT call_id, {packed_read_sql('prompt_ids')} AS prompt_ids, prompt_shared_call_id "
-            "FROM calls FINAL WHERE call_id IN {ids:Array(String)}",
-            parameters={"ids": ids[i : i + ID_CHUNK]},
-            column_formats=column_formats("calls"),
-        )
+    for i in range(0, len(unique), ID_CHUNK):
+        result = client.query(sql, parameters={"ids": unique[i : i + ID_CHUNK]}, column_formats=column_formats("calls"))
         out += result.named_results()
     return out
 
