@@ -17,7 +17,7 @@ setup: $(STAMP) $(JARS)
 $(STAMP): pyproject.toml deploy/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-cache-dir 'uv==$(UV_VERSION)'
-	UV_NATIVE_TLS=1 $(BIN)/uv pip install --python $(BIN)/python -c deploy/constraints.txt -e '.[torch,dev]'
+	UV_SYSTEM_CERTS=1 $(BIN)/uv pip install --python $(BIN)/python -c deploy/constraints.txt -e '.[torch,dev]'
 	touch $(STAMP)
 
 $(JARS): deploy/kafka/pom.xml

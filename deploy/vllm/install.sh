@@ -87,7 +87,7 @@ if [ "$INSTALLER" = uv ]; then
     step "uv $UV_VERSION (the installer) into the venv"
     "${PIP[@]}" install --progress-bar off --quiet "uv==$UV_VERSION"
     # The system certificate store (it holds this network's CA, as pip's PIP_CERT bundle does).
-    export UV_NATIVE_TLS="${UV_NATIVE_TLS:-1}"
+    export UV_SYSTEM_CERTS="${UV_SYSTEM_CERTS:-1}"
     INSTALL=("$VENV/bin/uv" pip install --python "$VENV/bin/python")
     UNINSTALL=("$VENV/bin/uv" pip uninstall --python "$VENV/bin/python")
 else
