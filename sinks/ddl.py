@@ -480,7 +480,10 @@ MIGRATIONS: tuple[Migration, ...] = (
         "calls: a full prompt already stored by another call is stored once, by reference",
         lambda db: [
             f"ALTER TABLE {db}.calls ADD COLUMN IF NOT EXISTS prompt_shared_call_id Nullable(String) "
-            "AFTER prompt_base_prefix_len"
+            "AFTER prompt_base_prefix_len",
+            # Sinks look up full prompts other sinks stored by their sha256 (sinks.store.stored_full_prompts).
+            f"ALTER TABLE {db}.calls ADD INDEX IF NOT EXISTS ix_prompt_sha256 prompt_sha256 "
+            "TYPE bloom_filter GRANULARITY 4",
         ],
     ),
 )

@@ -9,7 +9,8 @@ every reader of the table sees the record as it was on Kafka.
 
 Three rules make a reference always resolvable, whatever the sink's crashes, retries, rebalances or
 replicas do:
-- only a call already stored (an earlier committed insert) or stored in the same insert is named;
+- only a call already stored (an earlier committed insert, this sink's or one found in ClickHouse)
+  or stored in the same insert is named;
 - a row only names a call whose id sorts before its own, so references never form a cycle, even
   across the duplicate versions a ReplacingMergeTree may keep;
 - only a call received in the same 15-minute window is named: both rows sit in one day partition,
@@ -47,10 +48,18 @@ class SharedPromptError(ValueError):
     """A row's shared prompt cannot be rebuilt exactly."""
 
 
+# Full prompts other writers stored: for the keys asked, the smallest call id storing that prompt
+# whole (its ids checked against the sha256 by the lookup), as found in ClickHouse.
+StoredLookup = Callable[[list[Key]], dict[Key, str]]
+
+
 def _key(row: Row) -> Key | None:
-    """The sharing key of a row whose record carries its full prompt; None for deltas and tiny prompts."""
+    """The sharing key of a row whose record carries its full prompt, checked against its sha256 (a
+    corrupt record never becomes a target); None for deltas and tiny prompts."""
     ids = row.get("prompt_ids")
     if ids is None or row.get("prompt_base_call_id") or len(ids) < MIN_SHARED_BYTES:
+        return None
+    if len(ids) != 4 * row["prompt_length"] or ids_digest(ids) != row["prompt_sha256"]:
         return None
     return row["received_at_us"] // WINDOW_US, row["prompt_sha256"], row["prompt_length"]
 
@@ -69,14 +78,21 @@ class SharedPrompts:
         self._batch: dict[Key, Row] = {}
         self.shared = 0
 
-    def assign(self, rows: Iterable[Row]) -> None:
+    def assign(self, rows: Iterable[Row], lookup: StoredLookup | None = None) -> None:
         """Rewrite, in place, the rows of one insert whose full prompt is already stored or stored by a
-        row of the same insert with a smaller call id. Call ``stored_ok()`` once the insert succeeded."""
+        row of the same insert with a smaller call id. Call ``stored_ok()`` once the insert succeeded.
+
+        ``lookup`` finds prompts stored by other writers (another sink, an earlier run) for keys this
+        one has not seen stored."""
         if not self.max_prompts:
             return
         candidates = sorted(
             ((key, row) for row in rows if (key := _key(row)) is not None), key=lambda kr: kr[1]["call_id"]
         )
+        unknown = sorted({key for key, _ in candidates if key not in self.stored})
+        if lookup is not None and unknown:
+            for key, call_id in lookup(unknown).items():
+                self._remember(key, call_id)
         for key, row in candidates:
             in_batch = self._batch.get(key)
             target = min((t for t in (in_batch and in_batch["call_id"], self.stored.get(key)) if t), default=None)
@@ -104,15 +120,19 @@ class SharedPrompts:
     def stored_ok(self) -> None:
         """The insert of the rows passed to ``assign`` succeeded: their prompts may now be named."""
         for key, row in self._batch.items():
-            call_id = row["call_id"]
-            if self.stored.get(key, call_id) >= call_id:
-                self.stored[key] = call_id
-                if "request_json" in row:
-                    self.bodies.put(call_id, row["request_json"])
-            self.stored.move_to_end(key)
+            if self._remember(key, row["call_id"]) and "request_json" in row:
+                self.bodies.put(row["call_id"], row["request_json"])
         self._batch.clear()
+
+    def _remember(self, key: Key, call_id: str) -> bool:
+        """Note a stored call with this full prompt; True if it is now the key's target (the smallest)."""
+        smallest = self.stored.get(key, call_id) >= call_id
+        if smallest:
+            self.stored[key] = call_id
+        self.stored.move_to_end(key)
         while len(self.stored) > self.max_prompts:
             self.stored.popitem(last=False)
+        return smallest
 
     def insert_failed(self) -> None:
         """The insert did not happen (or may not have): forget what it would have stored."""

@@ -27,8 +27,8 @@ from schemas.ids import event_id
 from sinks.request_bodies import DEFAULT_MEMO_CHARS, RequestBodyDeltas
 from sinks.rows import Row, RowError, Source, to_row
 from sinks.sample_refs import DEFAULT_MEMO_CALLS, SampleRefs
-from sinks.shared_prompts import DEFAULT_MEMO_PROMPTS, SharedPrompts
-from sinks.store import encode_samples, insert_rows, inserts_in_order
+from sinks.shared_prompts import DEFAULT_MEMO_PROMPTS, Key, SharedPrompts
+from sinks.store import encode_samples, insert_rows, inserts_in_order, stored_full_prompts
 from tokentrail.settings import Settings, get_settings
 
 # Record types each topic may carry (the codec checks the writer schema against these).
@@ -311,7 +311,7 @@ class ClickHouseSink:
         if p.dead_letters:
             self._produce_dead_letters(p.dead_letters)
         self._encode_samples(p.rows.get("samples", []))
-        self.shared_prompts.assign(p.rows.get("calls", []))
+        self.shared_prompts.assign(p.rows.get("calls", []), self._stored_full_prompts)
         try:
             for table in inserts_in_order(p.rows):  # calls before the samples that reference them
                 rows = p.rows[table]
@@ -339,6 +339,14 @@ class ClickHouseSink:
         except Exception as exc:  # a failed look-up: reference only calls this sink stored
             self.log(f"sink: looking up stored calls for samples failed ({exc})")
             encode_samples(None, self.sample_refs, rows)
+
+    def _stored_full_prompts(self, keys: list[Key]) -> dict[Key, str]:
+        """Prompts other sinks (or earlier runs) stored; a failed look-up only costs the saving."""
+        try:
+            return stored_full_prompts(self.client, keys)
+        except Exception as exc:
+            self.log(f"sink: looking up stored prompts failed ({exc})")
+            return {}
 
     def _insert(self, table: str, rows: list[Row], token: str) -> None:
         delay = 0.5

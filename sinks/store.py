@@ -41,7 +41,7 @@ from sinks.sample_refs import (
     rebuild_sample,
     stored_call_digest,
 )
-from sinks.shared_prompts import SharedPrompts, rebuild_shared_prompts
+from sinks.shared_prompts import WINDOW_US, Key, SharedPrompts, rebuild_shared_prompts
 
 # Keep IN (...) lists and query sizes moderate.
 ID_CHUNK = 2000
@@ -99,7 +99,7 @@ def insert_grouped(
     are stored once (within this insert, and on prompts ``shared`` saw stored by earlier ones)."""
     encode_samples(client, refs, rows_by_table.get("samples", []))
     shared = shared if shared is not None else SharedPrompts()
-    shared.assign(rows_by_table.get("calls", []))
+    shared.assign(rows_by_table.get("calls", []), lambda keys: stored_full_prompts(client, keys))
     try:
         for table in inserts_in_order(rows_by_table):
             # Rows of one table can differ in which optional columns they carry only if builders differ;
@@ -234,6 +234,24 @@ def _stored_prompt_rows(client: Client, call_ids: Iterable[str]) -> list[Row]:
         "FROM calls FINAL WHERE call_id IN {ids:Array(String)}",
         call_ids,
     )
+
+
+def stored_full_prompts(client: Client, keys: list[Key]) -> dict[Key, str]:
+    """For each (window, sha256, length) key: the smallest call id storing that full prompt whole, its
+    stored ids checked against the sha256 in SQL, so a corrupt row is never named."""
+    rows = _query_by_ids(
+        client,
+        f"SELECT intDiv(received_at_us, {WINDOW_US}) AS time_window, prompt_sha256, prompt_length, "
+        "min(call_id) AS call_id FROM calls WHERE prompt_sha256 IN {ids:Array(String)} "
+        "AND prompt_base_call_id IS NULL AND prompt_shared_call_id IS NULL AND NOT prompt_ids_null "
+        "AND length(prompt_ids_arr) = prompt_length "
+        "AND lower(hex(SHA256(reinterpretAsString(prompt_ids_arr)))) = prompt_sha256 "
+        "GROUP BY time_window, prompt_sha256, prompt_length",
+        (sha for _, sha, _ in keys),
+    )
+    wanted = set(keys)
+    found = ((r["time_window"], r["prompt_sha256"], r["prompt_length"], r["call_id"]) for r in rows)
+    return {(w, sha, n): call_id for w, sha, n, call_id in found if (w, sha, n) in wanted}
 
 
 def _query_by_ids(client: Client, sql: str, ids: Iterable[str]) -> list[Row]:

@@ -483,6 +483,8 @@ ALTER TABLE tokentrail.samples MODIFY COLUMN tokens UInt32 MATERIALIZED greatest
 
 ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS prompt_shared_call_id Nullable(String) AFTER prompt_base_prefix_len;
 
+ALTER TABLE tokentrail.calls ADD INDEX IF NOT EXISTS ix_prompt_sha256 prompt_sha256 TYPE bloom_filter GRANULARITY 4;
+
 CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
         FROM tokentrail.attempt_starts FINAL
         UNION ALL

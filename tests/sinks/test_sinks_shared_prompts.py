@@ -147,3 +147,28 @@ def test_a_reference_across_inserts_and_a_broken_one(ch: Client) -> None:
     insert_grouped(ch, {"calls": [wrong]}, SampleRefs(), SharedPrompts(max_prompts=0))
     with pytest.raises(SharedPromptError, match="does not match its sha256"):
         load_records(ch, "calls")
+
+
+def test_a_second_sink_names_the_prompt_the_first_stored_and_never_a_corrupt_one(ch: Client) -> None:
+    firsts = sorted((c for c in _group() if c["call_index"] == 0), key=lambda c: c["call_id"])
+    # Another writer stored a corrupt copy first: the right sha256 and length, other ids.
+    corrupt = to_row("CallRecord", firsts[0])[1]
+    ids = bytearray(corrupt["prompt_ids"])
+    ids[:4] = (123).to_bytes(4, "little")
+    corrupt["prompt_ids"] = bytes(ids)
+    insert_grouped(ch, {"calls": [corrupt]}, SampleRefs(), SharedPrompts(max_prompts=0))
+    # Sink A stores rollouts 1 and 2 (2 naming 1); sink B, with nothing in memory, stores 3 and finds 1.
+    sink_a, sink_b = SharedPrompts(), SharedPrompts()
+    insert_grouped(ch, {"calls": [to_row("CallRecord", c)[1] for c in firsts[1:3]]}, SampleRefs(), sink_a)
+    late = to_row("CallRecord", firsts[3])[1]
+    insert_grouped(ch, {"calls": [late]}, SampleRefs(), sink_b)
+    assert late["prompt_shared_call_id"] == firsts[1]["call_id"]
+    refs = dict(ch.query("SELECT call_id, prompt_shared_call_id FROM calls").result_rows)
+    assert refs == {
+        firsts[0]["call_id"]: None,
+        firsts[1]["call_id"]: None,
+        firsts[2]["call_id"]: firsts[1]["call_id"],
+        firsts[3]["call_id"]: firsts[1]["call_id"],
+    }
+    stored = {r["call_id"]: r for r in load_records(ch, "calls", "call_id != {c:String}", {"c": firsts[0]["call_id"]})}
+    assert [stored[c["call_id"]] for c in firsts[1:]] == firsts[1:]

@@ -52,7 +52,10 @@ def _ratios(dsn: str, bodies: str, turns: int) -> dict[str, float]:
 def test_stored_share_of_full_prompts_falls_with_rollout_length(chdb_dsn: str) -> None:
     tiny = {turns: _ratios(chdb_dsn, "tiny", turns) for turns in (2, 6)}
     for kind in ("same_design", "prompt_columns", "bytes_layout", "uncompressed"):
-        assert 0 < tiny[6][kind] < tiny[2][kind] < 1, (kind, tiny)
+        assert 0 < tiny[6][kind] < tiny[2][kind], (kind, tiny)
+        assert tiny[6][kind] < 0.9, (kind, tiny)
+    # At 2 calls a rollout the released layout's ZSTD finds the one repeat itself: about even.
+    assert max(r for k, r in tiny[2].items() if k != "bytes_layout") < 1 and tiny[2]["bytes_layout"] < 1.05, tiny
     # With the conversation in every request body, the bodies' deltas keep the fall (the released byte
     # layout's ZSTD finds small repeated bodies itself, so only the same design is compared here).
     chat = {turns: _ratios(chdb_dsn, "chat", turns) for turns in (2, 6)}
