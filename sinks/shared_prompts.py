@@ -34,8 +34,9 @@ from sinks.text_delta import RecentTexts, encode_delta
 DEFAULT_MEMO_PROMPTS = 100_000
 # Request bodies of those targets kept as bases for the sharing rows' bodies (characters).
 DEFAULT_MEMO_BODY_CHARS = 16_000_000
-# Below this a reference (a call id of ~40 characters) saves too little to be worth a lookup.
-MIN_SHARED_BYTES = 1024
+# 64 tokens: below that a reference (a call id of ~40 characters, ~20 bytes compressed) saves little
+# against the ids it replaces (~2 bytes a token compressed).
+MIN_SHARED_BYTES = 256
 
 # Rows of one 15-minute UTC window fall on one local day in every time zone (offsets are multiples of
 # 15 minutes), so they share a ``toDate(event_time)`` partition whatever the server's time zone.
