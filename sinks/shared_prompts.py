@@ -23,7 +23,8 @@ never touched, and a row's prompt still traces back to its own call.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 from schemas.ids import ids_digest
 from sinks.request_bodies import MIN_SAVED_CHARS, is_request_delta
@@ -117,6 +118,18 @@ class SharedPrompts:
                 request_shared_prefix=delta.prefix,
                 request_shared_suffix=delta.suffix,
             )
+
+    @contextmanager
+    def storing(self, rows: Iterable[Row], lookup: StoredLookup | None = None) -> Iterator[None]:
+        """``assign`` the rows of one insert, which the body performs: on success their prompts may be
+        named later (``stored_ok``), on any failure they are forgotten (``insert_failed``)."""
+        self.assign(rows, lookup)
+        try:
+            yield
+        except BaseException:
+            self.insert_failed()
+            raise
+        self.stored_ok()
 
     def stored_ok(self) -> None:
         """The insert of the rows passed to ``assign`` succeeded: their prompts may now be named."""

@@ -311,16 +311,11 @@ class ClickHouseSink:
         if p.dead_letters:
             self._produce_dead_letters(p.dead_letters)
         self._encode_samples(p.rows.get("samples", []))
-        self.shared_prompts.assign(p.rows.get("calls", []), self._stored_full_prompts)
-        try:
+        with self.shared_prompts.storing(p.rows.get("calls", []), self._stored_full_prompts):
             for table in inserts_in_order(p.rows):  # calls before the samples that reference them
                 rows = p.rows[table]
                 self._insert(table, rows, dedup_token(table, p.ranges[table]))
                 self.stats.rows[table] += len(rows)
-        except BaseException:
-            self.shared_prompts.insert_failed()
-            raise
-        self.shared_prompts.stored_ok()
         self.consumer.commit(
             offsets=[TopicPartition(t, part, off) for (t, part), off in p.offsets.items()], asynchronous=False
         )

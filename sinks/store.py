@@ -99,16 +99,11 @@ def insert_grouped(
     are stored once (within this insert, and on prompts ``shared`` saw stored by earlier ones)."""
     encode_samples(client, refs, rows_by_table.get("samples", []))
     shared = shared if shared is not None else SharedPrompts()
-    shared.assign(rows_by_table.get("calls", []), lambda keys: stored_full_prompts(client, keys))
-    try:
+    with shared.storing(rows_by_table.get("calls", []), lambda keys: stored_full_prompts(client, keys)):
         for table in inserts_in_order(rows_by_table):
             # Rows of one table can differ in which optional columns they carry only if builders differ;
             # they do not, so a single insert per table is safe.
             insert_rows(client, table, rows_by_table[table])
-    except BaseException:
-        shared.insert_failed()
-        raise
-    shared.stored_ok()
 
 
 def select_rows(
@@ -160,17 +155,19 @@ _PROMPT_IDS = re.compile(r"\bprompt_ids\b")
 
 def _with_shared_prompt_columns(columns: str) -> tuple[str, list[str]]:
     """``columns`` plus what rebuilding a shared prompt needs, when they name the prompt ids."""
-    if columns == "*" or not _PROMPT_IDS.search(columns):
-        return columns, []
-    added = [c for c in SHARED_PROMPT_COLUMNS if not re.search(rf"\b{c}\b", columns)]
-    return ", ".join([columns, *added]), added
+    return _with_rebuild_columns(columns, _PROMPT_IDS, SHARED_PROMPT_COLUMNS)
 
 
 def _with_sample_ref_columns(columns: str) -> tuple[str, list[str]]:
     """``columns`` plus what rebuilding referenced token columns needs, and which of those it added."""
-    if columns == "*" or not _TOKEN_COLUMN.search(columns):
+    return _with_rebuild_columns(columns, _TOKEN_COLUMN, (*REF_COLUMNS, *REBUILD_COLUMNS))
+
+
+def _with_rebuild_columns(columns: str, rebuilt: re.Pattern[str], needed: Sequence[str]) -> tuple[str, list[str]]:
+    """``columns`` plus those of ``needed`` it lacks when it names a ``rebuilt`` column; and those added."""
+    if columns == "*" or not rebuilt.search(columns):
         return columns, []
-    added = [c for c in (*REF_COLUMNS, *REBUILD_COLUMNS) if not re.search(rf"\b{c}\b", columns)]
+    added = [c for c in needed if not re.search(rf"\b{c}\b", columns)]
     return ", ".join([columns, *added]), added
 
 
