@@ -1,0 +1,36 @@
+"""What ``tokentrail demo`` prints last: reward bands, a plain note when the reward did not rise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tokentrail.demo.progress import VersionStats
+from tokentrail.demo.run import _summarize, version_bands
+
+
+def _versions(rewards: list[float]) -> dict[int, VersionStats]:
+    return {v: VersionStats(rewards=[r]) for v, r in enumerate(rewards, start=1)}
+
+
+def test_bands_average_equal_slices_of_versions() -> None:
+    bands = version_bands(_versions([0.0, 0.5, 1.0, 1.0]), bands=2)
+    assert bands == [(1, 2, 0.25, 2), (3, 4, 1.0, 2)]
+
+
+@pytest.mark.parametrize(("rewards", "improved"), [([0.1, 0.2, 0.8, 0.9], True), ([0.8, 0.9, 0.1, 0.0], False)])
+def test_summary_says_whether_reward_rose(rewards: list[float], improved: bool, capsys: pytest.CaptureFixture[str],
+                                          tmp_path: Path) -> None:
+    rc = _summarize(_versions(rewards), audit_rc=0, report_path=tmp_path / "report.html")
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert rc == 0 and summary["audit_passed"]
+    assert summary["reward_improved"] is improved
+    assert ("the reward did not rise" in out) is not improved
+
+
+def test_failed_audit_fails_the_job(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert _summarize(_versions([0.1, 0.9]), audit_rc=1, report_path=tmp_path / "r.html") == 1
+    assert "audit: FAILED" in capsys.readouterr().out
