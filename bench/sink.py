@@ -6,40 +6,44 @@ rows and inserted in batches, as the sink does after polling Kafka (the broker i
 of every table.
 
 Storage: the same calls stored twice, as the sink stores them (later prompts delta-encoded on the
-previous call, later request bodies stored as deltas on its body) and with every prompt and request
-body in full, in the same table design (``CREATE TABLE calls_full AS calls``, written through the same
-EPHEMERAL byte inputs); compressed bytes on disk from system.parts after merging, all parts wide as in
-production (the default makes parts under 10 MB compact). ``stored_vs_full_prompts`` is their ratio on
-disk; ``stored_vs_full_prompts_uncompressed`` is what the network and memory would see.
+previous call, a group's shared first prompt stored once, later request bodies stored as deltas on
+their base's body) and with every prompt and request body in full, in the same table design (``CREATE
+TABLE calls_full AS calls``, written through the same EPHEMERAL byte inputs); compressed bytes on disk
+from system.columns and system.parts after merging, all parts wide as in production (the default makes
+parts under 10 MB compact).
+
+``stored_vs_full_prompts``, the headline, is what "stored bytes per token against storing every call's
+full prompt" names: the bytes of the calls table's prompt columns (``prompt_*``: ids, new ids after the
+delta base, the base's call id and shared length, the shared-prompt reference, length, sha256) against
+the same columns holding every call's prompt whole. ``prompt_bytes_per_prompt_token`` and
+``full_prompt_bytes_per_prompt_token`` are the same two as bytes per prompt token.
+
+``calls_table_vs_full`` compares the whole calls table, prompt columns and all the rest: request bodies
+(stored as deltas against full bodies), outputs, logprobs and response bodies (stored alike in both
+tables). The columns no prompt storage touches bound it from below: ``calls_table_vs_full_if_prompts_free``
+is the ratio the table would have if its prompt columns took no bytes at all. ``..._uncompressed`` is
+what the network and memory would see.
 
 Every call carries the harness request the gateway records (``--bodies chat``, the default): the whole
 conversation so far as text, tool definitions and parameters, as an OpenAI chat harness sends it, so
-the bodies grow with the rollout like the prompts. ``--bodies tiny`` puts placeholders there instead
-(the token columns alone; what this benchmark measured before request bodies were stored as deltas).
-``token_columns_vs_full_prompts`` compares the token columns alone, ``request_bodies_vs_full`` the
-request body column alone.
-
-``prompt_columns_vs_full_prompts`` narrows the comparison to the prompt itself, the quantity "every
-call's full prompt" names: the calls table's ``prompt_*`` columns (ids, new ids after the delta base,
-the base's call id and shared length, length, sha256) against the same columns holding every prompt
-whole. Request bodies, outputs and logprobs, stored alike in both tables, are left out of it; they
-stay in ``stored_vs_full_prompts``, the headline figure.
+the bodies grow with the rollout like the prompts. ``--bodies tiny`` puts placeholders there instead.
+``token_columns_vs_full_prompts`` compares the token columns (prompt, output ids, logprobs) alone,
+``request_bodies_vs_full`` the request body column alone.
 
 Samples are stored as the sink stores them (ids and logprobs by reference to their calls where
 proven equal) and again whole in ``samples_full``: ``samples_vs_full`` is their ratio on disk, and
-``calls_and_samples_vs_full`` the ratio of both tables together (``stored_vs_full_prompts`` stays the
-calls table's).
+``calls_and_samples_vs_full`` the ratio of both tables together.
 
 Full prompts compress very differently per layout: ZSTD over packed bytes (the released 0001 layout)
 finds a prompt's repeat of the previous one inside its 1 MB block, while T64's bit-transposed blocks
-hide it. So the stored calls are also compared with full prompts in the 0001 byte layout,
-``stored_vs_full_prompts_bytes_layout``: the cheapest way to store full prompts we know, hence the
+hide it. So the stored calls table is also compared with full prompts in the 0001 byte layout,
+``calls_table_vs_full_bytes_layout``: the cheapest way to store full prompts we know, hence the
 hardest baseline (with random synthetic ids the stored deltas are already at their entropy).
 
 Options for storage studies (opt-in; the default run's figures are unchanged):
 ``--sweep-turns 4,8,12,24,48`` repeats the storage comparison (calls only, same groups and sizes) per
-rollout length and adds ``stored_vs_full_prompts_by_turns`` (and ``..._bytes_layout_by_turns``,
-``..._uncompressed_by_turns``, ``prompt_columns_vs_full_prompts_by_turns``); ``--codecs`` re-stores
+rollout length and adds ``stored_vs_full_prompts_by_turns`` and ``calls_table_vs_full_by_turns`` (and
+its ``..._bytes_layout_by_turns``, ``..._uncompressed_by_turns``); ``--codecs`` re-stores
 each token array column of the calls table under alternative codecs and prints bytes and insert speed;
 ``--ids zipf`` / ``--logprobs model`` draw token ids and logprobs like a real tokenizer and sampler
 instead of uniformly (sinks/synthetic.py).
@@ -239,7 +243,7 @@ def stored_ratios(client: object, messages: list[tuple[str, bytes]]) -> dict[str
 
 
 def sweep_turns(dsn: str, turn_counts: list[int], args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """stored_vs_full_prompts per rollout length, each in its own database of the same chDB path."""
+    """The storage ratios per rollout length, each in its own database of the same chDB path."""
     out: dict[str, dict[str, float]] = {}
     for turns in turn_counts:
         calls = encoded_events(
@@ -248,9 +252,10 @@ def sweep_turns(dsn: str, turn_counts: list[int], args: argparse.Namespace) -> d
         )
         client = connect(dsn=dsn, database=f"sweep_{turns}", create_database=True)
         out[str(turns)] = stored_ratios(client, calls)
-    print(f"  {'turns':>5}  {'same design':>11}  {'prompt columns':>14}  {'bytes layout':>12}  {'uncompressed':>12}")
+    print(f"  {'turns':>5}  {'prompt columns':>14}  {'calls table':>11}  {'table, bytes layout':>19}"
+          f"  {'uncompressed':>12}")
     for turns, r in out.items():
-        print(f"  {turns:>5}  {r['same_design']:>11.4f}  {r['prompt_columns']:>14.4f}  {r['bytes_layout']:>12.4f}"
+        print(f"  {turns:>5}  {r['prompt_columns']:>14.4f}  {r['same_design']:>11.4f}  {r['bytes_layout']:>19.4f}"
               f"  {r['uncompressed']:>12.4f}")
     return out
 
@@ -380,7 +385,8 @@ def main() -> None:
                 "AND active AND table LIKE 'calls%'"
             ).result_rows
         )
-        n_calls, logical = client.query("SELECT count(), sum(prompt_length + output_tokens) FROM calls").result_rows[0]
+        n_calls, logical, prompt_tokens = client.query(
+            "SELECT count(), sum(prompt_length + output_tokens), sum(prompt_length) FROM calls").result_rows[0]
         all_disk = client.query(
             "SELECT sum(bytes_on_disk) FROM system.parts WHERE database = currentDatabase() "
             "AND active AND table NOT IN ('calls_full', 'calls_full_bytes', 'samples_full')"
@@ -406,11 +412,10 @@ def main() -> None:
             extra["codec_bytes"] = codec_table(client)
         if sweep:
             by_turns = sweep_turns(dsn, sweep, args)
-            extra["stored_vs_full_prompts_uncompressed_by_turns"] = {t: r["uncompressed"] for t, r in by_turns.items()}
-            extra["stored_vs_full_prompts_bytes_layout_by_turns"] = {t: r["bytes_layout"] for t, r in by_turns.items()}
-            extra["prompt_columns_vs_full_prompts_by_turns"] = {
-                t: r["prompt_columns"] for t, r in by_turns.items()}
-            extra["stored_vs_full_prompts_by_turns"] = {t: r["same_design"] for t, r in by_turns.items()}
+            extra["calls_table_vs_full_uncompressed_by_turns"] = {t: r["uncompressed"] for t, r in by_turns.items()}
+            extra["calls_table_vs_full_bytes_layout_by_turns"] = {t: r["bytes_layout"] for t, r in by_turns.items()}
+            extra["calls_table_vs_full_by_turns"] = {t: r["same_design"] for t, r in by_turns.items()}
+            extra["stored_vs_full_prompts_by_turns"] = {t: r["prompt_columns"] for t, r in by_turns.items()}
     if args.ids != "uniform" or args.logprobs != "uniform":
         extra["distributions"] = f"ids={args.ids} logprobs={args.logprobs}"
     emit(
@@ -437,7 +442,8 @@ def main() -> None:
             ),
             "prompt_column_bytes_delta": int(prompts["calls"]),
             "prompt_column_bytes_full": int(prompts["calls_full"]),
-            "prompt_columns_vs_full_prompts": round(prompts["calls"] / prompts["calls_full"], 4),
+            "prompt_bytes_per_prompt_token": round(prompts["calls"] / prompt_tokens, 4),
+            "full_prompt_bytes_per_prompt_token": round(prompts["calls_full"] / prompt_tokens, 4),
             "token_columns_vs_full_prompts": round(
                 token_columns.get("calls", 0) / max(token_columns.get("calls_full", 1), 1), 4
             ),
@@ -451,10 +457,12 @@ def main() -> None:
             "samples_bytes_full": int(samples_full_disk),
             "samples_vs_full": round(samples_disk / samples_full_disk, 4),
             "calls_and_samples_vs_full": round((delta_disk + samples_disk) / (full_disk + samples_full_disk), 4),
-            "stored_vs_full_prompts_uncompressed": round(delta_raw / full_raw, 4),
-            "stored_vs_full_prompts_bytes_layout": round(delta_disk / bytes_disk, 4),
+            "calls_table_vs_full": round(delta_disk / full_disk, 4),
+            "calls_table_vs_full_if_prompts_free": round((delta_disk - prompts["calls"]) / full_disk, 4),
+            "calls_table_vs_full_uncompressed": round(delta_raw / full_raw, 4),
+            "calls_table_vs_full_bytes_layout": round(delta_disk / bytes_disk, 4),
             **extra,
-            "stored_vs_full_prompts": round(delta_disk / full_disk, 4),
+            "stored_vs_full_prompts": round(prompts["calls"] / prompts["calls_full"], 4),
         }
     )
 
