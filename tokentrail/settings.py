@@ -105,7 +105,9 @@ class TrainerSettings(BaseModel):
     checkpoint_dir: Path = VAR_DIR / "policies"
     max_staleness: int = 4
     steps_per_version: int = 1
-    learning_rate: float = 3e-4  # 1e-3 breaks the tiny demo model's tool-call format (measured)
+    # The tiny demo model: 1e-3 breaks its tool-call format; 3e-4 lost it late in one 8-minute demo of
+    # seven; 2e-4 learned as fast (measured, demo reward 0.36 -> 0.71).
+    learning_rate: float = 2e-4
 
 
 class Settings(BaseSettings):

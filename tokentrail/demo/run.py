@@ -99,6 +99,7 @@ def run_demo(args: argparse.Namespace) -> int:
     _cli("model", "build")
 
     logs = log_dir()
+    lr = settings.trainer.learning_rate if args.lr is None else args.lr
     gateway_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
     services = [
         Service("gateway", ["gateway"], logs / "gateway.log"),
@@ -106,7 +107,7 @@ def run_demo(args: argparse.Namespace) -> int:
         Service("processors", ["process", "--stall-timeout", "60"], logs / "processors.log"),
         Service("sink", ["sink"], logs / "sink.log"),
         Service("trainer", ["train", "--batch-size", str(args.train_batch), "--steps-per-version", "1",
-                            "--lr", str(args.lr), "--threads", "1", "--flush-partial"], logs / "trainer.log"),
+                            "--lr", str(lr), "--threads", "1", "--flush-partial"], logs / "trainer.log"),
     ]
     _step(4, total, f"services: {', '.join(s.name for s in services)} (logs in {logs})")
     tracker: ProgressTracker | None = None
@@ -228,7 +229,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--group-size", type=int, default=8, help="rollouts per group (default 8)")
     p.add_argument("--concurrency", type=int, default=2, help="groups in flight at once (default 2)")
     p.add_argument("--train-batch", type=int, default=16, help="samples per optimizer step (default 16)")
-    p.add_argument("--lr", type=float, default=3e-4, help="trainer learning rate (default 3e-4)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="trainer learning rate (default: the trainer setting, 2e-4)")
     p.add_argument("--seed", type=int, default=0, help="first task seed (default 0)")
     p.add_argument("--drain-s", type=float, default=120.0, help="longest wait for the pipeline to drain")
     p.add_argument("--keep-data", action="store_true",
