@@ -57,6 +57,20 @@ def _q(client: Client, sql: str) -> list[tuple[Any, ...]]:
     return client.query(sql).result_rows
 
 
+# Beyond this many versions, per-version means (a few rollouts each) are noise: show the trend instead.
+MANY_VERSIONS = 30
+
+
+def rolling_reward(rows: Sequence[tuple[int, float, int]], window: int) -> list[float]:
+    """Rollout-weighted mean of (version, mean reward, rollouts) over the last ``window`` versions."""
+    out = []
+    for i in range(len(rows)):
+        part = rows[max(0, i - window + 1): i + 1]
+        n = sum(r[2] for r in part)
+        out.append(sum(r[1] * r[2] for r in part) / n if n else float("nan"))
+    return out
+
+
 def _plot_reward_by_version(client: Client) -> str:
     rows = _q(
         client,
@@ -67,20 +81,21 @@ def _plot_reward_by_version(client: Client) -> str:
         return '<p class="empty">no rewards of counted, complete rollouts yet</p>'
     versions = [r[0] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    ax.errorbar(
-        versions,
-        [r[1] for r in rows],
-        yerr=[r[2] for r in rows],
-        marker="o",
-        capsize=3,
-        label="raw reward (mean ± sd)",
-    )
-    ax.plot(versions, [r[3] for r in rows], marker="s", linestyle="--", label="reward after config")
+    if len(rows) > MANY_VERSIONS:
+        window = max(5, len(rows) // 10)
+        ax.scatter(versions, [r[1] for r in rows], s=8, alpha=0.3, label="raw reward, per version")
+        trend = rolling_reward([(r[0], r[1], r[4]) for r in rows], window)
+        ax.plot(versions, trend, linewidth=2.2, label=f"raw reward, mean of the last {window} versions")
+        ax.plot(versions, [r[3] for r in rows], linewidth=0.8, alpha=0.5, label="reward after config")
+    else:
+        ax.errorbar(versions, [r[1] for r in rows], yerr=[r[2] for r in rows], marker="o", capsize=3,
+                    label="raw reward (mean ± sd)")
+        ax.plot(versions, [r[3] for r in rows], marker="s", linestyle="--", label="reward after config")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("policy version")
     ax.set_ylabel("reward")
     ax.set_title("Reward against policy version")
-    ax.legend()
+    ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
     return _png(fig) + _table(["policy version", "mean raw reward", "sd", "mean reward", "rollouts"], rows)
 

@@ -12,7 +12,7 @@ from clickhouse_connect.driver.client import Client
 
 from schemas.tokens import pack_floats, pack_ids, unpack_floats, unpack_ids
 from sinks.audit import CheckResult, run_audit
-from sinks.report import build_report
+from sinks.report import build_report, rolling_reward
 from sinks.store import write_records
 from sinks.synthetic import Event, GroupEvents, GroupSpec, synthetic_group
 from sinks.trace import TraceError, format_trace, trace_sample
@@ -240,3 +240,9 @@ def test_weights_stay_exact_in_float32() -> None:
     sample = next(r for r in clean_groups(1)[0].of("Sample") if r["kind"] == "CALL")
     weights = unpack_floats(sample["weights"])
     assert np.isclose(weights.sum(dtype=np.float64) * 3, 1.0, rtol=1e-6)
+
+
+def test_rolling_reward_weights_versions_by_rollouts() -> None:
+    rows = [(1, 0.0, 1), (2, 1.0, 3), (3, 0.5, 0), (4, 1.0, 1)]
+    assert rolling_reward(rows, 2) == [0.0, 0.75, 1.0, 1.0]
+    assert rolling_reward(rows, 10)[-1] == 0.8
