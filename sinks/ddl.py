@@ -486,6 +486,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             "TYPE bloom_filter GRANULARITY 4",
         ],
     ),
+    Migration(
+        "0008_calls_request_response_copies",
+        "calls: a delta body's copy of the base call's answer is stored as copies of its response body",
+        lambda db: [
+            # (position in the stored delta, offset in the base's response_json, length), code points.
+            f"ALTER TABLE {db}.calls ADD COLUMN IF NOT EXISTS request_copies "
+            "Array(Tuple(UInt32, UInt32, UInt32)) CODEC(ZSTD(3)) AFTER request_shared_suffix",
+        ],
+    ),
 )
 
 

@@ -136,6 +136,7 @@ def call_row(rec: Record) -> Row:
         "request_base_call_id": None,
         "request_shared_prefix": 0,
         "request_shared_suffix": 0,
+        "request_copies": [],
         "request_length": len(rec["request_json"]),
         "request_sha256": text_digest(rec["request_json"]),
     }

@@ -7,14 +7,25 @@ dwarf the token columns). Stored as a delta, a body keeps only what differs from
 text between the longest shared prefix and the longest shared suffix. Rebuilding is exact and checked
 against the full body's length and sha256.
 
+What is left is mostly the new turn: the harness's copy of the base call's answer, then the tool
+results. The answer is already stored once, in the base call's response body, as the same JSON string
+(the gateway writes both with orjson). So long JSON strings of that response found in the middle are
+cut out of it and stored as copies (where in the stored middle, where in the response, how long).
+
 Pure functions and a bounded memo; the sink decides which earlier body is available as a base.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
+
+# A JSON string token (without its quotes, in group 1) of well-formed JSON text.
+_JSON_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
+# (position in the stored text, offset in the reference, length), in code points.
+Copy = tuple[int, int, int]
 
 
 class TextDeltaError(ValueError):
@@ -78,6 +89,43 @@ def apply_delta(base: str, delta: TextDelta, length: int, sha256: str) -> str:
     if text_digest(text) != sha256:
         raise TextDeltaError("rebuilt body does not match its recorded sha256")
     return text
+
+
+def cut_copies(text: str, reference: str, min_chars: int) -> tuple[str, list[Copy]]:
+    """``text`` without the JSON strings of ``reference`` (JSON text) of at least ``min_chars`` that
+    it repeats, and the copies that put them back (``paste_copies``)."""
+    spans = sorted(((m.start(1), m.end(1)) for m in _JSON_STRING.finditer(reference)
+                    if m.end(1) - m.start(1) >= min_chars), key=lambda s: s[0] - s[1])  # longest first
+    found: list[tuple[int, int, int]] = []  # (position in text, offset in reference, length)
+    for start, end in spans:
+        needle, at = reference[start:end], 0
+        while (at := text.find(needle, at)) >= 0:
+            if all(at + len(needle) <= p or p + n <= at for p, _, n in found):
+                found.append((at, start, len(needle)))
+                break
+            at += 1
+    if not found:
+        return text, []
+    kept, copies, cursor, stored_len = [], [], 0, 0
+    for at, offset, length in sorted(found):
+        kept.append(text[cursor:at])
+        stored_len += at - cursor
+        copies.append((stored_len, offset, length))
+        cursor = at + length
+    kept.append(text[cursor:])
+    return "".join(kept), copies
+
+
+def paste_copies(stored: str, copies: list[Copy], reference: str) -> str:
+    """The text ``cut_copies`` took apart: each copy's slice of ``reference`` back at its position."""
+    parts, cursor = [], 0
+    for position, offset, length in copies:
+        if not cursor <= position <= len(stored) or offset + length > len(reference):
+            raise TextDeltaError(f"copy ({position}, {offset}, {length}) is out of range")
+        parts += [stored[cursor:position], reference[offset:offset + length]]
+        cursor = position
+    parts.append(stored[cursor:])
+    return "".join(parts)
 
 
 class RecentTexts:

@@ -485,6 +485,8 @@ ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS prompt_shared_call_id Null
 
 ALTER TABLE tokentrail.calls ADD INDEX IF NOT EXISTS ix_prompt_sha256 prompt_sha256 TYPE bloom_filter GRANULARITY 4;
 
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS request_copies Array(Tuple(UInt32, UInt32, UInt32)) CODEC(ZSTD(3)) AFTER request_shared_suffix;
+
 CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
         FROM tokentrail.attempt_starts FINAL
         UNION ALL

@@ -5,15 +5,25 @@ from __future__ import annotations
 
 import random
 
+import orjson
 import pytest
 from clickhouse_connect.driver.client import Client
 
 from schemas.ids import ids_digest
-from sinks.request_bodies import MIN_SAVED_CHARS, RequestBodyDeltas, rebuild_request_bodies
+from sinks.request_bodies import MIN_SAVED_CHARS, REQUEST_COLUMNS, RequestBodyDeltas, rebuild_request_bodies
 from sinks.rows import to_row
 from sinks.store import CallTokenCache, load_records, select_rows, write_records
 from sinks.synthetic import GroupSpec, synthetic_group
-from sinks.text_delta import RecentTexts, TextDelta, TextDeltaError, apply_delta, encode_delta, text_digest
+from sinks.text_delta import (
+    RecentTexts,
+    TextDelta,
+    TextDeltaError,
+    apply_delta,
+    cut_copies,
+    encode_delta,
+    paste_copies,
+    text_digest,
+)
 
 
 def _rebuilt(text: str, base: str) -> str:
@@ -68,6 +78,36 @@ def test_rebuild_checks_length_sha256_and_ranges() -> None:
         apply_delta("ab", TextDelta(5, 0, ""), 5, text_digest("abcde"))
 
 
+def _answer(content: str) -> str:
+    return orjson.dumps({"choices": [{"message": {"content": content, "role": "assistant"}}]}).decode()
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["plain words " * 10, 'quotes " and \\ backslashes\n and\ttabs ' * 4, "unicode é ✓ 𝄞 " * 8],
+)
+def test_the_base_answer_is_cut_out_and_pasted_back(content: str) -> None:
+    reference = _answer(content)
+    middle = orjson.dumps([{"content": content, "role": "assistant"}, {"content": "tool result", "role": "tool"}])
+    text = "," + middle.decode()[1:-1]
+    stored, copies = cut_copies(text, reference, 64)
+    assert len(copies) == 1 and orjson.dumps(content).decode()[1:-1] not in stored
+    assert paste_copies(stored, copies, reference) == text
+
+
+def test_copies_take_every_long_string_once_and_leave_short_ones() -> None:
+    reference = orjson.dumps({"a": "x" * 80, "b": "y" * 100, "c": "short"}).decode()
+    text = "[" + "y" * 100 + "|" + "x" * 80 + "|" + "x" * 80 + "|short]"
+    stored, copies = cut_copies(text, reference, 64)
+    assert stored == "[||" + "x" * 80 + "|short]" and len(copies) == 2  # each string is copied once
+    assert paste_copies(stored, copies, reference) == text
+    assert cut_copies("nothing in common", reference, 64) == ("nothing in common", [])
+    with pytest.raises(TextDeltaError, match="out of range"):
+        paste_copies(stored, [(0, len(reference) - 2, 5)], reference)
+    with pytest.raises(TextDeltaError, match="out of range"):
+        paste_copies(stored, [(len(stored) + 1, 0, 1)], reference)
+
+
 def test_recent_texts_stay_within_their_bound() -> None:
     recent = RecentTexts(max_chars=10)
     recent.put("a", "12345")
@@ -96,6 +136,10 @@ def test_later_calls_store_only_their_new_turn() -> None:
         else:
             assert row["request_base_call_id"] == call["prompt"]["base_call_id"]
             assert len(row["request_json"]) < len(call["request_json"]) // 3
+            # The base call's answer, repeated in this body, is stored once: in the base's response.
+            base = next(c for c in calls if c["call_id"] == row["request_base_call_id"])
+            answer = orjson.loads(base["response_json"])["choices"][0]["message"]["content"]
+            assert row["request_copies"] and orjson.dumps(answer).decode()[1:-1] not in row["request_json"]
         assert row["request_sha256"] == text_digest(call["request_json"])
     stored = {r["call_id"]: dict(r) for r in rows}
     rebuild_request_bodies(rows, lambda ids: [stored[i] for i in ids if i in stored])
@@ -132,6 +176,29 @@ def test_calls_round_trip_through_chdb_with_delta_bodies(ch: Client) -> None:
     last = max(calls, key=lambda c: c["call_index"])
     (row,) = select_rows(ch, "calls", "call_id = {c:String}", {"c": last["call_id"]})
     assert row["request_json"] == last["request_json"]
+
+
+def test_bodies_read_without_their_bases_responses_fetch_them(ch: Client) -> None:
+    g = synthetic_group(GroupSpec(rollouts=1, turns=4, bodies="chat", tools=2))
+    write_records(ch, g.events)
+    columns = "call_id, request_json, " + ", ".join(c for c in REQUEST_COLUMNS if c not in ("call_id", "request_json",
+                                                                                           "response_json"))
+    rows = select_rows(ch, "calls", columns=columns, order_by="call_index")
+    assert [r["request_json"] for r in rows] == [c["request_json"] for c in g.of("CallRecord")]
+    assert all("response_json" not in r for r in rows)
+
+
+def test_a_corrupted_copy_is_named_when_read(ch: Client) -> None:
+    g = synthetic_group(GroupSpec(rollouts=1, turns=3, bodies="chat", tools=2))
+    write_records(ch, g.events)
+    last_call = g.call_ids[2]
+    ch.command(
+        "ALTER TABLE calls UPDATE request_copies = arrayMap(c -> (c.1, c.2 + 1, c.3), request_copies) "
+        "WHERE call_id = {c:String} SETTINGS mutations_sync = 2",
+        parameters={"c": last_call},
+    )
+    with pytest.raises(TextDeltaError, match=last_call):
+        load_records(ch, "calls")
 
 
 def test_a_corrupted_stored_body_is_named_when_read(ch: Client) -> None:
