@@ -89,8 +89,10 @@ def test_sink_stores_every_topic_dead_letters_and_deduplicates(
     # Later calls' request bodies were stored as deltas on their bases, and come back whole.
     calls = sorted((rec for name, rec in events if name == "CallRecord"), key=lambda c: c["event_id"])
     assert load_records(ch, "calls", order_by="event_id") == calls
-    deltas = ch.query("SELECT countIf(request_base_call_id IS NOT NULL) FROM calls FINAL WHERE call_index > 0")
-    assert deltas.result_rows[0][0] == sum(1 for c in calls if c["call_index"] > 0)
+    deltas, copied = ch.query(
+        "SELECT countIf(request_base_call_id IS NOT NULL), countIf(notEmpty(request_copies)) FROM calls FINAL "
+        "WHERE call_index > 0").result_rows[0]
+    assert deltas == copied == sum(1 for c in calls if c["call_index"] > 0)  # each repeats its base's answer
     # A group's rollouts share their task prompt: the ones stored after the first name it instead (some
     # may stay whole: a batch only names a smaller call id), their identical first request bodies too,
     # and every prompt and body came back whole above.
