@@ -188,29 +188,22 @@ def test_bodies_read_without_their_bases_responses_fetch_them(ch: Client) -> Non
     assert all("response_json" not in r for r in rows)
 
 
-def test_a_corrupted_copy_is_named_when_read(ch: Client) -> None:
+@pytest.mark.parametrize(
+    ("index", "corruption"),
+    [
+        (1, "request_json = concat(request_json, ' ')"),  # a stored middle
+        (2, "request_copies = arrayMap(c -> (c.1, c.2 + 1, c.3), request_copies)"),  # a copy off by one
+    ],
+)
+def test_a_corrupted_stored_body_is_named_when_read(ch: Client, index: int, corruption: str) -> None:
     g = synthetic_group(GroupSpec(rollouts=1, turns=3, bodies="chat", tools=2))
     write_records(ch, g.events)
-    last_call = g.call_ids[2]
+    bad_call = g.call_ids[index]
     ch.command(
-        "ALTER TABLE calls UPDATE request_copies = arrayMap(c -> (c.1, c.2 + 1, c.3), request_copies) "
-        "WHERE call_id = {c:String} SETTINGS mutations_sync = 2",
-        parameters={"c": last_call},
+        f"ALTER TABLE calls UPDATE {corruption} WHERE call_id = {{c:String}} SETTINGS mutations_sync = 2",
+        parameters={"c": bad_call},
     )
-    with pytest.raises(TextDeltaError, match=last_call):
-        load_records(ch, "calls")
-
-
-def test_a_corrupted_stored_body_is_named_when_read(ch: Client) -> None:
-    g = synthetic_group(GroupSpec(rollouts=1, turns=3, bodies="chat", tools=2))
-    write_records(ch, g.events)
-    middle_call = g.call_ids[1]
-    ch.command(
-        "ALTER TABLE calls UPDATE request_json = concat(request_json, ' ') WHERE call_id = {c:String} "
-        "SETTINGS mutations_sync = 2",
-        parameters={"c": middle_call},
-    )
-    with pytest.raises(TextDeltaError, match=middle_call):
+    with pytest.raises(TextDeltaError, match=bad_call):
         load_records(ch, "calls")
 
 
