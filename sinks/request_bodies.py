@@ -53,7 +53,6 @@ class RequestBodyDeltas:
         self.responses = RecentTexts(max_chars // 4)  # answers are short next to whole conversations
         self.deltas = 0
         self.full = 0
-        self.copied_chars = 0
 
     def encode(self, row: Row) -> Row:
         """Rewrite ``row`` (a calls row with its full body) in place; returns it."""
@@ -67,7 +66,6 @@ class RequestBodyDeltas:
                 base_response = self.responses.get(_memo_key(row, base_id))
                 if base_response is not None:
                     middle, copies = cut_copies(delta.middle, base_response, MIN_COPY_CHARS)
-                    self.copied_chars += len(delta.middle) - len(middle)
                 row.update(
                     request_json=middle,
                     request_base_call_id=base_id,

@@ -99,15 +99,16 @@ def run_demo(args: argparse.Namespace) -> int:
     _cli("model", "build")
 
     logs = log_dir()
-    lr = settings.trainer.learning_rate if args.lr is None else args.lr
     gateway_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
     services = [
         Service("gateway", ["gateway"], logs / "gateway.log"),
         # A stuck worker stops itself after 60 s (watchdog) and the supervision below restarts it.
         Service("processors", ["process", "--stall-timeout", "60"], logs / "processors.log"),
         Service("sink", ["sink"], logs / "sink.log"),
+        # Without --lr the trainer takes its learning rate from the settings.
         Service("trainer", ["train", "--batch-size", str(args.train_batch), "--steps-per-version", "1",
-                            "--lr", str(lr), "--threads", "1", "--flush-partial"], logs / "trainer.log"),
+                            *(["--lr", str(args.lr)] if args.lr is not None else []), "--threads", "1",
+                            "--flush-partial"], logs / "trainer.log"),
     ]
     _step(4, total, f"services: {', '.join(s.name for s in services)} (logs in {logs})")
     tracker: ProgressTracker | None = None
