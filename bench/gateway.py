@@ -23,12 +23,16 @@ Workloads (``--workload``), all with a first user message of about ``--prompt-to
 Rollouts are started before timing. At concurrency 1 the two servers are called
 alternately, so both see the same machine state; ``added_*`` is gateway minus direct.
 ``cpu_ms_per_call`` is the gateway process's CPU time (all its threads: HTTP, rendering, encoding,
-librdkafka) per call at concurrency 1; ``calls_per_s_c64`` is the throughput of one gateway process
-with 64 calls in flight, and ``direct_calls_per_s_c64`` the same client against the direct server
-(the ceiling the client and machine allow). The client runs on the same machine; by default it is a
-minimal keep-alive HTTP/1.1 client (``--client raw``: prebuilt requests, httptools parsing), because
-httpx costs several ms of CPU per call and would cap throughput at c64 far below the servers' own
-(``--client httpx`` measures with it).
+librdkafka) per call at concurrency 1. Where it goes: ``direct_cpu_ms_per_call`` is the direct
+server's CPU per call in the same phase (the HTTP stack both share, so a floor under any gateway on
+it; ``cpu_ratio_vs_direct`` compares the two), ``render_cpu_ms_per_call`` the gateway's own measure
+of rendering and tokenizing (its ``tokentrail_gateway_render_seconds`` metric) and
+``delivery_wait_ms_c1`` the mean wait for the Kafka acknowledgement. ``calls_per_s_c64`` is the
+throughput of one gateway process with 64 calls in flight, and ``direct_calls_per_s_c64`` the same
+client against the direct server (the ceiling the client and machine allow). The client runs on the
+same machine; by default it is a minimal keep-alive HTTP/1.1 client (``--client raw``: prebuilt
+requests, httptools parsing), because httpx costs several ms of CPU per call and would cap
+throughput at c64 far below the servers' own (``--client httpx`` measures with it).
 
     python -m bench.gateway [--calls N] [--c64-calls N] [--prompt-tokens T] [--output-tokens K]
                             [--workload agent|distinct|same] [--turns N] [--turn-tokens T] [--group-size G]
@@ -213,6 +217,22 @@ async def _wait_healthy(
             pass
         await asyncio.sleep(0.2)
     raise RuntimeError(f"the {what} server did not become healthy")
+
+
+async def _histogram_sums(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """``{name_sum: seconds, name_count: n}`` of the gateway's histograms, from its /metrics."""
+    text = (await client.get(f"{url}/metrics")).text
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.endswith(("_sum", "_count")) and "{" not in name:
+            sums[name] = float(value)
+    return sums
+
+
+def _mean_ms(before: dict[str, float], after: dict[str, float], histogram: str) -> float:
+    calls = after[f"{histogram}_count"] - before[f"{histogram}_count"]
+    return (after[f"{histogram}_sum"] - before[f"{histogram}_sum"]) / max(calls, 1) * 1000
 
 
 async def _start_rollouts(client: httpx.AsyncClient, url: str, count: int) -> list[str]:
@@ -433,7 +453,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             print(f"concurrency 1: {n_c1} calls each, alternating ...", flush=True)
             direct_s: list[float] = []
             gateway_s: list[float] = []
-            cpu_before = _cpu_seconds(gateway.pid)
+            cpu_before, direct_cpu_before = _cpu_seconds(gateway.pid), _cpu_seconds(direct.pid)
+            sums_before = await _histogram_sums(client, gateway_url)
             i = 0
             for n, conversation in enumerate(timed, start=len(warmup)):
                 for body in conversation:
@@ -447,6 +468,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                     if i % max(1, n_c1 // 5) == 0:
                         print(f"  {i}/{n_c1}", flush=True)
             cpu_c1 = _cpu_seconds(gateway.pid) - cpu_before
+            direct_cpu_c1 = _cpu_seconds(direct.pid) - direct_cpu_before
+            sums_c1 = await _histogram_sums(client, gateway_url)
 
             print(f"concurrency 64: {n_c64} calls each ({len(c64)} conversations), gateway then direct ...",
                   flush=True)
@@ -479,6 +502,12 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "added_p99_ms_c1": (_percentile(gateway_s, 0.99) - _percentile(direct_s, 0.99)) * 1000,
             "added_paired_p50_ms_c1": statistics.median(paired) * 1000,
             "cpu_ms_per_call": cpu_c1 / n_c1 * 1000,
+            # The direct server on the same HTTP stack (uvicorn + Starlette, JSON in and out): a floor
+            # under any gateway on this stack; the rest is the gateway's own work.
+            "direct_cpu_ms_per_call": direct_cpu_c1 / n_c1 * 1000,
+            "cpu_ratio_vs_direct": cpu_c1 / max(direct_cpu_c1, 1e-9),
+            "render_cpu_ms_per_call": _mean_ms(sums_before, sums_c1, "tokentrail_gateway_render_seconds"),
+            "delivery_wait_ms_c1": _mean_ms(sums_before, sums_c1, "tokentrail_gateway_delivery_seconds"),
             "cpu_ms_per_call_c64": cpu_c64 / n_c64 * 1000,
             "calls_per_s_c64": n_c64 / c64_s,
             "direct_calls_per_s_c64": n_c64 / direct_c64_s,

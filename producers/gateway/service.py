@@ -97,7 +97,11 @@ class CallService:
     def prepare(self, identity: CallIdentity, call: InternalCall, *, received_at_us: int, started: float,
                 request_json: str, adapter_version: str, tool_call_prefix: str) -> PreparedCall:
         """Render and assign the call its index. From here on the call is recorded whatever happens."""
-        rendered = self.render(identity, call)
+        cpu_before = time.thread_time()  # rendering runs on this thread: its CPU is the render's
+        try:
+            rendered = self.render(identity, call)
+        finally:
+            self.ctx.metrics.render_seconds.observe(time.thread_time() - cpu_before)
         if not len(rendered.prompt_ids):
             raise bad_request("the prompt renders to no tokens", code="empty_prompt")
         index = identity.state.begin_call()

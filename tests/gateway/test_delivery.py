@@ -101,6 +101,10 @@ def test_a_harness_that_leaves_mid_stream_still_gets_its_call_recorded(
     assert logprobs == pytest.approx(engine_logprobs(reference_model, call, prompt), abs=2e-3)
 
 
+def metric_value(metrics: str, name: str) -> str:
+    return next(line.split()[1] for line in metrics.splitlines() if line.startswith(name + " "))
+
+
 def test_unattributed_calls_stop_strings_health_and_metrics(
     start_gateway, topics: dict[str, str], text_side, tokentrail_settings: Settings
 ) -> None:
@@ -125,6 +129,10 @@ def test_unattributed_calls_stop_strings_health_and_metrics(
     assert 'tokentrail_gateway_calls_total{protocol="openai.chat",status="OK"} 1.0' in metrics
     assert "tokentrail_gateway_spool_depth 0.0" in metrics
     assert "tokentrail_gateway_call_seconds_bucket" in metrics
+    # The one call's rendering was timed (its CPU: more than nothing, less than the whole call).
+    render_count = float(metric_value(metrics, "tokentrail_gateway_render_seconds_count"))
+    render_s = float(metric_value(metrics, "tokentrail_gateway_render_seconds_sum"))
+    assert render_count == 1.0 and 0 < render_s < call["timings"]["total_ms"] / 1000
 
 
 def test_sdk_finishes_failed_attempts(start_gateway, topics: dict[str, str], tokentrail_settings: Settings) -> None:
