@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from producers.gateway.service import GATEWAY_VERSION
 from producers.gateway.text_side import ModelTextSide
 from schemas.ids import call_id
 from schemas.tokens import IdArray
@@ -37,12 +38,24 @@ def check_calls(
         assert v["tokenizer_fingerprint"] == text_side.tokenizer_fingerprint
         assert v["chat_template_fingerprint"] == text_side.chat_template_fingerprint
         assert v["parser_version"] == text_side.parser_version and v["engine"].startswith("embedded/")
+        assert v["adapter_version"].endswith(f" gateway/{GATEWAY_VERSION}") and v["upstream"].startswith("embedded:")
+        assert v["policy_version"] == 0 and call["logprob_kind"] == "PROCESSED"  # the embedded engine's
+        t = call["timings"]
+        assert 0 <= t["queue_ms"] <= t["first_token_ms"] <= t["total_ms"] and t["received_at_us"] > 0
 
-        # The prompt is exactly what the recorded template renders for the request.
+        # The prompt is exactly what the recorded tokenizer and template give for the request: the
+        # template's text, encoded. Splicing may put an earlier call's exact ids where the text repeats
+        # what that call ran and sampled; what follows them is still the text, encoded.
         messages, tools = conversations[i]
-        assert text_side.renderer.decode(prompt.tolist()) == text_side.render_text(messages, tools)
-        if prefix_mode == "retokenize":
-            assert prompt.tolist() == text_side.renderer.render(messages, tools)
+        renderer = text_side.renderer
+        assert renderer.decode(prompt.tolist()) == text_side.render_text(messages, tools)
+        if prefix_mode == "retokenize" or call["spliced_outputs"] == 0:
+            assert prompt.tolist() == renderer.render(messages, tools)
+        else:
+            base = _longest_earlier_sequence(calls[:i], prompts[:i], prompt)
+            if base is not None and call["spliced_outputs"] == 1:  # only that prefix was spliced
+                rest = prompt[base:].tolist()
+                assert rest == renderer.encode(renderer.decode(rest))
 
         # The sampled ids decode to what the harness was told, and carry the engine's logprobs.
         output_ids, logprobs = output_of(call)
@@ -55,6 +68,13 @@ def check_calls(
         if later["prompt"]["ids"] is None:  # delta-encoded: on an earlier call of the same attempt
             assert later["prompt"]["base_call_id"] in {c["call_id"] for c in calls[: later["call_index"]]}
     return prompts
+
+
+def _longest_earlier_sequence(calls: list[dict[str, Any]], prompts: list[IdArray], prompt: IdArray) -> int | None:
+    """The length of the longest earlier prompt ‖ output that is a token prefix of ``prompt``."""
+    lengths = [len(sequence_of(c, p)) for c, p in zip(calls, prompts, strict=True)
+               if is_token_prefix(sequence_of(c, p), prompt)]
+    return max(lengths, default=None)
 
 
 def sequence_of(call: dict[str, Any], prompt: IdArray) -> IdArray:

@@ -141,9 +141,73 @@ def test_tool_use_conversation_is_recorded_token_exact(
         credentials = {k: v for k, v in request["headers"].items() if k in ("authorization", "x-api-key")}
         assert credentials and set(credentials.values()) == {"[redacted]"}
         assert (request["query"] == "beta=true") is beta
+        assert request["headers"]["anthropic-version"] == client.default_headers["anthropic-version"]
         assert ("anthropic-beta" in request["headers"]) is beta
     assert calls[1]["sampling"]["top_k"] == 50
+    # What the SDK put together (from the events, or the body) is what was recorded and sampled.
+    for reply, record in zip((first, second), calls, strict=True):
+        assert blocks_of(reply.model_dump()) == blocks_of(orjson.loads(record["response_json"]))
     assert (
         first.usage.input_tokens == len(prompts[0])
         and first.usage.output_tokens == len(calls[0]["output_ids"]) // 4
     )
+
+
+def blocks_of(message: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The content blocks of a message, without ids and signatures."""
+    keep = {"text": "text", "thinking": "thinking", "tool_use": "input"}
+    return [(b["type"], b[keep[b["type"]]]) for b in message["content"]]
+
+
+def test_thinking_blocks_round_trip_and_a_dropped_one_breaks_the_prefix(
+    start_gateway, topics: dict[str, str], text_side, reference_model, tokentrail_settings: Settings
+) -> None:
+    """Claude Code sends earlier thinking blocks back. They reach the template as reasoning; the template
+    keeps only the last assistant turn's, so once a newer turn exists the record says the earlier call's
+    tokens are no longer a prefix, and why."""
+    history: list[dict[str, Any]] = [
+        {"role": "user", "content": "Hi?"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "greet back", "signature": "sig-from-an-earlier-session"},
+            {"type": "text", "text": "hello"},
+        ]},
+        {"role": "user", "content": 'What is "owl"?'},
+    ]
+    with start_gateway() as gw, Rollout(gw.url, task_input={}) as rollout:
+        client = anthropic.Anthropic(base_url=rollout.anthropic_base_url, api_key="k")
+        first = send(client, True, True, system="Answer with one word.", messages=history, max_tokens=8)
+        later = [*history, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                 {"role": "user", "content": 'And "cat"?'}]
+        second = send(client, False, False, system="Answer with one word.", messages=later, max_tokens=8)
+    calls = [
+        r
+        for _, r in read_records(
+            tokentrail_settings, topics["calls_topic"], 2, where={"rollout_id": rollout.rollout_id}
+        )
+    ]
+    system = {"role": "system", "content": "Answer with one word."}
+    first_chat = [system, {"role": "user", "content": "Hi?"},
+                  {"role": "assistant", "content": "hello", "reasoning_content": "greet back"},
+                  {"role": "user", "content": 'What is "owl"?'}]
+    answer = {"role": "assistant", "content": "".join(b.text for b in first.content if b.type == "text")}
+    thinking = "".join(b.thinking for b in first.content if b.type == "thinking")
+    if thinking:
+        answer["reasoning_content"] = thinking
+    assert not any(b.type == "tool_use" for b in first.content)  # no tools offered
+    prompts = check_calls(
+        calls,
+        text_side=text_side,
+        model=reference_model,
+        rollout_id=rollout.rollout_id,
+        attempt_id=rollout.attempt_id,
+        prefix_mode="splice",
+        conversations=[(first_chat, None), ([*first_chat, answer, {"role": "user", "content": 'And "cat"?'}], None)],
+    )
+    assert "greet back" in text_side.renderer.decode(prompts[0].tolist())
+    assert "greet back" not in text_side.renderer.decode(prompts[1].tolist())
+    assert not prefix_holds(calls, prompts, 0)
+    assert any("reasoning" in b for b in calls[1]["prefix_breaks"]), calls[1]["prefix_breaks"]
+    for reply, record in zip((first, second), calls, strict=True):
+        assert blocks_of(reply.model_dump()) == blocks_of(orjson.loads(record["response_json"]))
+    request = orjson.loads(calls[1]["request_json"])
+    assert request["body"]["messages"][1]["content"][0]["thinking"] == "greet back"

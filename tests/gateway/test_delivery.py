@@ -7,14 +7,16 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anthropic
 import httpx
 import openai
+import orjson
 import pytest
 
 from producers.engines.embedded import EmbeddedEngine
 from producers.model_build import LOOKUP_TOOL, task_messages
 from producers.sdk import Rollout
-from producers.upstream import GenerateRequest, GenerateResult, TokenChunk
+from producers.upstream import GenerateRequest, GenerateResult, TokenChunk, UpstreamError
 from tokentrail.settings import Settings
 
 from .helpers import engine_logprobs, output_of, prompts_of, read_records
@@ -56,6 +58,49 @@ class SlowEngine:
 
     async def close(self) -> None:
         await self.engine.close()
+
+
+class FailingEngine(SlowEngine):
+    """The real embedded engine that fails after its first tokens, as a vLLM server that dies would."""
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+        async for item in self.engine.generate_stream(request):
+            if isinstance(item, TokenChunk):
+                yield item
+                raise UpstreamError("the engine went away mid-generation", 503, "engine_lost")
+
+
+def test_a_failure_mid_stream_reaches_each_sdk_in_its_shape_and_is_recorded(
+    start_gateway, topics: dict[str, str], model_dir, tokentrail_settings: Settings
+) -> None:
+    failing = FailingEngine(EmbeddedEngine(model_dir), per_token_s=0.0)
+    with start_gateway(upstream=failing) as gw, Rollout(gw.url) as rollout:
+        messages = [{"role": "user", "content": "hi"}]
+        chunks = []
+        with pytest.raises(openai.APIError) as openai_error:
+            for chunk in rollout.openai_client().chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=30, stream=True
+            ):
+                chunks.append(chunk)
+        assert chunks and chunks[0].choices[0].delta.role == "assistant"  # the stream had begun
+        with (
+            pytest.raises(anthropic.APIStatusError) as anthropic_error,
+            rollout.anthropic_client().messages.stream(model=MODEL, messages=messages, max_tokens=30) as events,
+        ):
+            for _ in events:
+                pass
+        calls = [r for _, r in read_records(tokentrail_settings, topics["calls_topic"], 2,
+                                            where={"rollout_id": rollout.rollout_id})]
+    # Each SDK raised its own error type from the protocol's error event.
+    assert "went away" in openai_error.value.message and openai_error.value.type == "server_error"
+    assert anthropic_error.value.body["error"]["type"] == "overloaded_error"
+    assert "went away" in anthropic_error.value.body["error"]["message"]
+    # Both calls are on Kafka as failures, with the error and the body the harness got.
+    assert [c["protocol"] for c in calls] == ["openai.chat", "anthropic.messages"]
+    for call in calls:
+        assert call["status"] == "ERROR" and call["finish_reason"] == "error" and call["streamed"] is True
+        assert call["error"]["type"] == "engine_lost" and call["error"]["status_code"] == 503
+        assert "went away" in orjson.loads(call["response_json"]).get("error", {}).get("message", "")
 
 
 def test_harness_is_answered_only_after_delivery(start_gateway) -> None:

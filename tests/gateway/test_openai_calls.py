@@ -14,7 +14,7 @@ from producers.sdk import Rollout
 from tokentrail.settings import Settings
 
 from .checks import check_calls, prefix_holds
-from .helpers import read_records
+from .helpers import output_of, read_records
 
 MODEL = "tokentrail-tiny"
 
@@ -85,7 +85,10 @@ def test_tool_conversation_is_recorded_token_exact(
             {"role": "tool", "tool_call_id": call["id"], "content": "red"},
         ]
         conversations.append((messages, [LOOKUP_TOOL]))
-        second = chat(client, messages, stream, tools=[LOOKUP_TOOL], seed=11, max_tokens=20)
+        # Sampled with temperature and top-p, where the processed logprobs the engine records differ
+        # from the raw ones: the logprob check then also proves the recorded kind.
+        second = chat(client, messages, stream, tools=[LOOKUP_TOOL], seed=11, max_tokens=20, temperature=0.7,
+                      top_p=0.9)
         assert second["finish_reason"] in ("stop", "length", "tool_calls")
         assert second["usage"].prompt_tokens > first["usage"].prompt_tokens + first["usage"].completion_tokens
         rollout.event("TOOL_RESULT", {"output": "red"}, call_index=0, name="lookup")
@@ -111,6 +114,10 @@ def test_tool_conversation_is_recorded_token_exact(
     )
     assert all(c["protocol"] == "openai.chat" and c["streamed"] is stream for c in calls)
     assert calls[0]["sampling"]["temperature"] == 0.0 and calls[1]["sampling"]["seed"] == 11
+    assert (calls[1]["sampling"]["temperature"], calls[1]["sampling"]["top_p"]) == (0.7, 0.9)
+    # What the SDK put together (from the stream, or the body) is what was recorded and sampled.
+    for reply, record in zip((first, second), calls, strict=True):
+        assert same_message(reply["message"], record, text_side)
     if prefix_mode == "splice":
         # The second prompt reuses the first call's exact ids: a token-level prefix, stored as a delta.
         assert prefix_holds(calls, prompts, 0)
@@ -127,6 +134,48 @@ def test_tool_conversation_is_recorded_token_exact(
     finished = env[2][1]
     assert (finished["status"], finished["call_count"], finished["event_count"]) == ("SUCCESS", 2, 1)
     assert env[0][1]["group_key"] == {"task": "lookup"} and env[0][1]["expected_group_size"] == 1
+
+
+def same_message(message: dict[str, Any], record: dict[str, Any], text_side: Any) -> bool:
+    """The assistant message a client got equals the record's response and the parse of its output ids."""
+    recorded = orjson.loads(record["response_json"])["choices"][0]["message"]
+    parsed = text_side.parse(text_side.decode(output_of(record)[0].tolist()))
+
+    def calls_of(m: dict[str, Any]) -> list[tuple[str, Any]]:
+        return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in m.get("tool_calls") or []]
+
+    return (
+        (message.get("content") or "") == (recorded.get("content") or "") == parsed.content
+        and calls_of(message) == calls_of(recorded) == [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls]
+        and [c["id"] for c in message.get("tool_calls") or []] == [c["id"] for c in recorded.get("tool_calls") or []]
+    )
+
+
+def test_identity_by_headers_on_the_plain_base_url(
+    start_gateway, topics: dict[str, str], text_side, reference_model, tokentrail_settings: Settings
+) -> None:
+    """A harness that cannot change its base URL path names its rollout and attempt in headers."""
+    with start_gateway() as gw, Rollout(gw.url, task_input={}) as rollout:
+        client = openai.OpenAI(
+            base_url=gw.openai_base_url,
+            api_key="k",
+            default_headers={"X-Rollout-Id": rollout.rollout_id, "X-Attempt-Id": rollout.attempt_id},
+        )
+        reply = chat(client, task_messages("elk"), stream=True, tools=[LOOKUP_TOOL], seed=2, max_tokens=12)
+    ((_, call),) = read_records(
+        tokentrail_settings, topics["calls_topic"], 1, where={"rollout_id": rollout.rollout_id}
+    )
+    check_calls(
+        [call],
+        text_side=text_side,
+        model=reference_model,
+        rollout_id=rollout.rollout_id,
+        attempt_id=rollout.attempt_id,
+        conversations=[(task_messages("elk"), [LOOKUP_TOOL])],
+        prefix_mode="splice",
+    )
+    assert same_message(reply["message"], call, text_side)
+    assert orjson.loads(call["request_json"])["headers"]["x-rollout-id"] == rollout.rollout_id
 
 
 def test_dropped_reasoning_breaks_the_token_prefix(
