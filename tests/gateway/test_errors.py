@@ -191,3 +191,32 @@ def test_admin_key_and_required_rollout_keys(start_gateway) -> None:
                 assert posted.status_code == 403
             rollout.event("STEP", {"n": 1})  # the SDK posts with the admin key
         assert rollout.finished is not None and rollout.finished["call_count"] == 1
+
+
+def test_a_replica_that_did_not_start_the_attempt_refuses_its_calls(
+    start_gateway, topics: dict[str, str], tokentrail_settings: Settings
+) -> None:
+    """Two gateway replicas on the same topics: a call or event routed to the replica that does not hold
+    the attempt is refused (it could only give a colliding index), so the finish event's counts, stated
+    by the replica that holds it, are still the whole attempt."""
+    with start_gateway() as owner, start_gateway() as other, Rollout(owner.url, task_input={}) as rollout:
+        rollout.openai_client().chat.completions.create(model=MODEL, messages=USER, max_tokens=3)
+        path = f"/rollouts/{rollout.rollout_id}/attempts/{rollout.attempt_id}"
+        stray = openai.OpenAI(base_url=f"{other.url}{path}/v1", api_key="k", max_retries=0)
+        with pytest.raises(openai.NotFoundError) as by_path:
+            stray.chat.completions.create(model=MODEL, messages=USER, max_tokens=3)
+        by_header = httpx.post(f"{other.url}/v1/messages", json={"model": MODEL, "max_tokens": 3, "messages": USER},
+                               headers={"X-Rollout-Id": rollout.rollout_id, "anthropic-version": "2023-06-01"})
+        _anthropic_error(by_header, 404, "not_found_error")
+        event = httpx.post(f"{other.url}/v1{path}/events", json={"kind": "STEP"})
+        assert event.status_code == 404
+        rollout.event("STEP", {"n": 1})
+        finished = rollout.finish("SUCCESS", {})
+    assert by_path.value.status_code == 404 and by_path.value.code == "unknown_rollout"
+    assert (finished["call_count"], finished["event_count"]) == (1, 1)
+    # Only the owner's call is on the topic: nothing was recorded for the refused ones.
+    ((_, call),) = read_records(tokentrail_settings, topics["calls_topic"], 1, where={"rollout_id": rollout.rollout_id})
+    assert call["call_index"] == 0
+    with pytest.raises(AssertionError, match=r"expected 2 records on .*, found 1"):
+        read_records(tokentrail_settings, topics["calls_topic"], 2, timeout_s=5,
+                     where={"rollout_id": rollout.rollout_id})
