@@ -90,6 +90,13 @@ class GatewayProcess:
     def health(self) -> dict[str, Any]:
         return httpx.get(f"{self.url}/health", timeout=10).json()
 
+    def metric(self, name: str) -> float:
+        """One unlabelled sample of the gateway's Prometheus metrics (what an operator's dashboard sees)."""
+        for line in httpx.get(f"{self.url}/metrics", timeout=10).text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise KeyError(f"{name} is not among the gateway's metrics")
+
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
@@ -215,6 +222,7 @@ def broker_and_gateway(settings: Settings, workdir: Path, sizes: Sizes, progress
             time.sleep(0.2)
         answered_while_down = driver.done - before
         depth = gateway.health()["sink"]["spool_depth"]
+        metric_depth = gateway.metric("tokentrail_gateway_spool_depth")  # /metrics shows it too
         progress(f"fault a: broker stopped; {answered_while_down} rollouts answered meanwhile, spool depth {depth}")
         kafka_local.start(wait_s=180, kafka=kafka, echo=quiet)
         time.sleep(1.0)
@@ -222,10 +230,13 @@ def broker_and_gateway(settings: Settings, workdir: Path, sizes: Sizes, progress
         drained = _wait_drained(gateway, 120)
         counts = count_event_ids(kafka.client_config(), topics, driver.ids, timeout_s=90)
         lost, dup = lost_and_duplicated(counts, driver.ids)
-        ok = drained and not driver.errors and answered_while_down > 0 and depth > 0 and lost == dup == 0
+        drained_metric = gateway.metric("tokentrail_gateway_spool_depth") if drained else -1.0
+        ok = (drained and not driver.errors and answered_while_down > 0 and depth > 0 and metric_depth > 0
+              and drained_metric == 0 and lost == dup == 0)
         results.append(FaultResult(
             "a. Kafka broker stopped + restarted", f"{driver.done} rollouts ({len(driver.ids)} records), "
-            f"{answered_while_down} answered while the broker was down (spool depth {depth})",
+            f"{answered_while_down} answered while the broker was down (spool depth {depth}, "
+            f"{metric_depth:.0f} on /metrics)",
             lost, dup, ok, "; ".join(driver.errors[:3]) + ("" if drained else " spool not drained"),
             seconds=time.monotonic() - t0))
         progress(f"fault a: lost {lost}, duplicated {dup}")
