@@ -72,6 +72,9 @@ async def run_generation(upstream: Upstream, request: GenerateRequest, *,
     out = Generated()
     decoder = IncrementalDecoder(decode)
     longest_stop = max((len(s) for s in stop), default=0)
+    # Text is needed while sampling only to find stop strings or to stream it; otherwise it is decoded
+    # once at the end.
+    live = bool(longest_stop) or on_text is not None
     stream = upstream.generate_stream(request)
     try:
         async for item in stream:
@@ -84,7 +87,7 @@ async def run_generation(upstream: Upstream, request: GenerateRequest, *,
                 out.first_token_ms = (time.perf_counter() - began) * 1000
             out.output_ids.extend(item.ids)
             out.output_logprobs.extend(item.logprobs)
-            delta = decoder.push(item.ids)
+            delta = decoder.push(item.ids) if live else ""
             if delta and longest_stop:
                 window_start = max(0, len(decoder.text) - len(delta) - longest_stop + 1)
                 hit = _first_stop(decoder.text, stop, window_start)
@@ -106,8 +109,6 @@ async def run_generation(upstream: Upstream, request: GenerateRequest, *,
         res = out.result
         if res.output_ids != out.output_ids:  # upstreams may deliver ids only in the final result
             out.output_ids, out.output_logprobs = list(res.output_ids), list(res.output_logprobs)
-            decoder = IncrementalDecoder(decode)
-            decoder.push(out.output_ids)
         out.finish_reason = res.finish_reason
         out.queue_ms = res.queue_ms
     if out.stop_string is None:
