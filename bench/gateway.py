@@ -20,6 +20,10 @@ Workloads (``--workload``), all with a first user message of about ``--prompt-to
   reused (the gateway's worst case).
 * ``same``: every call the same single-turn conversation, as the rollouts of one group send it (best case).
 
+``--prefix-mode`` sets the gateway's mode (default ``splice``). With ``upstream`` (pass-through) the
+gateway neither renders nor tokenizes: the in-process upstream plays a model server that renders for
+free and reports prompt ids as long as the conversation's text would give.
+
 Rollouts are started before timing. At concurrency 1 the two servers are called
 alternately, so both see the same machine state; ``added_*`` is gateway minus direct.
 ``cpu_ms_per_call`` is the gateway process's CPU time (all its threads: HTTP, rendering, encoding,
@@ -36,7 +40,7 @@ throughput at c64 far below the servers' own (``--client httpx`` measures with i
 
     python -m bench.gateway [--calls N] [--c64-calls N] [--prompt-tokens T] [--output-tokens K]
                             [--workload agent|distinct|same] [--turns N] [--turn-tokens T] [--group-size G]
-                            [--client raw|httpx]
+                            [--prefix-mode splice|retokenize|upstream] [--client raw|httpx]
 """
 
 from __future__ import annotations
@@ -58,10 +62,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import numpy as np
 import orjson
 
 from bench.common import emit
-from producers.upstream import GenerateRequest, GenerateResult, TokenChunk
+from producers.upstream import ChatGenerateRequest, GenerateRequest, GenerateResult, TokenChunk
 
 OUTPUT_TEXT = "The answer is forty-two, and here is why it holds in every case we tried."
 MODEL = "bench"
@@ -75,9 +80,11 @@ class FastUpstream:
 
     name = "bench-fast"
 
-    def __init__(self, output_ids: list[int]) -> None:
+    def __init__(self, output_ids: list[int], vocab_size: int = 256, chars_per_token: float = 1.5) -> None:
         self.output_ids = output_ids
         self.logprobs = [-0.5] * len(output_ids)
+        self.prompt_pool = np.random.default_rng(0).integers(0, vocab_size, 1 << 16).astype(np.uint32)
+        self.chars_per_token = chars_per_token
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         n = min(request.sampling.max_tokens, len(self.output_ids))
@@ -90,6 +97,15 @@ class FastUpstream:
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
         result = await self.generate(request)
         yield TokenChunk(result.output_ids, result.output_logprobs)
+        yield result
+
+    async def generate_chat_stream(self, request: ChatGenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+        """Pass-through: a model server that renders for free. It reports a prompt as long as the
+        conversation's text would tokenize to (ids drawn once; each turn's prompt extends the last's)."""
+        chars = sum(len(str(m.get("content") or "")) for m in request.messages)
+        prompt = self.prompt_pool[: min(len(self.prompt_pool), 16 + int(chars / self.chars_per_token))]
+        result = await self.generate(GenerateRequest(prompt, request.sampling, request.request_id))
+        yield TokenChunk(result.output_ids, result.output_logprobs, prompt_ids=prompt)
         yield result
 
     async def policy_version(self) -> int:
@@ -139,7 +155,8 @@ def direct_app(output_text: str, completion_tokens: int) -> Any:
                              Route("/health", health, methods=["GET"])])
 
 
-def gateway_app(spool_dir: str, calls_topic: str, env_topic: str, output_tokens: int) -> Any:
+def gateway_app(spool_dir: str, calls_topic: str, env_topic: str, output_tokens: int,
+                prefix_mode: str = "splice") -> Any:
     from producers.delivery import KafkaCallSink
     from producers.gateway.cli import build_app
     from tokentrail.settings import get_settings
@@ -147,11 +164,13 @@ def gateway_app(spool_dir: str, calls_topic: str, env_topic: str, output_tokens:
     settings = get_settings()
     settings = settings.model_copy(update={
         "model": settings.model.model_copy(update={"name": MODEL}),
-        "gateway": settings.gateway.model_copy(update={"spool_dir": Path(spool_dir)}),
+        "gateway": settings.gateway.model_copy(update={"spool_dir": Path(spool_dir), "prefix_mode": prefix_mode}),
     })
     text = _text_side()
+    sample = text.render_text([{"role": "user", "content": _prompt(text, 512)}], None)
+    chars_per_token = len(sample) / len(text.encode_text(sample))
     return build_app(
-        settings, upstream=FastUpstream(_output_ids(text, output_tokens)),
+        settings, upstream=FastUpstream(_output_ids(text, output_tokens), text.vocab_size, chars_per_token),
         sink=KafkaCallSink.from_settings(settings), text=text,
         topics={"calls_topic": calls_topic, "env_topic": env_topic}, progress=lambda _: None,
     )
@@ -164,7 +183,7 @@ def serve(args: argparse.Namespace) -> int:
         text = _text_side()
         app = direct_app(text.decode(_output_ids(text, args.output_tokens)), args.output_tokens)
     else:
-        app = gateway_app(args.spool_dir, args.calls_topic, args.env_topic, args.output_tokens)
+        app = gateway_app(args.spool_dir, args.calls_topic, args.env_topic, args.output_tokens, args.prefix_mode)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
                 timeout_keep_alive=120)  # the client keeps its connections; no race with idle closes
     return 0
@@ -426,7 +445,8 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     direct_port, gateway_port = _free_port(), _free_port()
     common = [sys.executable, "-m", "bench.gateway", "--output-tokens", str(args.output_tokens)]
     direct = subprocess.Popen([*common, "--serve", "direct", "--port", str(direct_port)])
-    gateway = subprocess.Popen([*common, "--serve", "gateway", "--port", str(gateway_port),
+    gateway = subprocess.Popen([*common, "--serve", "gateway", "--port", str(gateway_port), "--prefix-mode",
+                                args.prefix_mode,
                                 "--spool-dir", spool, "--calls-topic", calls_topic, "--env-topic", env_topic])
     direct_url, gateway_url = f"http://127.0.0.1:{direct_port}", f"http://127.0.0.1:{gateway_port}"
     limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
@@ -516,6 +536,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "records_on_kafka": on_kafka,
             "gateway_calls": total,
             "workload": args.workload,
+            "prefix_mode": args.prefix_mode,
             "turns_per_conversation": turns,
             "group_size": args.group_size if args.workload == "agent" else 1,
             "spool_depth_at_end": sink.get("spool_depth", -1),
@@ -558,6 +579,9 @@ def main(argv: list[str] | None = None) -> int:
                         "of a GRPO group do (default 1: every conversation differs from its first word)")
     parser.add_argument("--turn-tokens", type=int, default=128,
                         help="words of tool result added per turn in the agent workload")
+    parser.add_argument("--prefix-mode", choices=["splice", "retokenize", "upstream"], default="splice",
+                        help="the gateway's prefix mode (default splice; upstream: pass-through, the upstream "
+                        "renders, here a model server that renders for free)")
     parser.add_argument("--client", choices=["raw", "httpx"], default="raw",
                         help="HTTP client of the timed calls (raw: minimal keep-alive HTTP/1.1)")
     # Internal: run one of the two servers (the benchmark starts them as subprocesses).

@@ -2,13 +2,17 @@
 
 The gateway renders the conversation to prompt ids itself (pinned tokenizer and chat template), so
 every upstream — the embedded reference engine or a vLLM server — is asked to continue exact ids.
+
+Pass-through (the gateway's ``prefix_mode = "upstream"``) is the one exception: an upstream that also
+implements ``ChatUpstream`` is given the conversation, renders it with its own chat template, and
+reports the prompt ids it ran (on its first chunk and in the result), which the gateway records.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from schemas.tokens import TokenIds
 
@@ -36,12 +40,26 @@ class GenerateRequest:
     rollout_id: str = ""
 
 
+@dataclass(frozen=True)
+class ChatGenerateRequest:
+    """Pass-through: the conversation in the internal (OpenAI chat) form, for the upstream to render."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    sampling: Sampling
+    request_id: str
+    rollout_id: str = ""
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass
 class TokenChunk:
     """Newly sampled ids (usually one) with their rollout logprobs, as they are produced."""
 
     ids: list[int]
     logprobs: list[float]
+    # Pass-through: the prompt ids the upstream rendered and ran, on the first chunk.
+    prompt_ids: TokenIds | None = None
 
 
 @dataclass
@@ -58,6 +76,8 @@ class GenerateResult:
     first_token_ms: float = 0.0
     total_ms: float = 0.0
     extra: dict[str, object] = field(default_factory=dict)
+    # Pass-through: the fingerprint of the chat template the upstream rendered with, where it knows it.
+    chat_template_fingerprint: str = ""
 
 
 class UpstreamError(Exception):
@@ -81,3 +101,11 @@ class Upstream(Protocol):
     async def policy_version(self) -> int: ...
 
     async def close(self) -> None: ...
+
+
+class ChatUpstream(Upstream, Protocol):
+    """An upstream that can also render a conversation itself (pass-through)."""
+
+    def generate_chat_stream(self, request: ChatGenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+        """As ``generate_stream``; the first chunk (or, without one, the result) carries the prompt ids."""
+        ...

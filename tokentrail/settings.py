@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -76,8 +77,10 @@ class GatewaySettings(BaseModel):
     spool_dir: Path = VAR_DIR / "spool"
     # "record": calls with no rollout are recorded as unattributed; "refuse": 400.
     unattributed: str = "record"
-    # "splice": reuse exact sampled ids of earlier outputs; "retokenize": render history from text.
-    prefix_mode: str = "splice"
+    # "splice": reuse exact sampled ids of earlier outputs; "retokenize": render history from text;
+    # "upstream": pass-through, the upstream (vLLM, or the embedded engine) renders chats itself and the
+    # gateway records the prompt ids it reports.
+    prefix_mode: Literal["splice", "retokenize", "upstream"] = "splice"
     max_body_bytes: int = 8 * 1024 * 1024
     max_tokens_limit: int = 4096
     admin_key: str = ""

@@ -24,7 +24,9 @@ import torch
 from producers.engines.decode import DecodeRow, decode_batch
 from producers.engines.sampling import RowParams
 from producers.policy_store import PolicyStore, load_weights_dir
+from producers.rendering import ChatRenderer
 from producers.upstream import (
+    ChatGenerateRequest,
     GenerateRequest,
     GenerateResult,
     LogprobKind,
@@ -82,6 +84,7 @@ class EmbeddedEngine:
         self._version = policy_version
         self._jobs: queue.Queue[_Job | _Swap | None] = queue.Queue()
         self._follower: asyncio.Task[None] | None = None
+        self._renderer: ChatRenderer | None = None  # pass-through only: loaded on first use
         self._closed = False
         self._worker = threading.Thread(target=self._run, name=f"{name}-engine", daemon=True)
         self._worker.start()
@@ -100,6 +103,31 @@ class EmbeddedEngine:
 
     def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
         return self._submit(request, stream=True)
+
+    async def generate_chat_stream(self, request: ChatGenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+        """Pass-through, as a vLLM server does it: the model directory's own chat template renders the
+        conversation (``apply_chat_template``); the prompt ids go out with the first chunk and the result."""
+        renderer = self._chat_renderer()
+        try:
+            prompt = renderer.render(request.messages, request.tools)
+        except ValueError as exc:  # the template refuses the conversation: the caller's error
+            raise UpstreamError(str(exc), 400, "invalid_request_error") from None
+        ids = np.asarray(prompt, dtype=np.uint32)
+        inner = GenerateRequest(prompt_ids=ids, sampling=request.sampling, request_id=request.request_id,
+                                rollout_id=request.rollout_id)
+        announced = False
+        async with contextlib.aclosing(self._submit(inner, stream=True)) as items:
+            async for item in items:
+                if isinstance(item, TokenChunk) and not announced:
+                    item.prompt_ids, announced = ids, True
+                elif isinstance(item, GenerateResult):
+                    item.chat_template_fingerprint = renderer.chat_template_fingerprint
+                yield item
+
+    def _chat_renderer(self) -> ChatRenderer:
+        if self._renderer is None:
+            self._renderer = ChatRenderer(self.model_dir, cache_tokens=0)
+        return self._renderer
 
     async def policy_version(self) -> int:
         return self._version

@@ -41,6 +41,7 @@ from producers.gateway.service import CallService, ErrorBody, PreparedCall, Resp
 from producers.gateway.sse import SSE_HEADERS
 from producers.upstream import Upstream
 from schemas.codec import Codec, get_codec
+from schemas.tokens import TokenIds
 
 log = logging.getLogger("tokentrail.gateway")
 
@@ -297,11 +298,21 @@ class Gateway:
         abort = asyncio.Event()
         holdback = max((len(s) for s in prep.call.sampling.stop), default=1) - 1
         live = LiveText(self.text, fmt, queue.put_nowait, holdback=holdback, raw_text=raw_text)
+        started: list[bool] = []
+
+        def start(prompt_ids: TokenIds) -> None:
+            # The opening events carry the prompt (its length, or its ids): in pass-through they wait
+            # until the upstream says what it rendered, before any text.
+            if not started:
+                started.append(True)
+                for frame in fmt.start(prompt_ids):
+                    queue.put_nowait(frame)
 
         async def produce() -> None:
             try:
                 outcome, _ = await self.service.run(prep, respond, error_body, on_text=live.update,
-                                                    abort=abort)
+                                                    abort=abort, on_prompt=start)
+                start(outcome.prompt_ids)
                 frames = live.finish(outcome) + fmt.finish(outcome)
             except GatewayError as exc:
                 frames = fmt.error(exc)
@@ -312,8 +323,8 @@ class Gateway:
                 queue.put_nowait(frame)
             queue.put_nowait(None)
 
-        for frame in fmt.start(prep.rendered.prompt_ids):
-            queue.put_nowait(frame)
+        if not prep.passthrough:
+            start(prep.rendered.prompt_ids)
         task = self._spawn(produce())
 
         async def frames() -> AsyncIterator[bytes]:

@@ -23,8 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--upstream", default=None,
                         help="'embedded' or comma-separated vLLM base URLs "
                              "(default: settings gateway.upstream)")
-    parser.add_argument("--prefix-mode", choices=["splice", "retokenize"], default=None,
-                        help="how earlier sampled outputs enter later prompts (default: settings)")
+    parser.add_argument("--prefix-mode", choices=["splice", "retokenize", "upstream"], default=None,
+                        help="how chat prompts become ids: splice earlier sampled ids, retokenize the "
+                             "history, or let the upstream render (pass-through) (default: settings)")
     parser.add_argument("--unattributed", choices=["record", "refuse"], default=None,
                         help="calls with no rollout identity: record them or refuse them (default: settings)")
     parser.add_argument("--log-level", default="info", help="uvicorn/gateway log level (default: info)")

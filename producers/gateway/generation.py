@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from producers.upstream import GenerateRequest, GenerateResult, TokenChunk, Upstream
+from producers.upstream import GenerateResult, TokenChunk
+from schemas.tokens import TokenIds
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -52,6 +53,7 @@ class Generated:
     finish_reason: str = "length"
     stop_string: str | None = None
     result: GenerateResult | None = None  # the upstream's final result (None when cut by the gateway)
+    prompt_ids: TokenIds | None = None  # what the upstream reported running (pass-through relies on it)
     aborted: bool = False  # the harness went away before the end
     queue_ms: float = 0.0
     first_token_ms: float = 0.0
@@ -59,15 +61,19 @@ class Generated:
 
 
 TextSink = Callable[[str], Awaitable[None]]
+PromptSink = Callable[[TokenIds], None]
 
 
-async def run_generation(upstream: Upstream, request: GenerateRequest, *,
+async def run_generation(stream: AsyncIterator[TokenChunk | GenerateResult], *,
                          decode: Callable[[Sequence[int]], str], stop: Sequence[str] = (),
-                         on_text: TextSink | None = None, abort: asyncio.Event | None = None,
-                         began: float | None = None) -> Generated:
-    """Run one generation to its end (or to a stop string, or to ``abort``); raises UpstreamError.
+                         on_text: TextSink | None = None, on_prompt: PromptSink | None = None,
+                         abort: asyncio.Event | None = None, began: float | None = None) -> Generated:
+    """Run one generation (an upstream's ``generate_stream`` or ``generate_chat_stream``) to its end,
+    or to a stop string, or to ``abort``; raises UpstreamError.
 
-    ``began`` (a perf_counter value, default now) is when the clock for first-token time started."""
+    ``on_prompt`` hears the prompt ids an upstream reports having rendered (pass-through), before any
+    text of that chunk. ``began`` (a perf_counter value, default now) is when the clock for first-token
+    time started."""
     began = time.perf_counter() if began is None else began
     out = Generated()
     decoder = IncrementalDecoder(decode)
@@ -75,13 +81,18 @@ async def run_generation(upstream: Upstream, request: GenerateRequest, *,
     # Text is needed while sampling only to find stop strings or to stream it; otherwise it is decoded
     # once at the end.
     live = bool(longest_stop) or on_text is not None
-    stream = upstream.generate_stream(request)
     try:
         async for item in stream:
             if isinstance(item, GenerateResult):
                 out.result = item
                 break
-            if not isinstance(item, TokenChunk) or not item.ids:
+            if not isinstance(item, TokenChunk):
+                continue
+            if item.prompt_ids is not None and out.prompt_ids is None:
+                out.prompt_ids = item.prompt_ids
+                if on_prompt is not None:
+                    on_prompt(item.prompt_ids)
+            if not item.ids:
                 continue
             if not out.output_ids:
                 out.first_token_ms = (time.perf_counter() - began) * 1000
@@ -111,6 +122,8 @@ async def run_generation(upstream: Upstream, request: GenerateRequest, *,
             out.output_ids, out.output_logprobs = list(res.output_ids), list(res.output_logprobs)
         out.finish_reason = res.finish_reason
         out.queue_ms = res.queue_ms
+        if out.prompt_ids is None:
+            out.prompt_ids = res.prompt_ids
     if out.stop_string is None:
         out.text = decode(out.output_ids)
     return out

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -24,17 +24,32 @@ from producers.gateway.attempts import DeliveredCall, SampledOutput
 from producers.gateway.chat import CallOutcome, InternalCall, ToolCallOut, tool_call_id
 from producers.gateway.context import GatewayContext
 from producers.gateway.errors import GatewayError, bad_request
-from producers.gateway.generation import Generated, run_generation
+from producers.gateway.generation import Generated, PromptSink, run_generation
 from producers.gateway.identity import CallIdentity
 from producers.gateway.ports import Rendered, TextSide
-from producers.upstream import GenerateRequest, Sampling, Upstream, UpstreamError
+from producers.upstream import (
+    ChatGenerateRequest,
+    ChatUpstream,
+    GenerateRequest,
+    GenerateResult,
+    Sampling,
+    TokenChunk,
+    Upstream,
+    UpstreamError,
+)
 from schemas.ids import call_id as make_call_id
 from schemas.prompt_delta import encode_prompt
-from schemas.tokens import IDS_DTYPE
+from schemas.tokens import IDS_DTYPE, IdArray
 
 log = logging.getLogger("tokentrail.gateway")
 
 GATEWAY_VERSION = "0.1"
+# How a chat call's prompt ids are made: spliced from earlier sampled ids where the history repeats
+# them, the template's text re-tokenized, or rendered by the upstream itself (pass-through).
+PREFIX_MODES = ("splice", "retokenize", "upstream")
+# Recorded as the chat template of a pass-through call whose upstream does not say which it used.
+UPSTREAM_TEMPLATE = "upstream"
+NO_IDS: IdArray = np.zeros(0, dtype=IDS_DTYPE)
 
 
 @dataclass
@@ -49,6 +64,8 @@ class PreparedCall:
     request_json: str
     adapter_version: str
     tool_call_prefix: str
+    # Pass-through: the upstream renders the conversation; ``rendered`` holds its prompt once it ran.
+    passthrough: bool = False
 
 
 ResponseBuilder = Callable[[CallOutcome], dict[str, Any]]
@@ -59,8 +76,11 @@ TextListener = Callable[[str], Awaitable[None]]
 class CallService:
     def __init__(self, ctx: GatewayContext, upstream: Upstream, text: TextSide, *, model_name: str,
                  model_aliases: dict[str, str] | None = None, prefix_mode: str = "splice") -> None:
-        if prefix_mode not in ("splice", "retokenize"):
-            raise ValueError(f"prefix_mode must be 'splice' or 'retokenize', not {prefix_mode!r}")
+        if prefix_mode not in PREFIX_MODES:
+            raise ValueError(f"prefix_mode must be one of {', '.join(PREFIX_MODES)}, not {prefix_mode!r}")
+        if prefix_mode == "upstream" and not hasattr(upstream, "generate_chat_stream"):
+            raise ValueError(f"prefix_mode 'upstream' needs an upstream that renders chats itself; "
+                             f"{getattr(upstream, 'name', upstream)!r} does not")
         self.ctx, self.upstream, self.text = ctx, upstream, text
         self.model_name = model_name
         self.model_aliases = dict(model_aliases or {})
@@ -77,7 +97,9 @@ class CallService:
         raise GatewayError(404, f"the model {requested!r} does not exist on this gateway; it serves "
                            f"{self.model_name!r}", "not_found", param="model", code="model_not_found")
 
-    def render(self, identity: CallIdentity, call: InternalCall) -> Rendered:
+    def render(self, identity: CallIdentity, call: InternalCall, *, for_count: bool = False) -> Rendered:
+        if call.messages is not None and self.prefix_mode == "upstream" and not for_count:
+            return Rendered(NO_IDS)  # the upstream renders it
         if call.prompt_ids is not None:
             bad = [i for i in call.prompt_ids if i < 0 or i >= self.text.vocab_size]
             if bad:
@@ -87,8 +109,10 @@ class CallService:
         if call.prompt_text is not None:
             return Rendered(self.text.encode_text(call.prompt_text))
         assert call.messages is not None
+        # Pass-through counts tokens as the pinned template renders (nothing is asked of the upstream).
+        mode = "retokenize" if self.prefix_mode == "upstream" else self.prefix_mode
         try:
-            return self.text.render_chat(call.messages, call.tools, prefix_mode=self.prefix_mode,
+            return self.text.render_chat(call.messages, call.tools, prefix_mode=mode,
                                          prior=identity.state.prior_calls())
         except (ValueError, TypeError, KeyError) as exc:
             raise bad_request(f"the conversation cannot be rendered by the chat template: {exc}",
@@ -102,39 +126,52 @@ class CallService:
             rendered = self.render(identity, call)
         finally:
             self.ctx.metrics.render_seconds.observe(time.thread_time() - cpu_before)
-        if not len(rendered.prompt_ids):
+        passthrough = self.prefix_mode == "upstream" and call.messages is not None
+        if passthrough and not call.messages:  # refused here, as rendering it here would be
+            raise bad_request("the conversation has no messages", param="messages", code="empty_prompt")
+        if not len(rendered.prompt_ids) and not passthrough:
             raise bad_request("the prompt renders to no tokens", code="empty_prompt")
         index = identity.state.begin_call()
         return PreparedCall(identity, call, rendered, index,
                             make_call_id(identity.rollout_id, identity.attempt_id, index), received_at_us,
-                            started, request_json, adapter_version, tool_call_prefix)
+                            started, request_json, adapter_version, tool_call_prefix, passthrough)
 
     # -- the call --------------------------------------------------------------------------------
 
     async def run(self, prep: PreparedCall, respond: ResponseBuilder, error_body: ErrorBody,
-                  on_text: TextListener | None = None, abort: asyncio.Event | None = None
-                  ) -> tuple[CallOutcome, dict[str, Any]]:
+                  on_text: TextListener | None = None, abort: asyncio.Event | None = None,
+                  on_prompt: PromptSink | None = None) -> tuple[CallOutcome, dict[str, Any]]:
         """Generate, record, deliver; returns the outcome and the response body that went into the
-        record, or raises GatewayError (after recording the failure)."""
+        record, or raises GatewayError (after recording the failure). ``on_prompt`` hears a
+        pass-through call's prompt ids as soon as the upstream reports them."""
         state = prep.identity.state
         try:
-            return await self._run(prep, respond, error_body, on_text, abort)
+            return await self._run(prep, respond, error_body, on_text, abort, on_prompt)
         finally:
             state.end_call()
 
+    def _generation(self, prep: PreparedCall) -> AsyncIterator[TokenChunk | GenerateResult]:
+        s = prep.call.sampling
+        sampling = Sampling(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
+                            seed=s.seed, stop_token_ids=tuple(self.text.stop_token_ids))
+        if prep.passthrough:
+            assert prep.call.messages is not None
+            chat = ChatGenerateRequest(messages=prep.call.messages, tools=prep.call.tools, sampling=sampling,
+                                       request_id=prep.call_id, rollout_id=prep.identity.rollout_id,
+                                       template_kwargs=dict(prep.call.template_kwargs))
+            return cast(ChatUpstream, self.upstream).generate_chat_stream(chat)
+        return self.upstream.generate_stream(GenerateRequest(
+            prompt_ids=prep.rendered.prompt_ids, sampling=sampling, request_id=prep.call_id,
+            rollout_id=prep.identity.rollout_id))
+
     async def _run(self, prep: PreparedCall, respond: ResponseBuilder,
                    error_body: ErrorBody, on_text: TextListener | None,
-                   abort: asyncio.Event | None) -> tuple[CallOutcome, dict[str, Any]]:
+                   abort: asyncio.Event | None, on_prompt: PromptSink | None) -> tuple[CallOutcome, dict[str, Any]]:
         s = prep.call.sampling
-        request = GenerateRequest(
-            prompt_ids=prep.rendered.prompt_ids,
-            sampling=Sampling(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                              max_tokens=s.max_tokens, seed=s.seed,
-                              stop_token_ids=tuple(self.text.stop_token_ids)),
-            request_id=prep.call_id, rollout_id=prep.identity.rollout_id)
         try:
-            generated = await run_generation(self.upstream, request, decode=self.text.decode, stop=s.stop,
-                                             on_text=on_text, abort=abort, began=prep.started)
+            generated = await run_generation(self._generation(prep), decode=self.text.decode, stop=s.stop,
+                                             on_text=on_text, on_prompt=on_prompt, abort=abort,
+                                             began=prep.started)
         except UpstreamError as exc:
             error = _upstream_error(exc)
             await self._record_failure(prep, error, error_body(error), Generated())
@@ -145,6 +182,9 @@ class CallService:
             await self._record_failure(prep, error, error_body(error), Generated())
             raise error from exc
 
+        if prep.passthrough:  # from here on, the prompt is what the upstream ran
+            ran = generated.prompt_ids if generated.prompt_ids is not None else NO_IDS
+            prep = replace(prep, rendered=Rendered(ran))
         outcome = self._outcome(prep, generated)
         if generated.aborted:
             error = GatewayError(499, "the client closed the connection before the response was complete",
@@ -186,7 +226,8 @@ class CallService:
             # The engine's own details (e.g. the seed it drew) make a call replayable.
             details = {k: v for k, v in res.extra.items() if isinstance(v, str | int | float | bool)}
             return {"policy_version": res.policy_version, "engine": res.engine, "upstream": res.upstream,
-                    "logprob_kind": res.logprob_kind, "details": details}
+                    "logprob_kind": res.logprob_kind, "details": details,
+                    "chat_template_fingerprint": res.chat_template_fingerprint}
         # Cut short by the gateway (stop string, abort, failure): no final result from the upstream.
         policy, engine = -1, self.upstream.name
         try:  # the record must be written even if these fail
@@ -203,10 +244,13 @@ class CallService:
         state, s = prep.identity.state, prep.call.sampling
         prompt = prep.rendered.array()
         base_id, base_seq = state.best_base(prompt)
+        template = self.text.chat_template_fingerprint
+        if prep.passthrough:  # rendered upstream: its template, where it says which, else marked unknown
+            template = meta.get("chat_template_fingerprint") or UPSTREAM_TEMPLATE
         versions = records.Versions(
             model=self.model_name, policy_version=int(meta["policy_version"]),
             tokenizer_fingerprint=self.text.tokenizer_fingerprint,
-            chat_template_fingerprint=self.text.chat_template_fingerprint,
+            chat_template_fingerprint=template,
             adapter_version=f"{prep.adapter_version} gateway/{GATEWAY_VERSION}",
             parser_version=self.text.parser_version, engine=meta["engine"], upstream=meta["upstream"])
         extra: dict[str, Any] = {"stop_token_ids": list(self.text.stop_token_ids)}
@@ -254,7 +298,7 @@ class CallService:
     # -- count_tokens ----------------------------------------------------------------------------
 
     def count_tokens(self, identity: CallIdentity, call: InternalCall) -> int:
-        return len(self.render(identity, call).prompt_ids)
+        return len(self.render(identity, call, for_count=True).prompt_ids)
 
 
 def _delivered(prep: PreparedCall, generated: Generated) -> DeliveredCall:

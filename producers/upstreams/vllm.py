@@ -28,6 +28,7 @@ import httpx
 import orjson
 
 from producers.upstream import (
+    ChatGenerateRequest,
     GenerateRequest,
     GenerateResult,
     LogprobKind,
@@ -346,6 +347,90 @@ class VLLMUpstream:
             )
 
     # ------------------------------------------------------------------ chat pass-through
+
+    async def chat_body(self, request: ChatGenerateRequest) -> dict[str, Any]:
+        """The streamed ``/v1/chat/completions`` request of the gateway's pass-through mode."""
+        s = request.sampling
+        body: dict[str, Any] = {
+            "model": await self.model(),
+            "messages": request.messages,
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "logprobs": True,  # the sampled token's logprob, per token
+            "return_token_ids": True,  # prompt_token_ids in the first chunk, token_ids in every chunk
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+            "request_id": request.request_id,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.tools:
+            # The template sees the tools; the gateway parses tool calls itself, so vLLM must not.
+            body["tools"] = request.tools
+            body["tool_choice"] = "none"
+        if request.template_kwargs:
+            body["chat_template_kwargs"] = request.template_kwargs
+        if s.top_k > 0:
+            body["top_k"] = s.top_k
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if s.stop_token_ids:
+            body["stop_token_ids"] = list(s.stop_token_ids)
+        return body
+
+    async def generate_chat_stream(self, request: ChatGenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+        """Pass-through generation: vLLM renders the conversation with its own chat template; the prompt
+        ids it ran come with the first chunk (and the result), the sampled ids and logprobs per chunk."""
+        body = await self.chat_body(request)
+        policy_version = self._policy_version
+        began = time.perf_counter()
+        first_token_ms = 0.0
+        prompt_ids: list[int] | None = None
+        output_ids: list[int] = []
+        logprobs: list[float] = []
+        finish_reason: str | None = None
+        stop_reason: object = None
+        vllm_id: str | None = None
+        fingerprint: str | None = None
+        server, stream = await self._open_stream(request.rollout_id or request.request_id, "/v1/chat/completions",
+                                                 body)
+        async with stream as response:
+            async for chunk in _sse_json(response, server):
+                vllm_id = vllm_id or chunk.get("id")
+                fingerprint = chunk.get("system_fingerprint") or fingerprint
+                announce = None
+                if prompt_ids is None and chunk.get("prompt_token_ids") is not None:
+                    prompt_ids = list(chunk["prompt_token_ids"])
+                    announce = prompt_ids
+                ids: list[int] = []
+                chunk_logprobs: list[float] = []
+                for choice in chunk.get("choices") or []:
+                    if choice.get("index", 0) != 0:
+                        continue
+                    ids = list(choice.get("token_ids") or [])
+                    chunk_logprobs = _chat_logprobs(choice.get("logprobs"), ids, server)
+                    if choice.get("finish_reason") is not None:
+                        finish_reason = choice["finish_reason"]
+                        stop_reason = choice.get("stop_reason")
+                if ids and not output_ids:
+                    first_token_ms = (time.perf_counter() - began) * 1000
+                output_ids.extend(ids)
+                logprobs.extend(chunk_logprobs)
+                if ids or announce is not None:
+                    yield TokenChunk(ids, chunk_logprobs, prompt_ids=announce)
+        if prompt_ids is None:
+            raise UpstreamError(f"vLLM ({server}) streamed no prompt_token_ids; it must support return_token_ids",
+                                502, "upstream_error")
+        if finish_reason is None:
+            raise UpstreamError(f"vLLM ({server}) stream ended without a finish reason", 502, "upstream_error")
+        yield GenerateResult(
+            prompt_ids=prompt_ids, output_ids=output_ids, output_logprobs=logprobs,
+            finish_reason="length" if finish_reason == "length" else "stop",
+            logprob_kind=self.logprob_kind, policy_version=policy_version, engine=await self.engine(server),
+            upstream=server, first_token_ms=first_token_ms, total_ms=(time.perf_counter() - began) * 1000,
+            extra={"vllm_id": vllm_id, "stop_reason": stop_reason, "system_fingerprint": fingerprint},
+        )
 
     async def chat_passthrough(self, body: dict[str, Any], rollout_id: str = "") -> ChatPassthrough:
         """Forward a chat request as is, asking vLLM for token ids and sampled-token logprobs.

@@ -1,10 +1,11 @@
 """The real gateway on a real vLLM server (CPU build) serving our tiny model, driven with the openai SDK.
 
 A three-call agent conversation with the lookup tool (a greedy tool call, the tool result, then a
-follow-up user turn), non-streamed and streamed. Every call record read back from Kafka must hold:
-the prompt ids our own renderer gives for that request, output ids that decode to what the harness was
-told, and vLLM's logprobs for exactly those ids, equal to a transformers forward pass on the same model
-(vLLM runs with processed logprobs, so the reference applies the call's temperature/top-k/top-p).
+follow-up user turn): non-streamed, streamed, and streamed in pass-through (vLLM renders the chat).
+Every call record read back from Kafka must hold: the prompt ids our own renderer gives for that
+request, output ids that decode to what the harness was told, and vLLM's logprobs for exactly those
+ids, equal to a transformers forward pass on the same model (vLLM runs with processed logprobs, so the
+reference applies the call's temperature/top-k/top-p).
 """
 
 from __future__ import annotations
@@ -134,9 +135,13 @@ def check_records(calls: list[dict[str, Any]], requests: list[list[dict[str, Any
 
         # Prompt: exactly our own rendering of this request (the template's text; in splice mode the
         # attempt's earlier sampled ids wherever the template repeats them).
+        # Pass-through: vLLM rendered it with the model's template (the same one here), so the ids it ran
+        # are again exactly our rendering; the record says the template was the upstream's.
         messages = requests[i]
         assert renderer.decode(prompt.tolist()) == renderer.render_text(messages, [LOOKUP_TOOL]), context
-        if prefix_mode == "retokenize":
+        if prefix_mode == "upstream":
+            assert call["versions"]["chat_template_fingerprint"] == "upstream", context
+        if prefix_mode in ("retokenize", "upstream"):
             expected = renderer.render(messages, [LOOKUP_TOOL])
         else:
             prior = [PriorCall(j, prompts[j].tolist(), outputs[j]) for j in range(i)]
@@ -166,8 +171,8 @@ def check_records(calls: list[dict[str, Any]], requests: list[list[dict[str, Any
             assert calls[i + 1]["prompt"]["base_call_id"] == calls[i]["call_id"]
 
 
-@pytest.mark.parametrize(("stream", "prefix_mode"), [(False, "splice"), (True, "retokenize")],
-                         ids=["unary-splice", "stream-retokenize"])
+@pytest.mark.parametrize(("stream", "prefix_mode"), [(False, "splice"), (True, "retokenize"), (True, "upstream")],
+                         ids=["unary-splice", "stream-retokenize", "stream-upstream"])
 def test_tool_conversation_on_vllm_is_recorded_token_exact(
     vllm_gateway: Any, vllm_server: VLLMServer, live_topics: dict[str, str], live_text_side: ModelTextSide,
     live_reference_model: Any, tokentrail_settings: Settings, stream: bool, prefix_mode: str,
