@@ -32,6 +32,7 @@ from producers.upstream import (
     GenerateRequest,
     GenerateResult,
     LogprobKind,
+    Sampling,
     TokenChunk,
     UpstreamError,
 )
@@ -218,13 +219,10 @@ class VLLMUpstream:
 
     async def completion_body(self, request: GenerateRequest, stream: bool) -> dict[str, Any]:
         """The ``/v1/completions`` request for exact token-in generation."""
-        s = request.sampling
         body: dict[str, Any] = {
             "model": await self.model(),
             "prompt": request.prompt_ids,
-            "max_tokens": s.max_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
+            **_sampling_fields(request.sampling),
             "logprobs": 1,
             "return_token_ids": True,
             # Token strings become "token_id:<id>", a cross-check of token_ids, never half a character.
@@ -233,12 +231,6 @@ class VLLMUpstream:
             "spaces_between_special_tokens": False,
             "request_id": request.request_id,
         }
-        if s.top_k > 0:
-            body["top_k"] = s.top_k
-        if s.seed is not None:
-            body["seed"] = s.seed
-        if s.stop_token_ids:
-            body["stop_token_ids"] = list(s.stop_token_ids)
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
@@ -280,56 +272,23 @@ class VLLMUpstream:
     async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
         body = await self.completion_body(request, stream=True)
         policy_version = self._policy_version
-        began = time.perf_counter()
-        first_token_ms = 0.0
-        prompt_ids: list[int] | None = None
-        output_ids: list[int] = []
-        logprobs: list[float] = []
-        finish_reason: str | None = None
-        stop_reason: object = None
-        vllm_id: str | None = None
-        fingerprint: str | None = None
-        route_key = request.rollout_id or request.request_id
-        server, stream = await self._open_stream(route_key, "/v1/completions", body)
+        got = _Streamed()
+        server, stream = await self._open_stream(request.rollout_id or request.request_id, "/v1/completions", body)
         async with stream as response:
             async for chunk in _sse_json(response, server):
-                vllm_id = vllm_id or chunk.get("id")
-                fingerprint = chunk.get("system_fingerprint") or fingerprint
+                got.saw(chunk)
                 for choice in chunk.get("choices") or []:
                     if choice.get("index", 0) != 0:
                         continue
                     if choice.get("prompt_token_ids") is not None:
-                        prompt_ids = list(choice["prompt_token_ids"])
+                        got.prompt_ids = list(choice["prompt_token_ids"])
                     ids = list(choice.get("token_ids") or [])
-                    chunk_logprobs = _sampled_logprobs(choice.get("logprobs"), ids, server)
-                    if choice.get("finish_reason") is not None:
-                        finish_reason = choice["finish_reason"]
-                        stop_reason = choice.get("stop_reason")
+                    chunk_logprobs = got.add(ids, _sampled_logprobs(choice.get("logprobs"), ids, server), choice)
                     if ids:
-                        if not output_ids:
-                            first_token_ms = (time.perf_counter() - began) * 1000
-                        output_ids.extend(ids)
-                        logprobs.extend(chunk_logprobs)
                         yield TokenChunk(ids, chunk_logprobs)
-        self._check_prompt(request, prompt_ids, server)
-        assert prompt_ids is not None
-        if finish_reason is None:
-            raise UpstreamError(
-                f"vLLM ({server}) stream ended without a finish reason", 502, "upstream_error"
-            )
-        yield GenerateResult(
-            prompt_ids=prompt_ids,
-            output_ids=output_ids,
-            output_logprobs=logprobs,
-            finish_reason=finish_reason,
-            logprob_kind=self.logprob_kind,
-            policy_version=policy_version,
-            engine=await self.engine(server),
-            upstream=server,
-            first_token_ms=first_token_ms,
-            total_ms=(time.perf_counter() - began) * 1000,
-            extra={"vllm_id": vllm_id, "stop_reason": stop_reason, "system_fingerprint": fingerprint},
-        )
+        self._check_prompt(request, got.prompt_ids, server)
+        yield got.result(server, got.finish_reason_or_raise(server), self.logprob_kind, policy_version,
+                         await self.engine(server))
 
     @staticmethod
     def _check_prompt(request: GenerateRequest, prompt_ids: list[int] | None, server: str) -> None:
@@ -350,13 +309,10 @@ class VLLMUpstream:
 
     async def chat_body(self, request: ChatGenerateRequest) -> dict[str, Any]:
         """The streamed ``/v1/chat/completions`` request of the gateway's pass-through mode."""
-        s = request.sampling
         body: dict[str, Any] = {
             "model": await self.model(),
             "messages": request.messages,
-            "max_tokens": s.max_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
+            **_sampling_fields(request.sampling),
             "logprobs": True,  # the sampled token's logprob, per token
             "return_token_ids": True,  # prompt_token_ids in the first chunk, token_ids in every chunk
             "skip_special_tokens": False,
@@ -371,12 +327,6 @@ class VLLMUpstream:
             body["tool_choice"] = "none"
         if request.template_kwargs:
             body["chat_template_kwargs"] = request.template_kwargs
-        if s.top_k > 0:
-            body["top_k"] = s.top_k
-        if s.seed is not None:
-            body["seed"] = s.seed
-        if s.stop_token_ids:
-            body["stop_token_ids"] = list(s.stop_token_ids)
         return body
 
     async def generate_chat_stream(self, request: ChatGenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
@@ -384,53 +334,28 @@ class VLLMUpstream:
         ids it ran come with the first chunk (and the result), the sampled ids and logprobs per chunk."""
         body = await self.chat_body(request)
         policy_version = self._policy_version
-        began = time.perf_counter()
-        first_token_ms = 0.0
-        prompt_ids: list[int] | None = None
-        output_ids: list[int] = []
-        logprobs: list[float] = []
-        finish_reason: str | None = None
-        stop_reason: object = None
-        vllm_id: str | None = None
-        fingerprint: str | None = None
+        got = _Streamed()
         server, stream = await self._open_stream(request.rollout_id or request.request_id, "/v1/chat/completions",
                                                  body)
         async with stream as response:
             async for chunk in _sse_json(response, server):
-                vllm_id = vllm_id or chunk.get("id")
-                fingerprint = chunk.get("system_fingerprint") or fingerprint
+                got.saw(chunk)
                 announce = None
-                if prompt_ids is None and chunk.get("prompt_token_ids") is not None:
-                    prompt_ids = list(chunk["prompt_token_ids"])
-                    announce = prompt_ids
+                if got.prompt_ids is None and chunk.get("prompt_token_ids") is not None:
+                    got.prompt_ids = announce = list(chunk["prompt_token_ids"])
                 ids: list[int] = []
                 chunk_logprobs: list[float] = []
                 for choice in chunk.get("choices") or []:
-                    if choice.get("index", 0) != 0:
-                        continue
-                    ids = list(choice.get("token_ids") or [])
-                    chunk_logprobs = _chat_logprobs(choice.get("logprobs"), ids, server)
-                    if choice.get("finish_reason") is not None:
-                        finish_reason = choice["finish_reason"]
-                        stop_reason = choice.get("stop_reason")
-                if ids and not output_ids:
-                    first_token_ms = (time.perf_counter() - began) * 1000
-                output_ids.extend(ids)
-                logprobs.extend(chunk_logprobs)
+                    if choice.get("index", 0) == 0:
+                        ids = list(choice.get("token_ids") or [])
+                        chunk_logprobs = got.add(ids, _chat_logprobs(choice.get("logprobs"), ids, server), choice)
                 if ids or announce is not None:
                     yield TokenChunk(ids, chunk_logprobs, prompt_ids=announce)
-        if prompt_ids is None:
+        if got.prompt_ids is None:
             raise UpstreamError(f"vLLM ({server}) streamed no prompt_token_ids; it must support return_token_ids",
                                 502, "upstream_error")
-        if finish_reason is None:
-            raise UpstreamError(f"vLLM ({server}) stream ended without a finish reason", 502, "upstream_error")
-        yield GenerateResult(
-            prompt_ids=prompt_ids, output_ids=output_ids, output_logprobs=logprobs,
-            finish_reason="length" if finish_reason == "length" else "stop",
-            logprob_kind=self.logprob_kind, policy_version=policy_version, engine=await self.engine(server),
-            upstream=server, first_token_ms=first_token_ms, total_ms=(time.perf_counter() - began) * 1000,
-            extra={"vllm_id": vllm_id, "stop_reason": stop_reason, "system_fingerprint": fingerprint},
-        )
+        finish = "length" if got.finish_reason_or_raise(server) == "length" else "stop"
+        yield got.result(server, finish, self.logprob_kind, policy_version, await self.engine(server))
 
     async def chat_passthrough(self, body: dict[str, Any], rollout_id: str = "") -> ChatPassthrough:
         """Forward a chat request as is, asking vLLM for token ids and sampled-token logprobs.
@@ -620,6 +545,62 @@ class VLLMUpstream:
                 raise error_from_response(response.status_code, content_bytes, server)
             return server, _OpenStream(response)
         raise UpstreamError(f"no vLLM server reachable ({last!r})", 502, "upstream_unavailable")
+
+
+def _sampling_fields(s: Sampling) -> dict[str, Any]:
+    """The sampling parameters of a vLLM request (the optional ones only when set)."""
+    fields: dict[str, Any] = {"max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": s.top_p}
+    if s.top_k > 0:
+        fields["top_k"] = s.top_k
+    if s.seed is not None:
+        fields["seed"] = s.seed
+    if s.stop_token_ids:
+        fields["stop_token_ids"] = list(s.stop_token_ids)
+    return fields
+
+
+@dataclass
+class _Streamed:
+    """What a streamed vLLM answer (choice 0) has said so far, for its final ``GenerateResult``."""
+
+    began: float = field(default_factory=time.perf_counter)
+    prompt_ids: list[int] | None = None
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    first_token_ms: float = 0.0
+    finish_reason: str | None = None
+    stop_reason: object = None
+    vllm_id: str | None = None
+    fingerprint: str | None = None
+
+    def saw(self, chunk: dict[str, Any]) -> None:
+        self.vllm_id = self.vllm_id or chunk.get("id")
+        self.fingerprint = chunk.get("system_fingerprint") or self.fingerprint
+
+    def add(self, ids: list[int], logprobs: list[float], choice: dict[str, Any]) -> list[float]:
+        """Take a choice's new ids and their logprobs (returned) and its finish reason, if any."""
+        if ids and not self.output_ids:
+            self.first_token_ms = (time.perf_counter() - self.began) * 1000
+        self.output_ids.extend(ids)
+        self.logprobs.extend(logprobs)
+        if choice.get("finish_reason") is not None:
+            self.finish_reason, self.stop_reason = choice["finish_reason"], choice.get("stop_reason")
+        return logprobs
+
+    def finish_reason_or_raise(self, server: str) -> str:
+        if self.finish_reason is None:
+            raise UpstreamError(f"vLLM ({server}) stream ended without a finish reason", 502, "upstream_error")
+        return self.finish_reason
+
+    def result(self, server: str, finish_reason: str, logprob_kind: LogprobKind, policy_version: int,
+               engine: str) -> GenerateResult:
+        assert self.prompt_ids is not None
+        return GenerateResult(
+            prompt_ids=self.prompt_ids, output_ids=self.output_ids, output_logprobs=self.logprobs,
+            finish_reason=finish_reason, logprob_kind=logprob_kind, policy_version=policy_version, engine=engine,
+            upstream=server, first_token_ms=self.first_token_ms, total_ms=(time.perf_counter() - self.began) * 1000,
+            extra={"vllm_id": self.vllm_id, "stop_reason": self.stop_reason, "system_fingerprint": self.fingerprint},
+        )
 
 
 class _OpenStream:
