@@ -22,6 +22,9 @@ FloatArray = npt.NDArray[np.float32]
 
 TokenIds = Sequence[int] | IdArray  # a prompt or output as a list of ints or a uint32 array
 
+NO_IDS: IdArray = np.zeros(0, dtype=IDS_DTYPE)  # shared, never written: read-only
+NO_IDS.flags.writeable = False
+
 
 def int_list(ids: TokenIds) -> list[int]:
     """Plain Python ints (for JSON and for comparisons), whichever form the ids come in."""

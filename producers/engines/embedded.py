@@ -34,7 +34,7 @@ from producers.upstream import (
     TokenChunk,
     UpstreamError,
 )
-from schemas.tokens import TokenIds
+from schemas.tokens import IDS_DTYPE, TokenIds
 
 ENGINE_VERSION = "0.1"
 
@@ -112,7 +112,7 @@ class EmbeddedEngine:
             prompt = renderer.render(request.messages, request.tools)
         except ValueError as exc:  # the template refuses the conversation: the caller's error
             raise UpstreamError(str(exc), 400, "invalid_request_error") from None
-        ids = np.asarray(prompt, dtype=np.uint32)
+        ids = np.asarray(prompt, dtype=IDS_DTYPE)
         inner = GenerateRequest(prompt_ids=ids, sampling=request.sampling, request_id=request.request_id,
                                 rollout_id=request.rollout_id)
         announced = False

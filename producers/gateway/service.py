@@ -39,7 +39,7 @@ from producers.upstream import (
 )
 from schemas.ids import call_id as make_call_id
 from schemas.prompt_delta import encode_prompt
-from schemas.tokens import IDS_DTYPE, IdArray
+from schemas.tokens import IDS_DTYPE, NO_IDS
 
 log = logging.getLogger("tokentrail.gateway")
 
@@ -49,7 +49,6 @@ GATEWAY_VERSION = "0.1"
 PREFIX_MODES = ("splice", "retokenize", "upstream")
 # Recorded as the chat template of a pass-through call whose upstream does not say which it used.
 UPSTREAM_TEMPLATE = "upstream"
-NO_IDS: IdArray = np.zeros(0, dtype=IDS_DTYPE)
 
 
 @dataclass

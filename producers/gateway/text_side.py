@@ -20,7 +20,7 @@ from producers.parsing import (
     parse_output,
 )
 from producers.rendering import ChatRenderer, PriorCall, RenderError
-from schemas.tokens import IDS_DTYPE, IdArray
+from schemas.tokens import IDS_DTYPE, NO_IDS, IdArray
 
 
 class ModelTextSide:
@@ -43,7 +43,7 @@ class ModelTextSide:
             if prefix_mode == "retokenize":
                 ids = self.renderer.render_cached(messages, tools)
                 return Rendered(_read_only(ids))
-            calls = [PriorCall(p.call_index, _NO_IDS if p.prompt_ids is None else p.prompt_ids,
+            calls = [PriorCall(p.call_index, NO_IDS if p.prompt_ids is None else p.prompt_ids,
                                p.output_ids, p.message, p.prompt_text) for p in prior]
             rendered = self.renderer.render_spliced(messages, tools, calls)
         except RenderError as exc:
@@ -70,9 +70,6 @@ class ModelTextSide:
 
     def stream_parser(self) -> _HermesStream:
         return _HermesStream()
-
-
-_NO_IDS: IdArray = np.zeros(0, dtype=IDS_DTYPE)
 
 
 def _read_only(ids: array) -> IdArray:

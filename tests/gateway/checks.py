@@ -72,9 +72,8 @@ def check_calls(
 
 def _longest_earlier_sequence(calls: list[dict[str, Any]], prompts: list[IdArray], prompt: IdArray) -> int | None:
     """The length of the longest earlier prompt ‖ output that is a token prefix of ``prompt``."""
-    lengths = [len(sequence_of(c, p)) for c, p in zip(calls, prompts, strict=True)
-               if is_token_prefix(sequence_of(c, p), prompt)]
-    return max(lengths, default=None)
+    sequences = [sequence_of(c, p) for c, p in zip(calls, prompts, strict=True)]
+    return max((len(s) for s in sequences if is_token_prefix(s, prompt)), default=None)
 
 
 def sequence_of(call: dict[str, Any], prompt: IdArray) -> IdArray:
