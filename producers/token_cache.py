@@ -31,9 +31,12 @@ import threading
 from array import array
 from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
+
+from producers.ascii_encoder import AsciiEncoder
 
 # Characters hashed to find a cached prefix ending at a cut; the whole prefix is compared before use.
 WINDOW = 64
@@ -97,13 +100,17 @@ class PrefixTokenCache:
     ``tokenizer`` is a ``tokenizers.Tokenizer``; ``anchors`` are the added tokens (their text) to cut
     at, typically the turn markers of the chat template (others are ignored)."""
 
-    def __init__(self, tokenizer: Any, anchors: list[str], *, max_tokens: int = 8_000_000) -> None:
+    def __init__(self, tokenizer: Any, anchors: list[str], *, max_tokens: int = 8_000_000,
+                 fast_ascii: bool = True) -> None:
         self._tokenizer = tokenizer
         self.max_tokens = max_tokens
         config = json.loads(tokenizer.to_str())
         unsplit_specials = bool(getattr(tokenizer, "encode_special_tokens", False))
         self._ascii_tokenizer = ascii_twin(tokenizer, config)
         self.enabled = _is_deterministic(config) and max_tokens > 0
+        # Tokenizes ASCII pieces several times faster than the tokenizer, with the same ids (None: the
+        # tokenizer's configuration is not one it covers).
+        self.ascii_encoder = AsciiEncoder.for_tokenizer(tokenizer, config) if fast_ascii else None
         added = [t for t in config.get("added_tokens", []) if not t.get("normalized")]
         by_content = {t["content"]: int(t["id"]) for t in added}
         self._anchor_ids = {by_content[a]: a for a in anchors if a in by_content}
@@ -130,7 +137,7 @@ class PrefixTokenCache:
         """``tokenizer.encode(text, add_special_tokens=False).ids`` as a fresh ``array('I')``, reusing
         cached ids where that is exact."""
         if not self.enabled:
-            return array("I", self._for([text]).encode(text, add_special_tokens=False).ids)
+            return array("I", self._encode_pieces([text])[0])
         end_key = _key(text, len(text))
         with self._lock:
             hit = self._index.get(end_key)
@@ -202,19 +209,30 @@ class PrefixTokenCache:
         if bounds[-1] < len(text) or len(bounds) == 1:
             bounds.append(len(text))
         pieces = [text[a:b] for a, b in pairwise(bounds)]
-        encodings = self._for(pieces).encode_batch_fast(pieces, add_special_tokens=False)
         tail = array("I")
         cuts: list[tuple[int, int, _Key]] = []
-        for end, encoding in zip(bounds[1:], encodings, strict=True):
-            tail.extend(encoding.ids)
+        for end, ids in zip(bounds[1:], self._encode_pieces(pieces), strict=True):
+            tail.extend(ids)
             anchor = anchors.get(end)
             if anchor is None:
                 continue
             if not tail or self._anchor_ids.get(tail[-1]) != anchor:  # not what the argument says: no cuts
-                whole = self._for(pieces).encode_batch_fast([text[offset:]], add_special_tokens=False)[0]
-                return array("I", whole.ids), []
+                return array("I", self._encode_pieces([text[offset:]])[0]), []
             cuts.append((end, count + len(tail), _key(text, end)))
         return tail, cuts
+
+    def _encode_pieces(self, pieces: list[str]) -> list[Sequence[int]]:
+        """Each piece's ids: ASCII pieces by the fast encoder where there is one, the rest in one batch."""
+        found: list[Sequence[int] | None] = [None] * len(pieces)
+        if self.ascii_encoder is not None:
+            found = [self.ascii_encoder.encode(piece) for piece in pieces]
+        rest = [n for n, ids in enumerate(found) if ids is None]
+        if rest:
+            texts = [pieces[n] for n in rest]
+            for n, encoding in zip(rest, self._for(texts).encode_batch_fast(texts, add_special_tokens=False),
+                                   strict=True):
+                found[n] = encoding.ids
+        return [ids if ids is not None else () for ids in found]
 
     def _for(self, texts: list[str]) -> Any:
         """The tokenizer to run on ``texts``: the one without a normalizer where that gives the same ids."""

@@ -9,11 +9,12 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers
 
 from producers.model_build import LOOKUP_TOOL, lookup_call, task_messages
 from producers.rendering import ChatRenderer
 from producers.token_cache import PrefixTokenCache, ascii_twin
+from tests.engine.trained import train_bpe
 
 TOOLS = [LOOKUP_TOOL]
 PIECES = ["<|im_start|>", "<|im_end|>", "<|im_", "end|>", "<tool_call>", "</tool_call>", "<think>",
@@ -102,26 +103,13 @@ def test_any_continuation_is_token_exact(renderer: ChatRenderer, head: list[str]
 
 
 # ------------------------------------------------------------------ tokenizers where a naive cut is wrong
-def _train(pre_tokenizer: Any, added: list[AddedToken], decoder: Any = None) -> Tokenizer:
-    tokenizer = Tokenizer(models.BPE(unk_token=None))
-    tokenizer.pre_tokenizer = pre_tokenizer
-    if decoder is not None:
-        tokenizer.decoder = decoder
-    corpus = ["hello world, the fox is red and the owl is blue", "x<a>b x<a> <a>b ab", "one two three"] * 50
-    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tokenizer.train_from_iterator(corpus, trainer)
-    tokenizer.add_tokens(added)
-    return tokenizer
-
-
 def _naive(tokenizer: Tokenizer, prefix: str, rest: str) -> list[int]:
     return _full(tokenizer, prefix) + _full(tokenizer, rest)
 
 
 def test_an_added_token_spanning_the_cut_is_not_reused() -> None:
     # "<a>" is the anchor; "x<a>b" is another added token that, once complete, wins the match.
-    tokenizer = _train(pre_tokenizers.ByteLevel(add_prefix_space=False),
+    tokenizer = train_bpe(pre_tokenizers.ByteLevel(add_prefix_space=False),
                        [AddedToken("<a>", normalized=False), AddedToken("x<a>b", normalized=False)],
                        decoders.ByteLevel())
     cache = PrefixTokenCache(tokenizer, ["<a>"])
@@ -138,7 +126,7 @@ def test_an_added_token_spanning_the_cut_is_not_reused() -> None:
 
 def test_prefix_space_per_piece_is_token_exact() -> None:
     # ByteLevel adds its prefix space to every piece between added tokens, so cuts stay exact.
-    tokenizer = _train(pre_tokenizers.ByteLevel(add_prefix_space=True), [AddedToken("<a>", normalized=False)],
+    tokenizer = train_bpe(pre_tokenizers.ByteLevel(add_prefix_space=True), [AddedToken("<a>", normalized=False)],
                        decoders.ByteLevel())
     cache = PrefixTokenCache(tokenizer, ["<a>"])
     assert cache.cuts_enabled
@@ -150,7 +138,7 @@ def test_prefix_space_per_piece_is_token_exact() -> None:
 
 def test_position_dependent_pre_tokenizer_disables_cuts() -> None:
     # Metaspace with prepend_scheme="first" prefixes only the piece at offset 0: a cut would be wrong.
-    tokenizer = _train(pre_tokenizers.Metaspace(prepend_scheme="first"), [AddedToken("<a>", normalized=False)],
+    tokenizer = train_bpe(pre_tokenizers.Metaspace(prepend_scheme="first"), [AddedToken("<a>", normalized=False)],
                        decoders.Metaspace(prepend_scheme="first"))
     cache = _refuses_cuts(tokenizer, "fox is<a>", "red owl")
     assert cache.encode("fox is<a>red owl").tolist() == _full(tokenizer, "fox is<a>red owl")
@@ -159,7 +147,7 @@ def test_position_dependent_pre_tokenizer_disables_cuts() -> None:
 
 def test_stripping_added_token_disables_cuts() -> None:
     # An rstrip token swallows the whitespace after it, which lies beyond the cut.
-    tokenizer = _train(pre_tokenizers.ByteLevel(add_prefix_space=False),
+    tokenizer = train_bpe(pre_tokenizers.ByteLevel(add_prefix_space=False),
                        [AddedToken("<a>", normalized=False, rstrip=True)], decoders.ByteLevel())
     _refuses_cuts(tokenizer, "fox<a>", "   red")
 
@@ -219,7 +207,7 @@ def test_render_memo_returns_what_the_template_renders(renderer: ChatRenderer) -
 def test_a_fresh_text_is_cut_only_at_anchors_the_tokenizer_sees_whole() -> None:
     # New text is tokenized in pieces split after each anchor; "x<a>b" swallows the anchor inside it, so
     # no piece may end there, while the free-standing anchors are cut points for later texts.
-    tokenizer = _train(pre_tokenizers.ByteLevel(add_prefix_space=False),
+    tokenizer = train_bpe(pre_tokenizers.ByteLevel(add_prefix_space=False),
                        [AddedToken("<a>", normalized=False), AddedToken("x<a>b", normalized=False)],
                        decoders.ByteLevel())
     cache = PrefixTokenCache(tokenizer, ["<a>"])
