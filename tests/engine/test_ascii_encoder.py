@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -126,3 +129,13 @@ def test_translated_classes_match_the_same_ascii_characters() -> None:
     assert pattern.findall("x1234 It'S  \u00e9") == ["x", "123", "4", " It", "'S", " "]
     reference = json.loads(_gpt2_style().to_str())["pre_tokenizer"]
     assert reference["type"] == "ByteLevel" and reference["use_regex"]
+
+
+def test_bench_tokenize_prints_its_figures_with_every_text_exact() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-m", "bench.tokenize", "--texts", "4", "--tokens", "400"], cwd=repo,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    figures = json.loads(run.stdout.strip().splitlines()[-1])
+    assert figures["mismatched_texts"] == 0 and figures["texts"] == 4
+    assert figures["tokens_per_text"] > 200 and figures["tokenizer_us_per_text"] > 0 and figures["speedup"] > 0
