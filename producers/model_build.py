@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-BUILD_VERSION = 1
+BUILD_VERSION = 2  # 2: the template reads enable_thinking (chat_template_kwargs), as Qwen3's does
 MANIFEST_NAME = "tokentrail_model.json"
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
@@ -95,6 +95,8 @@ def task_messages(key: str, variant: int = 0) -> list[dict[str, Any]]:
 # ChatML. Only {{- -}} / {%- -%} tags, so template whitespace never reaches the output; every emitted
 # character comes from a string literal or a message. Reasoning is rendered for the last assistant
 # message only: earlier reasoning is dropped, which breaks the token prefix between turns on purpose.
+# ``enable_thinking=False`` (a request's chat_template_kwargs) opens an empty reasoning block after the
+# generation prompt, as Qwen3's template does.
 CHAT_TEMPLATE = r"""
 {%- macro text_of(content) -%}
   {%- if content is none or content is undefined -%}
@@ -153,7 +155,9 @@ CHAT_TEMPLATE = r"""
     {{- '<|im_start|>' ~ message.role ~ '\n' ~ text_of(message.content) ~ '<|im_end|>\n' -}}
   {%- endif -%}
 {%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}
+  {%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\n\n</think>\n\n' -}}{%- endif -%}
+{%- endif -%}
 """.strip()
 
 

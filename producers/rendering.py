@@ -158,6 +158,7 @@ class ChatRenderer:
         # The rollouts of a group send the same conversation; a template that reads the clock renders
         # differently each time, so it is never memoized.
         self._render_memo = RenderMemo(enabled=cache_tokens > 0 and "strftime_now" not in template)
+        self.template_variables = template_variables(template)
         self._output_memo: _Lru[bytes, tuple[str, str]] = _Lru(max_items=4096)
 
     def _decodes_piecewise(self) -> bool:
@@ -220,17 +221,35 @@ class ChatRenderer:
     def parse(self, output_ids: Sequence[int]) -> ParsedOutput:
         return parse_output(self.output_text(output_ids))
 
+    def template_kwargs(self, requested: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The extra template variables of a request (``chat_template_kwargs``) that the template reads.
+
+        Others cannot change the text and are dropped (as vLLM drops them); names the renderer sets
+        itself (messages, tools, add_generation_prompt, ...) are refused rather than silently lost."""
+        if not requested:
+            return {}
+        reserved = sorted(set(requested) & RESERVED_TEMPLATE_VARIABLES)
+        if reserved:
+            raise RenderError(f"chat_template_kwargs may not set {', '.join(reserved)}: the gateway sets "
+                              "them itself")
+        known = self.template_variables
+        return {k: v for k, v in requested.items()
+                if (k in known if known is not None else k not in _PROVIDED_TEMPLATE_NAMES)}
+
     def render_text(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
-                    add_generation_prompt: bool = True) -> str:
+                    add_generation_prompt: bool = True, template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """The template applied to the messages (``apply_chat_template(..., tokenize=False)``), with the
+        request's ``template_kwargs`` (see ``template_kwargs``) as extra variables."""
         _check_messages(messages)
-        key = self._render_memo.key(messages, tools, add_generation_prompt)
+        kwargs = self.template_kwargs(template_kwargs)
+        key = self._render_memo.key(messages, tools, add_generation_prompt, kwargs)
         text = self._render_memo.get(key)
         if text is not None:
             return text
         try:
             text = str(self.tokenizer.apply_chat_template(
                 list(messages), tools=list(tools) if tools else None, tokenize=False,
-                add_generation_prompt=add_generation_prompt,
+                add_generation_prompt=add_generation_prompt, **kwargs,
             ))
         except Exception as exc:  # jinja errors, missing keys: the request is malformed
             raise RenderError(f"cannot render the messages with the chat template: {exc}") from exc
@@ -238,30 +257,32 @@ class ChatRenderer:
         return text
 
     def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
-               add_generation_prompt: bool = True) -> list[int]:
+               add_generation_prompt: bool = True, template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
         """``apply_chat_template(..., tokenize=True)``: the re-tokenized prompt."""
         _check_messages(messages)
+        kwargs = self.template_kwargs(template_kwargs)
         try:
             ids = self.tokenizer.apply_chat_template(
                 list(messages), tools=list(tools) if tools else None, tokenize=True, return_dict=False,
-                add_generation_prompt=add_generation_prompt,
+                add_generation_prompt=add_generation_prompt, **kwargs,
             )
         except Exception as exc:
             raise RenderError(f"cannot render the messages with the chat template: {exc}") from exc
         return [int(i) for i in ids]
 
     def render_cached(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
-                      add_generation_prompt: bool = True) -> array:
+                      add_generation_prompt: bool = True, template_kwargs: Mapping[str, Any] | None = None) -> array:
         """Exactly ``render`` (as an ``array('I')``): the template's text, tokenized through the prefix
         cache."""
-        return self.token_cache.encode(self.render_text(messages, tools, add_generation_prompt))
+        return self.token_cache.encode(self.render_text(messages, tools, add_generation_prompt, template_kwargs))
 
     # ------------------------------------------------------------------------------------ splice
     def render_spliced(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
-                       prior_calls: Sequence[PriorCall]) -> RenderedPrompt:
+                       prior_calls: Sequence[PriorCall],
+                       template_kwargs: Mapping[str, Any] | None = None) -> RenderedPrompt:
         """Render with the exact sampled ids of earlier calls wherever the template reproduces them."""
         _check_messages(messages)
-        text = self.render_text(messages, tools)
+        text = self.render_text(messages, tools, template_kwargs=template_kwargs)
         if not prior_calls:
             # Proven here when the rule covers the text: the attempt's next call then needs no decoding.
             return RenderedPrompt(_frozen(self.token_cache.encode(text)), text, text_is_exact=self.round_trips(text))
@@ -289,7 +310,8 @@ class ChatRenderer:
 
         pending = {k: c for k, c in matches.items() if k > base_message}
         if pending:
-            located, located_breaks = self._locate_outputs(messages, tools, text, pending, outputs, covered)
+            located, located_breaks = self._locate_outputs(messages, tools, text, pending, outputs, covered,
+                                                           template_kwargs)
             breaks.extend(located_breaks)
             for start, call_index in located:
                 view = outputs[call_index]
@@ -343,7 +365,8 @@ class ChatRenderer:
 
     def _locate_outputs(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
                         text: str, pending: Mapping[int, int], outputs: Mapping[int, _OutputView],
-                        covered: int) -> tuple[list[tuple[int, int]], list[PrefixBreak]]:
+                        covered: int, template_kwargs: Mapping[str, Any] | None,
+                        ) -> tuple[list[tuple[int, int]], list[PrefixBreak]]:
         """Find where each pending assistant message's body is in ``text``; splice it when it is exactly
         the sampled output."""
         sentinels = _sentinels(text, len(messages))
@@ -351,7 +374,7 @@ class ChatRenderer:
             {"role": "assistant", "content": sentinels[k]} if k in pending else m
             for k, m in enumerate(messages)
         ]
-        skeleton = self.render_text(masked, tools)
+        skeleton = self.render_text(masked, tools, template_kwargs=template_kwargs)
         order = sorted(pending)
         fixed = _split_on(skeleton, [sentinels[k] for k in order])
         if fixed is None or not text.startswith(fixed[0]):
@@ -415,6 +438,30 @@ class ChatRenderer:
 
 
 # ---------------------------------------------------------------------------------------- helpers
+# Template variables the renderer itself sets (or that steer rendering): a request may not set them.
+RESERVED_TEMPLATE_VARIABLES = frozenset({
+    "messages", "tools", "add_generation_prompt", "continue_final_message", "documents", "chat_template",
+    "tokenize", "return_dict", "return_assistant_tokens_mask", "conversation"})
+# Names Jinja and transformers give every template; a request may not shadow them.
+_PROVIDED_TEMPLATE_NAMES = frozenset({"range", "dict", "lipsum", "cycler", "joiner", "namespace",
+                                      "raise_exception", "strftime_now"})
+
+
+def template_variables(template: str) -> frozenset[str] | None:
+    """The variables ``template`` reads but does not set itself (a request may supply them), less the
+    names Jinja and transformers provide (helpers such as ``raise_exception``, ``range``); None where the
+    template uses syntax a plain Jinja parser does not know (e.g. transformers' ``{% generation %}``)."""
+    import jinja2
+    from jinja2 import meta
+
+    env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+    try:
+        names = meta.find_undeclared_variables(env.parse(template))
+    except jinja2.TemplateSyntaxError:
+        return None
+    return frozenset(names - _PROVIDED_TEMPLATE_NAMES - RESERVED_TEMPLATE_VARIABLES)
+
+
 class RenderMemo:
     """Rendered texts of recent conversations, keyed by their exact JSON.
 
@@ -429,8 +476,10 @@ class RenderMemo:
         self._lock = threading.Lock()
 
     def key(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
-            add_generation_prompt: bool) -> bytes | None:
+            add_generation_prompt: bool, template_kwargs: Mapping[str, Any] | None = None) -> bytes | None:
         value = [list(messages), list(tools) if tools else None, add_generation_prompt]
+        if template_kwargs:
+            value.append(dict(template_kwargs))
         if not self.enabled or not _plain_json(value):
             return None
         return orjson.dumps(value)

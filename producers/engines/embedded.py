@@ -109,7 +109,7 @@ class EmbeddedEngine:
         conversation (``apply_chat_template``); the prompt ids go out with the first chunk and the result."""
         renderer = self._chat_renderer()
         try:
-            prompt = renderer.render(request.messages, request.tools)
+            prompt = renderer.render(request.messages, request.tools, template_kwargs=request.template_kwargs or None)
         except ValueError as exc:  # the template refuses the conversation: the caller's error
             raise UpstreamError(str(exc), 400, "invalid_request_error") from None
         ids = np.asarray(prompt, dtype=IDS_DTYPE)

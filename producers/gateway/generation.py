@@ -67,15 +67,17 @@ PromptSink = Callable[[TokenIds], None]
 async def run_generation(stream: AsyncIterator[TokenChunk | GenerateResult], *,
                          decode: Callable[[Sequence[int]], str], stop: Sequence[str] = (),
                          on_text: TextSink | None = None, on_prompt: PromptSink | None = None,
-                         abort: asyncio.Event | None = None, began: float | None = None) -> Generated:
+                         abort: asyncio.Event | None = None, began: float | None = None,
+                         out: Generated | None = None) -> Generated:
     """Run one generation (an upstream's ``generate_stream`` or ``generate_chat_stream``) to its end,
     or to a stop string, or to ``abort``; raises UpstreamError.
 
     ``on_prompt`` hears the prompt ids an upstream reports having rendered (pass-through), before any
     text of that chunk. ``began`` (a perf_counter value, default now) is when the clock for first-token
-    time started."""
+    time started. ``out``, when given, is filled as items arrive, so that after a failure the caller
+    still has the prompt and the ids sampled before it."""
     began = time.perf_counter() if began is None else began
-    out = Generated()
+    out = Generated() if out is None else out
     decoder = IncrementalDecoder(decode)
     longest_stop = max((len(s) for s in stop), default=0)
     # Text is needed while sampling only to find stop strings or to stream it; otherwise it is decoded

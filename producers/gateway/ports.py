@@ -70,11 +70,14 @@ class TextSide(Protocol):
     stop_token_ids: tuple[int, ...]
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
-                    prefix_mode: str, prior: Sequence[PriorSample]) -> Rendered:
-        """Prompt ids ending in the generation prompt; ValueError for a conversation it cannot render."""
+                    prefix_mode: str, prior: Sequence[PriorSample],
+                    template_kwargs: dict[str, Any] | None = None) -> Rendered:
+        """Prompt ids ending in the generation prompt; ValueError for a conversation it cannot render.
+        ``template_kwargs``: the request's extra template variables (``chat_template_kwargs``)."""
         ...
 
-    def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str: ...
+    def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                    template_kwargs: dict[str, Any] | None = None) -> str: ...
 
     def encode_text(self, text: str) -> list[int]: ...
 

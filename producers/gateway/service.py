@@ -112,7 +112,8 @@ class CallService:
         mode = "retokenize" if self.prefix_mode == "upstream" else self.prefix_mode
         try:
             return self.text.render_chat(call.messages, call.tools, prefix_mode=mode,
-                                         prior=identity.state.prior_calls())
+                                         prior=identity.state.prior_calls(),
+                                         template_kwargs=call.template_kwargs or None)
         except (ValueError, TypeError, KeyError) as exc:
             raise bad_request(f"the conversation cannot be rendered by the chat template: {exc}",
                               param="messages", code="template_error") from None
@@ -167,23 +168,22 @@ class CallService:
                    error_body: ErrorBody, on_text: TextListener | None,
                    abort: asyncio.Event | None, on_prompt: PromptSink | None) -> tuple[CallOutcome, dict[str, Any]]:
         s = prep.call.sampling
+        partial = Generated()  # what arrived before a failure is recorded with it
         try:
             generated = await run_generation(self._generation(prep), decode=self.text.decode, stop=s.stop,
                                              on_text=on_text, on_prompt=on_prompt, abort=abort,
-                                             began=prep.started)
+                                             began=prep.started, out=partial)
         except UpstreamError as exc:
             error = _upstream_error(exc)
-            await self._record_failure(prep, error, error_body(error), Generated())
+            await self._record_failure(_ran(prep, partial), error, error_body(error), partial)
             raise error from exc
         except Exception as exc:  # a bug or a crash upstream: still recorded, then a 500
             log.exception("call %s failed", prep.call_id)
             error = GatewayError(500, f"internal error while generating: {exc!r}", "internal")
-            await self._record_failure(prep, error, error_body(error), Generated())
+            await self._record_failure(_ran(prep, partial), error, error_body(error), partial)
             raise error from exc
 
-        if prep.passthrough:  # from here on, the prompt is what the upstream ran
-            ran = generated.prompt_ids if generated.prompt_ids is not None else NO_IDS
-            prep = replace(prep, rendered=Rendered(ran))
+        prep = _ran(prep, generated)
         outcome = self._outcome(prep, generated)
         if generated.aborted:
             error = GatewayError(499, "the client closed the connection before the response was complete",
@@ -298,6 +298,13 @@ class CallService:
 
     def count_tokens(self, identity: CallIdentity, call: InternalCall) -> int:
         return len(self.render(identity, call, for_count=True).prompt_ids)
+
+
+def _ran(prep: PreparedCall, generated: Generated) -> PreparedCall:
+    """A pass-through call's prompt is what the upstream reported running (empty if it never did)."""
+    if not prep.passthrough:
+        return prep
+    return replace(prep, rendered=Rendered(generated.prompt_ids if generated.prompt_ids is not None else NO_IDS))
 
 
 def _delivered(prep: PreparedCall, generated: Generated) -> DeliveredCall:

@@ -38,21 +38,26 @@ class ModelTextSide:
         return cls(ChatRenderer(Path(model_dir)))
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
-                    prefix_mode: str, prior: Sequence[PriorSample]) -> Rendered:
+                    prefix_mode: str, prior: Sequence[PriorSample],
+                    template_kwargs: dict[str, Any] | None = None) -> Rendered:
         try:
             if prefix_mode == "retokenize":
-                ids = self.renderer.render_cached(messages, tools)
+                ids = self.renderer.render_cached(messages, tools, template_kwargs=template_kwargs)
                 return Rendered(_read_only(ids))
             calls = [PriorCall(p.call_index, NO_IDS if p.prompt_ids is None else p.prompt_ids,
                                p.output_ids, p.message, p.prompt_text) for p in prior]
-            rendered = self.renderer.render_spliced(messages, tools, calls)
+            rendered = self.renderer.render_spliced(messages, tools, calls, template_kwargs)
         except RenderError as exc:
             raise ValueError(str(exc)) from None
         return Rendered(rendered.prompt_array, len(rendered.spliced), rendered.break_descriptions,
                         text=rendered.text if rendered.text_is_exact else None)
 
-    def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        return self.renderer.render_text(messages, tools)
+    def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                    template_kwargs: dict[str, Any] | None = None) -> str:
+        try:
+            return self.renderer.render_text(messages, tools, template_kwargs=template_kwargs)
+        except RenderError as exc:
+            raise ValueError(str(exc)) from None
 
     def encode_text(self, text: str) -> list[int]:
         return self.renderer.encode_cached(text)

@@ -16,7 +16,7 @@ import pytest
 from producers.engines.embedded import EmbeddedEngine
 from producers.model_build import LOOKUP_TOOL, task_messages
 from producers.sdk import Rollout
-from producers.upstream import GenerateRequest, GenerateResult, TokenChunk, UpstreamError
+from producers.upstream import ChatGenerateRequest, GenerateRequest, GenerateResult, TokenChunk, UpstreamError
 from tokentrail.settings import Settings
 
 from .helpers import engine_logprobs, output_of, prompts_of, read_records
@@ -69,12 +69,19 @@ class FailingEngine(SlowEngine):
                 yield item
                 raise UpstreamError("the engine went away mid-generation", 503, "engine_lost")
 
+    async def generate_chat_stream(self, request: ChatGenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+        async for item in self.engine.generate_chat_stream(request):  # pass-through: after its prompt
+            if isinstance(item, TokenChunk):
+                yield item
+                raise UpstreamError("the engine went away mid-generation", 503, "engine_lost")
 
+
+@pytest.mark.parametrize("prefix_mode", ["splice", "upstream"])
 def test_a_failure_mid_stream_reaches_each_sdk_in_its_shape_and_is_recorded(
-    start_gateway, topics: dict[str, str], model_dir, tokentrail_settings: Settings
+    start_gateway, topics: dict[str, str], model_dir, text_side, tokentrail_settings: Settings, prefix_mode: str
 ) -> None:
     failing = FailingEngine(EmbeddedEngine(model_dir), per_token_s=0.0)
-    with start_gateway(upstream=failing) as gw, Rollout(gw.url) as rollout:
+    with start_gateway(upstream=failing, prefix_mode=prefix_mode) as gw, Rollout(gw.url) as rollout:
         messages = [{"role": "user", "content": "hi"}]
         chunks = []
         with pytest.raises(openai.APIError) as openai_error:
@@ -97,10 +104,16 @@ def test_a_failure_mid_stream_reaches_each_sdk_in_its_shape_and_is_recorded(
     assert "went away" in anthropic_error.value.body["error"]["message"]
     # Both calls are on Kafka as failures, with the error and the body the harness got.
     assert [c["protocol"] for c in calls] == ["openai.chat", "anthropic.messages"]
-    for call in calls:
+    for call, prompt in zip(calls, prompts_of(calls), strict=True):
         assert call["status"] == "ERROR" and call["finish_reason"] == "error" and call["streamed"] is True
         assert call["error"]["type"] == "engine_lost" and call["error"]["status_code"] == 503
         assert "went away" in orjson.loads(call["response_json"]).get("error", {}).get("message", "")
+        # What the engine ran and sampled before it failed is kept: the prompt (in pass-through, the one
+        # the upstream reported) and the first chunk's ids with their logprobs.
+        assert call["prefix_mode"] == prefix_mode
+        assert prompt.tolist() == text_side.renderer.render(messages)
+        output_ids, logprobs = output_of(call)
+        assert len(output_ids) == len(logprobs) >= 1
 
 
 def test_harness_is_answered_only_after_delivery(start_gateway) -> None:
