@@ -27,6 +27,7 @@ from producers.gateway.errors import GatewayError, bad_request
 from producers.gateway.generation import Generated, PromptSink, run_generation
 from producers.gateway.identity import CallIdentity
 from producers.gateway.ports import Rendered, TextSide
+from producers.rendering import RESERVED_TEMPLATE_VARIABLES
 from producers.upstream import (
     ChatGenerateRequest,
     ChatUpstream,
@@ -98,6 +99,11 @@ class CallService:
 
     def render(self, identity: CallIdentity, call: InternalCall, *, for_count: bool = False) -> Rendered:
         if call.messages is not None and self.prefix_mode == "upstream" and not for_count:
+            reserved = sorted(set(call.template_kwargs) & RESERVED_TEMPLATE_VARIABLES)
+            if reserved:  # refused as in the other modes, not left to the upstream
+                raise bad_request(f"cannot render the conversation: chat_template_kwargs may not set "
+                                  f"{', '.join(reserved)}: the gateway sets them itself", param="messages",
+                                  code="template_error")
             return Rendered(NO_IDS)  # the upstream renders it
         if call.prompt_ids is not None:
             bad = [i for i in call.prompt_ids if i < 0 or i >= self.text.vocab_size]

@@ -47,8 +47,9 @@ def test_template_kwargs_change_the_prompt_as_the_template_says(
     assert renderer.decode(prompts[2].tolist()).endswith("<|im_start|>assistant\n")
 
 
-def test_template_kwargs_the_gateway_sets_itself_are_refused(start_gateway) -> None:
-    with start_gateway() as gw, Rollout(gw.url, task_input={}) as rollout:
+@pytest.mark.parametrize("prefix_mode", ["splice", "upstream"])
+def test_template_kwargs_the_gateway_sets_itself_are_refused(start_gateway, prefix_mode: str) -> None:
+    with start_gateway(prefix_mode=prefix_mode) as gw, Rollout(gw.url, task_input={}) as rollout:
         client = rollout.openai_client()
         with pytest.raises(openai.BadRequestError) as refused:
             client.chat.completions.create(model=MODEL, messages=task_messages("owl"), max_tokens=4,
