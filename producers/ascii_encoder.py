@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from itertools import chain
 from typing import Any
 
 log = logging.getLogger("tokentrail.tokenize")
@@ -34,7 +35,7 @@ log = logging.getLogger("tokentrail.tokenize")
 # The pattern ``ByteLevel(use_regex=True)`` splits with (GPT-2's), in Oniguruma syntax.
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 # Memoized parts before the memo starts over (a part is a word or a run of spaces or punctuation).
-MAX_MEMO_PARTS = 1 << 18
+MAX_MEMO_PARTS = 1 << 17
 # Escapes that mean the same on ASCII text in Oniguruma (Unicode) and in Python's ``re`` with re.ASCII.
 _SAME_ESCAPES = set("sSdDwWrntfv")
 # Groups both engines read alike.
@@ -157,14 +158,16 @@ class AsciiEncoder:
                     return False
                 cut += found
             parts = cut
-        memo, extend = self._memo, out.extend
-        for part in parts:
-            ids = memo.get(part)
-            if ids is None:
-                if len(memo) >= MAX_MEMO_PARTS:
-                    memo.clear()
-                ids = memo[part] = tuple(t.id for t in self._model.tokenize(part.translate(self._byte_table)))
-            extend(ids)
+        memo = self._memo
+        found = list(map(memo.get, parts))
+        if None in found:
+            if len(memo) >= MAX_MEMO_PARTS:
+                memo.clear()
+            for n, ids in enumerate(found):
+                if ids is None:
+                    part = parts[n]
+                    found[n] = memo[part] = tuple(t.id for t in self._model.tokenize(part.translate(self._byte_table)))
+        out.extend(chain.from_iterable(found))  # type: ignore[arg-type]  # no None left
         return True
 
     def _self_check(self, tokenizer: Any, added: list[str]) -> str | None:

@@ -121,6 +121,8 @@ class PrefixTokenCache:
         added = sorted({t["content"] for t in config.get("added_tokens", []) if len(t["content"]) > 1},
                        key=len, reverse=True)
         self._added_pattern = re.compile("|".join(re.escape(a) for a in added)) if added else None
+        # The same, as a lookahead: finds the longest added token starting at every position in one pass.
+        self._added_starts = re.compile(f"(?=({self._added_pattern.pattern}))") if added else None
         self._added_max = len(added[0]) if added else 0
         anchors_by_length = sorted(self._anchor_ids.values(), key=len, reverse=True)
         self._anchor_pattern = re.compile("|".join(re.escape(a) for a in anchors_by_length)) \
@@ -186,13 +188,12 @@ class PrefixTokenCache:
 
     def _crosses(self, text: str, cut: int) -> bool:
         """Whether an added token occurs in ``text`` starting before ``cut`` and ending after it."""
-        if self._added_pattern is None:
+        if self._added_starts is None:
             return False
-        for start in range(max(0, cut - self._added_max + 1), cut):
-            match = self._added_pattern.match(text, start)  # the longest added token starting there
-            if match is not None and match.end() > cut:
-                return True
-        return False
+        start = max(0, cut - self._added_max + 1)
+        window = text[start:cut + self._added_max]
+        return any(m.start() < cut - start and m.start() + len(m.group(1)) > cut - start
+                   for m in self._added_starts.finditer(window))
 
     def _encode_from(self, text: str, offset: int, count: int) -> tuple[array, list[tuple[int, int, _Key]]]:
         """The ids of ``text[offset:]`` and the cuts in it (positions in ``text``; ``count`` ids before).

@@ -19,7 +19,8 @@ from producers import ascii_encoder
 from producers.ascii_encoder import AsciiEncoder, ascii_pattern
 from producers.rendering import ChatRenderer
 from producers.token_cache import PrefixTokenCache
-from tests.engine.trained import train_bpe
+
+from .trained import train_bpe
 
 PIECES = ["<|im_start|>", "<|im_end|>", "<|im_", "<tool_call>", "</think>", "<think>", "<", "|", ">", " ", "  ",
           "\n", "\n\n", "\r\n", "\t", "hello", " World", "'s", "'T", "don't", "'ll", "123", "4", " 56", "3.14",

@@ -14,7 +14,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokeniz
 from producers.model_build import LOOKUP_TOOL, lookup_call, task_messages
 from producers.rendering import ChatRenderer
 from producers.token_cache import PrefixTokenCache, ascii_twin
-from tests.engine.trained import train_bpe
+
+from .trained import train_bpe
 
 TOOLS = [LOOKUP_TOOL]
 PIECES = ["<|im_start|>", "<|im_end|>", "<|im_", "end|>", "<tool_call>", "</tool_call>", "<think>",
