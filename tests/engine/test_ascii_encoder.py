@@ -4,6 +4,7 @@ and an encoder that would be wrong is refused by its own check before use."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -31,10 +32,24 @@ def _ids(tokenizer: Tokenizer, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
+@functools.cache
 def _gpt2_style() -> Tokenizer:
     return train_bpe(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
                      [AddedToken("<a>", normalized=False), AddedToken("<b>", normalized=True)],
                      decoders.ByteLevel())
+
+
+# Llama 3's split pattern (numbers in runs of up to three digits), as its tokenizer.json carries it.
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+@functools.cache
+def _llama3_style() -> Tokenizer:
+    split = pre_tokenizers.Split(Regex(LLAMA3_PATTERN), "isolated")
+    return train_bpe(pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                               use_regex=False)]),
+                     [AddedToken("<|eot|>", normalized=False, special=True)], decoders.ByteLevel())
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +81,16 @@ def test_gpt2_style_byte_level_ids_are_exact(text: str) -> None:
     assert encoder is not None
     assert encoder.encode(text) == (_ids(tokenizer, text) if text.isascii() else None)
     assert encoder.encode(text + "<b><a>x") == (_ids(tokenizer, text + "<b><a>x") if text.isascii() else None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts)
+def test_llama3_style_split_ids_are_exact(text: str) -> None:
+    tokenizer = _llama3_style()
+    encoder = AsciiEncoder.for_tokenizer(tokenizer)
+    assert encoder is not None
+    text += " 1234567 <|eot|>x"
+    assert encoder.encode(text) == (_ids(tokenizer, text) if text.isascii() else None)
 
 
 def test_the_reference_model_gets_an_encoder_and_the_cache_uses_it(renderer: ChatRenderer) -> None:
