@@ -30,6 +30,8 @@ import re
 from itertools import chain
 from typing import Any
 
+from producers.tokenizer_config import adds_nothing, leaves_ascii_alone
+
 log = logging.getLogger("tokentrail.tokenize")
 
 # The pattern ``ByteLevel(use_regex=True)`` splits with (GPT-2's), in Oniguruma syntax.
@@ -40,8 +42,6 @@ MAX_MEMO_PARTS = 1 << 17
 _SAME_ESCAPES = set("sSdDwWrntfv")
 # Groups both engines read alike.
 _SAME_GROUPS = ("(?:", "(?i:", "(?!", "(?=")
-# Post-processors that add nothing when asked for no special tokens (all encoding here asks so).
-_PLAIN_POST_PROCESSORS = {"ByteLevel", "TemplateProcessing", "RobertaProcessing", "BertProcessing"}
 
 
 def ascii_pattern(onig: str) -> re.Pattern[str] | None:
@@ -185,12 +185,7 @@ def _split_patterns(config: dict[str, Any]) -> list[re.Pattern[str]] | None:
     model = config.get("model") or {}
     if model.get("type") != "BPE" or model.get("dropout") or config.get("truncation") or config.get("padding"):
         return None
-    normalizer = config.get("normalizer")
-    steps = (normalizer.get("normalizers") or []) if normalizer and normalizer.get("type") == "Sequence" \
-        else [normalizer] if normalizer else []
-    if any(step.get("type") != "NFC" for step in steps):  # NFC leaves ASCII alone; others may not
-        return None
-    if not _adds_nothing(config.get("post_processor")):
+    if not leaves_ascii_alone(config.get("normalizer")) or not adds_nothing(config.get("post_processor")):
         return None
     node = config.get("pre_tokenizer") or {}
     pre = (node.get("pretokenizers") or []) if node.get("type") == "Sequence" else [node]
@@ -206,14 +201,6 @@ def _split_patterns(config: dict[str, Any]) -> list[re.Pattern[str]] | None:
         sources.append(GPT2_PATTERN)
     patterns = [ascii_pattern(source) for source in sources]
     return None if any(p is None for p in patterns) else [p for p in patterns if p is not None]
-
-
-def _adds_nothing(node: dict[str, Any] | None) -> bool:
-    if node is None:
-        return True
-    if node.get("type") == "Sequence":
-        return all(_adds_nothing(child) for child in node.get("processors", []))
-    return node.get("type") in _PLAIN_POST_PROCESSORS
 
 
 def _literal_pattern(literals: list[str]) -> re.Pattern[str] | None:

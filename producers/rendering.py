@@ -43,7 +43,8 @@ import orjson
 
 from producers.model_build import sha256_file, sha256_text
 from producers.parsing import ParsedOutput, parse_output
-from producers.token_cache import PrefixTokenCache, nfc_only, normalizer_steps
+from producers.token_cache import PrefixTokenCache
+from producers.tokenizer_config import adds_nothing, nfc_only, normalizer_steps
 from schemas.tokens import IDS_DTYPE, IdArray
 
 Message = Mapping[str, Any]
@@ -568,8 +569,6 @@ def piecewise_decoding(config: dict[str, Any]) -> bool:
 
 # Pre-tokenizers that only cut text into pieces, keeping every character (unless told to remove some).
 _SPLITTING_PRE_TOKENIZERS = {"Split", "Digits", "Punctuation"}
-# Post-processors that add nothing when asked for no special tokens (all encoding here asks so).
-_PLAIN_POST_PROCESSORS = {"ByteLevel", "TemplateProcessing", "RobertaProcessing", "BertProcessing"}
 
 
 def round_trip_rule(config: dict[str, Any]) -> str | None:
@@ -599,7 +598,7 @@ def round_trip_rule(config: dict[str, Any]) -> str | None:
     if any(t.get("lstrip") or t.get("rstrip") for t in added) \
             or any(by_id[i] != token for token, i in vocab.items() if i in by_id):
         return None
-    if not _keeps_characters(config.get("pre_tokenizer")) or not _adds_nothing(config.get("post_processor")):
+    if not _keeps_characters(config.get("pre_tokenizer")) or not adds_nothing(config.get("post_processor")):
         return None
     return _normalized_texts(config.get("normalizer"))
 
@@ -612,14 +611,6 @@ def _keeps_characters(node: dict[str, Any] | None) -> bool:
         s is not None and (s.get("type") == "ByteLevel" or (
             s.get("type") in _SPLITTING_PRE_TOKENIZERS and s.get("behavior") != "Removed"))
         for s in steps)
-
-
-def _adds_nothing(node: dict[str, Any] | None) -> bool:
-    if node is None:
-        return True
-    if node.get("type") == "Sequence":
-        return all(_adds_nothing(child) for child in node.get("processors", []))
-    return node.get("type") in _PLAIN_POST_PROCESSORS
 
 
 def _normalized_texts(node: dict[str, Any] | None) -> str | None:

@@ -37,6 +37,7 @@ from itertools import pairwise
 from typing import Any
 
 from producers.ascii_encoder import AsciiEncoder
+from producers.tokenizer_config import nfc_only
 
 # Characters hashed to find a cached prefix ending at a cut; the whole prefix is compared before use.
 WINDOW = 64
@@ -280,19 +281,6 @@ def ascii_twin(tokenizer: Any, config: dict[str, Any] | None = None) -> Any | No
     twin = Tokenizer.from_str(json.dumps({**config, "normalizer": None}))
     twin.encode_special_tokens = bool(getattr(tokenizer, "encode_special_tokens", False))
     return twin
-
-
-def normalizer_steps(node: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The steps of a ``tokenizer.json`` normalizer (none, one, or a Sequence's)."""
-    if node is None:
-        return []
-    return list(node.get("normalizers") or []) if node.get("type") == "Sequence" else [node]
-
-
-def nfc_only(node: dict[str, Any] | None) -> bool:
-    """Whether the normalizer is NFC and nothing else (it then leaves ASCII text unchanged)."""
-    steps = normalizer_steps(node)
-    return bool(steps) and all(step.get("type") == "NFC" for step in steps)
 
 
 def _key(text: str, end: int) -> _Key:
