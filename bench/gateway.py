@@ -22,7 +22,9 @@ Workloads (``--workload``), all with a first user message of about ``--prompt-to
 
 ``--prefix-mode`` sets the gateway's mode (default ``splice``). With ``upstream`` (pass-through) the
 gateway neither renders nor tokenizes: the in-process upstream plays a model server that renders for
-free and reports prompt ids as long as the conversation's text would give.
+free and reports prompt ids as long as the conversation's text would give. ``--no-fast-ascii`` makes
+the gateway tokenize with the tokenizer itself instead of the exact ASCII fast path
+(``producers/ascii_encoder.py``): the same ids, for comparing the cost.
 
 Rollouts are started before timing. At concurrency 1 the two servers are called
 alternately, so both see the same machine state; ``added_*`` is gateway minus direct.
@@ -40,7 +42,7 @@ throughput at c64 far below the servers' own (``--client httpx`` measures with i
 
     python -m bench.gateway [--calls N] [--c64-calls N] [--prompt-tokens T] [--output-tokens K]
                             [--workload agent|distinct|same] [--turns N] [--turn-tokens T] [--group-size G]
-                            [--prefix-mode splice|retokenize|upstream] [--client raw|httpx]
+                            [--prefix-mode splice|retokenize|upstream] [--no-fast-ascii] [--client raw|httpx]
 """
 
 from __future__ import annotations
@@ -115,12 +117,12 @@ class FastUpstream:
         return None
 
 
-def _text_side() -> Any:
+def _text_side(fast_ascii: bool = True) -> Any:
     from producers.gateway.text_side import ModelTextSide
     from producers.model_build import build_model
     from tokentrail.settings import get_settings
 
-    return ModelTextSide.from_dir(build_model(get_settings().model.dir))
+    return ModelTextSide.from_dir(build_model(get_settings().model.dir), fast_ascii=fast_ascii)
 
 
 def _output_ids(text: Any, count: int) -> list[int]:
@@ -156,7 +158,7 @@ def direct_app(output_text: str, completion_tokens: int) -> Any:
 
 
 def gateway_app(spool_dir: str, calls_topic: str, env_topic: str, output_tokens: int,
-                prefix_mode: str = "splice") -> Any:
+                prefix_mode: str = "splice", fast_ascii: bool = True) -> Any:
     from producers.delivery import KafkaCallSink
     from producers.gateway.cli import build_app
     from tokentrail.settings import get_settings
@@ -164,9 +166,10 @@ def gateway_app(spool_dir: str, calls_topic: str, env_topic: str, output_tokens:
     settings = get_settings()
     settings = settings.model_copy(update={
         "model": settings.model.model_copy(update={"name": MODEL}),
-        "gateway": settings.gateway.model_copy(update={"spool_dir": Path(spool_dir), "prefix_mode": prefix_mode}),
+        "gateway": settings.gateway.model_copy(update={"spool_dir": Path(spool_dir), "prefix_mode": prefix_mode,
+                                                       "fast_ascii_tokenize": fast_ascii}),
     })
-    text = _text_side()
+    text = _text_side(fast_ascii)
     sample = text.render_text([{"role": "user", "content": _prompt(text, 512)}], None)
     chars_per_token = len(sample) / len(text.encode_text(sample))
     return build_app(
@@ -183,7 +186,8 @@ def serve(args: argparse.Namespace) -> int:
         text = _text_side()
         app = direct_app(text.decode(_output_ids(text, args.output_tokens)), args.output_tokens)
     else:
-        app = gateway_app(args.spool_dir, args.calls_topic, args.env_topic, args.output_tokens, args.prefix_mode)
+        app = gateway_app(args.spool_dir, args.calls_topic, args.env_topic, args.output_tokens, args.prefix_mode,
+                          not args.no_fast_ascii)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
                 timeout_keep_alive=120)  # the client keeps its connections; no race with idle closes
     return 0
@@ -446,7 +450,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     common = [sys.executable, "-m", "bench.gateway", "--output-tokens", str(args.output_tokens)]
     direct = subprocess.Popen([*common, "--serve", "direct", "--port", str(direct_port)])
     gateway = subprocess.Popen([*common, "--serve", "gateway", "--port", str(gateway_port), "--prefix-mode",
-                                args.prefix_mode,
+                                args.prefix_mode, *(["--no-fast-ascii"] if args.no_fast_ascii else []),
                                 "--spool-dir", spool, "--calls-topic", calls_topic, "--env-topic", env_topic])
     direct_url, gateway_url = f"http://127.0.0.1:{direct_port}", f"http://127.0.0.1:{gateway_port}"
     limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
@@ -537,6 +541,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "gateway_calls": total,
             "workload": args.workload,
             "prefix_mode": args.prefix_mode,
+            "fast_ascii_tokenize": not args.no_fast_ascii,
             "turns_per_conversation": turns,
             "group_size": args.group_size if args.workload == "agent" else 1,
             "spool_depth_at_end": sink.get("spool_depth", -1),
@@ -582,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix-mode", choices=["splice", "retokenize", "upstream"], default="splice",
                         help="the gateway's prefix mode (default splice; upstream: pass-through, the upstream "
                         "renders, here a model server that renders for free)")
+    parser.add_argument("--no-fast-ascii", action="store_true",
+                        help="tokenize with the tokenizer itself, not the exact ASCII fast path (for comparison)")
     parser.add_argument("--client", choices=["raw", "httpx"], default="raw",
                         help="HTTP client of the timed calls (raw: minimal keep-alive HTTP/1.1)")
     # Internal: run one of the two servers (the benchmark starts them as subprocesses).

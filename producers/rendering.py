@@ -131,7 +131,7 @@ class RenderError(ValueError):
 class ChatRenderer:
     """The pinned tokenizer and chat template of a model directory."""
 
-    def __init__(self, model_dir: Path, *, cache_tokens: int = 8_000_000) -> None:
+    def __init__(self, model_dir: Path, *, cache_tokens: int = 8_000_000, fast_ascii: bool = True) -> None:
         from transformers import AutoTokenizer
 
         # A prompt's pieces are tokenized in one batch; spreading that small batch over threads costs
@@ -151,7 +151,7 @@ class ChatRenderer:
         self.vocab_size = len(self.tokenizer)
         # Prompts are cut for reuse at the added tokens the template emits (turn markers and the like).
         anchors = [t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content in template]
-        self.token_cache = PrefixTokenCache(self._backend, anchors, max_tokens=cache_tokens)
+        self.token_cache = PrefixTokenCache(self._backend, anchors, max_tokens=cache_tokens, fast_ascii=fast_ascii)
         config = json.loads(self._backend.to_str())
         self.piecewise = piecewise_decoding(config) and self._decodes_piecewise()
         # Which texts decode(encode(text)) gives back by construction, so new text needs no decoding.

@@ -62,7 +62,7 @@ def make_text_side(settings: Any, progress: Any = print) -> Any:
 
     if settings.gateway.upstream.strip() == "embedded":
         build_model(settings.model.dir, progress=progress)
-    return ModelTextSide.from_dir(settings.model.dir)
+    return ModelTextSide.from_dir(settings.model.dir, fast_ascii=settings.gateway.fast_ascii_tokenize)
 
 
 def build_app(settings: Any, *, upstream: Any = None, sink: Any = None, text: Any = None,

@@ -34,8 +34,8 @@ class ModelTextSide:
         self._stop = frozenset(self.stop_token_ids)
 
     @classmethod
-    def from_dir(cls, model_dir: Path | str) -> ModelTextSide:
-        return cls(ChatRenderer(Path(model_dir)))
+    def from_dir(cls, model_dir: Path | str, *, fast_ascii: bool = True) -> ModelTextSide:
+        return cls(ChatRenderer(Path(model_dir), fast_ascii=fast_ascii))
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
                     prefix_mode: str, prior: Sequence[PriorSample],

@@ -19,8 +19,10 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_
 
 from producers import ascii_encoder
 from producers.ascii_encoder import AsciiEncoder, ascii_pattern
+from producers.gateway.text_side import ModelTextSide
 from producers.rendering import ChatRenderer
 from producers.token_cache import PrefixTokenCache
+from tokentrail.settings import Settings
 
 from .trained import train_bpe
 
@@ -158,3 +160,18 @@ def test_bench_tokenize_prints_its_figures_with_every_text_exact() -> None:
     figures = json.loads(run.stdout.strip().splitlines()[-1])
     assert figures["mismatched_texts"] == 0 and figures["texts"] == 4
     assert figures["tokens_per_text"] > 200 and figures["tokenizer_us_per_text"] > 0 and figures["speedup"] > 0
+
+
+def test_the_gateway_setting_switches_the_fast_path_off(model_dir: Path, tokentrail_settings: Settings) -> None:
+    from producers.gateway.cli import make_text_side
+
+    def text_side(fast: bool) -> ModelTextSide:
+        gateway = tokentrail_settings.gateway.model_copy(update={"fast_ascii_tokenize": fast, "upstream": "x"})
+        return make_text_side(tokentrail_settings.model_copy(update={"gateway": gateway}))
+
+    fast, plain = text_side(True), text_side(False)
+    assert fast.renderer.token_cache.ascii_encoder is not None
+    assert plain.renderer.token_cache.ascii_encoder is None
+    messages = [{"role": "user", "content": "It's 42 -- ok?"}]
+    assert fast.render_chat(messages, None, prefix_mode="retokenize", prior=[]).array().tolist() == \
+        plain.render_chat(messages, None, prefix_mode="retokenize", prior=[]).array().tolist()
