@@ -21,6 +21,9 @@ its tokenization (token k), and let the new text T agree with P up to c. Then
 Where (2) does not hold only identical texts are reused (tokenization is deterministic); with dropout
 nothing is. Cached texts are compared in full before their ids are used, so a hash collision costs a
 miss, never a wrong id.
+
+What is left to tokenize goes, piece by piece, to the exact ASCII fast path (``ascii_encoder.py``) where
+the tokenizer qualifies and the piece is ASCII, and to the tokenizer itself otherwise.
 """
 
 from __future__ import annotations
@@ -121,9 +124,9 @@ class PrefixTokenCache:
         # longest first, so a match at a position is the longest added token starting there.
         added = sorted({t["content"] for t in config.get("added_tokens", []) if len(t["content"]) > 1},
                        key=len, reverse=True)
-        self._added_pattern = re.compile("|".join(re.escape(a) for a in added)) if added else None
-        # The same, as a lookahead: finds the longest added token starting at every position in one pass.
-        self._added_starts = re.compile(f"(?=({self._added_pattern.pattern}))") if added else None
+        # A lookahead, so one scan finds the longest added token starting at every position.
+        alternatives = "|".join(re.escape(a) for a in added)
+        self._added_starts = re.compile(f"(?=({alternatives}))") if added else None
         self._added_max = len(added[0]) if added else 0
         anchors_by_length = sorted(self._anchor_ids.values(), key=len, reverse=True)
         self._anchor_pattern = re.compile("|".join(re.escape(a) for a in anchors_by_length)) \
