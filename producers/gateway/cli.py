@@ -62,7 +62,11 @@ def make_text_side(settings: Any, progress: Any = print) -> Any:
 
     if settings.gateway.upstream.strip() == "embedded":
         build_model(settings.model.dir, progress=progress)
-    return ModelTextSide.from_dir(settings.model.dir, fast_ascii=settings.gateway.fast_ascii_tokenize)
+    text = ModelTextSide.from_dir(settings.model.dir, fast_ascii=settings.gateway.fast_ascii_tokenize)
+    fast = text.renderer.token_cache.ascii_encoder is not None
+    progress("ASCII text is tokenized by the exact fast path" if fast else
+             "the tokenizer tokenizes all text (fast ASCII path off by setting, or not covered for this tokenizer)")
+    return text
 
 
 def build_app(settings: Any, *, upstream: Any = None, sink: Any = None, text: Any = None,
