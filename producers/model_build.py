@@ -29,13 +29,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-BUILD_VERSION = 2  # 2: the template reads enable_thinking (chat_template_kwargs), as Qwen3's does
+# 2: the template reads enable_thinking (chat_template_kwargs), as Qwen3's does.
+# 3: tokenizer.json carries the normalizer and pre-tokenizer transformers runs for Qwen2 models.
+BUILD_VERSION = 3
 MANIFEST_NAME = "tokentrail_model.json"
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
 # Hermes tool-call and reasoning markers: single added tokens, not special (as in Qwen2.5/Qwen3), so
 # they survive skip_special_tokens when text is decoded.
 MARKER_TOKENS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
+# Qwen2's pre-tokenizer split pattern. transformers (5.x) loads a ``qwen2`` model's tokenizer with it and an
+# NFC normalizer whatever tokenizer.json says, so the built file says the same: the file (and its
+# fingerprint) then describes what runs, under any transformers version and for ``tokenizers`` alone.
+QWEN2_SPLIT_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                       r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
 
@@ -253,7 +260,7 @@ def _compiled_template() -> Any:
 
 # ---------------------------------------------------------------------------------------- tokenizer
 def _train_tokenizer(spec: BuildSpec) -> Any:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE(unk_token=None))
@@ -268,6 +275,12 @@ def _train_tokenizer(spec: BuildSpec) -> Any:
     # The markers must stay single tokens even inside training text, so they are not learnt by BPE.
     tokenizer.train_from_iterator(_corpus(spec, _jinja_render), trainer)
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKER_TOKENS])
+    # Trained on GPT-2's split; used, as transformers will use it, with Qwen2's (the same ids on the corpus).
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), "isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=None,

@@ -83,3 +83,21 @@ def test_cli_builds_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
     with pytest.raises(CliError, match="no model"):
         missing.func(missing)
+
+
+def test_tokenizer_json_is_what_transformers_runs(model_dir: Path) -> None:
+    # transformers loads a qwen2 model's tokenizer with Qwen2's normalizer and split pattern whatever the
+    # file says; the built file says the same, so the file (and its fingerprint) describes what runs.
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    running = AutoTokenizer.from_pretrained(str(model_dir)).backend_tokenizer
+    loaded = json.loads(running.to_str())
+    written = json.loads((model_dir / "tokenizer.json").read_text())
+    for key in ("normalizer", "pre_tokenizer", "decoder", "post_processor", "added_tokens"):
+        assert written[key] == loaded[key], key
+    for key in ("vocab", "merges"):
+        assert written["model"][key] == loaded["model"][key], key
+    alone = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    for text in ["It's 12345 -- OK?\n\n  x", "caf\u00e9 \u4e2d\u6587 \U0001f600", "<|im_start|>user\nhi<|im_end|>"]:
+        assert alone.encode(text, add_special_tokens=False).ids == running.encode(text, add_special_tokens=False).ids
