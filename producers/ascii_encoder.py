@@ -164,9 +164,12 @@ class AsciiEncoder:
             if len(memo) >= MAX_MEMO_PARTS:
                 memo.clear()
             for n, ids in enumerate(found):
-                if ids is None:
+                if ids is None:  # the memo again first: a part can recur within the text
                     part = parts[n]
-                    found[n] = memo[part] = tuple(t.id for t in self._model.tokenize(part.translate(self._byte_table)))
+                    ids = memo.get(part)
+                    if ids is None:
+                        ids = memo[part] = tuple(t.id for t in self._model.tokenize(part.translate(self._byte_table)))
+                    found[n] = ids
         out.extend(chain.from_iterable(found))  # type: ignore[arg-type]  # no None left
         return True
 
