@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -175,3 +176,20 @@ def test_the_gateway_setting_switches_the_fast_path_off(model_dir: Path, tokentr
     messages = [{"role": "user", "content": "It's 42 -- ok?"}]
     assert fast.render_chat(messages, None, prefix_mode="retokenize", prior=[]).array().tolist() == \
         plain.render_chat(messages, None, prefix_mode="retokenize", prior=[]).array().tolist()
+
+
+def test_each_distinct_part_reaches_the_bpe_model_once(reference: Tokenizer) -> None:
+    encoder = AsciiEncoder.for_tokenizer(reference)
+    assert encoder is not None
+    seen: list[str] = []
+
+    class Counting:
+        def tokenize(self, part: str) -> Any:
+            seen.append(part)
+            return reference.model.tokenize(part)
+
+    encoder._model, encoder._memo = Counting(), {}
+    text = "owl owl owl fox owl fox 7 7"
+    assert encoder.encode(text) == _ids(reference, text)
+    # Its parts: "owl", " owl" (x3), " fox" (x2), " ", "7", " ", "7": five distinct, each tokenized once.
+    assert len(seen) == len(set(seen)) == 5
