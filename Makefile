@@ -43,7 +43,7 @@ lint: setup
 	$(BIN)/ruff check .
 
 bench: setup
-	for b in codec gateway processors sink trainer; do $(BIN)/python -m bench.$$b || exit 1; done
+	for b in codec gateway tokenize processors sink trainer; do $(BIN)/python -m bench.$$b || exit 1; done
 
 clean-var:
 	-$(BIN)/tokentrail kafka stop

@@ -151,12 +151,12 @@ class AsciiEncoder:
         for pattern in self._patterns:
             cut: list[str] = []
             for part in parts:
-                found = pattern.findall(part)
+                matched = pattern.findall(part)
                 # The tokenizer keeps unmatched gaps as parts of their own and never yields empty ones;
                 # findall shows neither, so a text where either could happen is left to the tokenizer.
-                if sum(map(len, found)) != len(part) or "" in found:
+                if sum(map(len, matched)) != len(part) or "" in matched:
                     return False
-                cut += found
+                cut += matched
             parts = cut
         memo = self._memo
         found = list(map(memo.get, parts))

@@ -229,10 +229,7 @@ class ChatRenderer:
         itself (messages, tools, add_generation_prompt, ...) are refused rather than silently lost."""
         if not requested:
             return {}
-        reserved = sorted(set(requested) & RESERVED_TEMPLATE_VARIABLES)
-        if reserved:
-            raise RenderError(f"chat_template_kwargs may not set {', '.join(reserved)}: the gateway sets "
-                              "them itself")
+        check_template_kwargs(requested)
         known = self.template_variables
         return {k: v for k, v in requested.items()
                 if (k in known if known is not None else k not in _PROVIDED_TEMPLATE_NAMES)}
@@ -446,6 +443,13 @@ RESERVED_TEMPLATE_VARIABLES = frozenset({
 # Names Jinja and transformers give every template; a request may not shadow them.
 _PROVIDED_TEMPLATE_NAMES = frozenset({"range", "dict", "lipsum", "cycler", "joiner", "namespace",
                                       "raise_exception", "strftime_now"})
+
+
+def check_template_kwargs(requested: Mapping[str, Any]) -> None:
+    """Refuse (RenderError) template variables a request may not set: the renderer sets them itself."""
+    reserved = sorted(set(requested) & RESERVED_TEMPLATE_VARIABLES)
+    if reserved:
+        raise RenderError(f"chat_template_kwargs may not set {', '.join(reserved)}: the gateway sets them itself")
 
 
 def template_variables(template: str) -> frozenset[str] | None:

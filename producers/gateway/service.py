@@ -27,7 +27,7 @@ from producers.gateway.errors import GatewayError, bad_request
 from producers.gateway.generation import Generated, PromptSink, run_generation
 from producers.gateway.identity import CallIdentity
 from producers.gateway.ports import Rendered, TextSide
-from producers.rendering import RESERVED_TEMPLATE_VARIABLES
+from producers.rendering import RenderError, check_template_kwargs
 from producers.upstream import (
     ChatGenerateRequest,
     ChatUpstream,
@@ -99,11 +99,10 @@ class CallService:
 
     def render(self, identity: CallIdentity, call: InternalCall, *, for_count: bool = False) -> Rendered:
         if call.messages is not None and self.prefix_mode == "upstream" and not for_count:
-            reserved = sorted(set(call.template_kwargs) & RESERVED_TEMPLATE_VARIABLES)
-            if reserved:  # refused as in the other modes, not left to the upstream
-                raise bad_request(f"cannot render the conversation: chat_template_kwargs may not set "
-                                  f"{', '.join(reserved)}: the gateway sets them itself", param="messages",
-                                  code="template_error")
+            try:  # refused as in the other modes, not left to the upstream
+                check_template_kwargs(call.template_kwargs)
+            except RenderError as exc:
+                raise _template_error(exc) from None
             return Rendered(NO_IDS)  # the upstream renders it
         if call.prompt_ids is not None:
             bad = [i for i in call.prompt_ids if i < 0 or i >= self.text.vocab_size]
@@ -121,8 +120,7 @@ class CallService:
                                          prior=identity.state.prior_calls(),
                                          template_kwargs=call.template_kwargs or None)
         except (ValueError, TypeError, KeyError) as exc:
-            raise bad_request(f"the conversation cannot be rendered by the chat template: {exc}",
-                              param="messages", code="template_error") from None
+            raise _template_error(exc) from None
 
     def prepare(self, identity: CallIdentity, call: InternalCall, *, received_at_us: int, started: float,
                 request_json: str, adapter_version: str, tool_call_prefix: str) -> PreparedCall:
@@ -304,6 +302,11 @@ class CallService:
 
     def count_tokens(self, identity: CallIdentity, call: InternalCall) -> int:
         return len(self.render(identity, call, for_count=True).prompt_ids)
+
+
+def _template_error(exc: Exception) -> GatewayError:
+    return bad_request(f"the conversation cannot be rendered by the chat template: {exc}", param="messages",
+                       code="template_error")
 
 
 def _ran(prep: PreparedCall, generated: Generated) -> PreparedCall:

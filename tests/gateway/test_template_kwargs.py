@@ -41,7 +41,7 @@ def test_template_kwargs_change_the_prompt_as_the_template_says(
         text = renderer.decode(prompt.tolist())
         assert text.endswith(EMPTY_REASONING)
         assert text == renderer.render_text(conversation, template_kwargs={"enable_thinking": False})
-        assert orjson.loads(calls[0]["request_json"])["body"]["chat_template_kwargs"] == NO_THINKING
+    assert orjson.loads(calls[0]["request_json"])["body"]["chat_template_kwargs"] == NO_THINKING
     assert prompts[0].tolist() == renderer.render(messages, template_kwargs={"enable_thinking": False})
     assert prompts[2].tolist() == renderer.render(messages)  # the same conversation without them
     assert renderer.decode(prompts[2].tolist()).endswith("<|im_start|>assistant\n")
