@@ -411,7 +411,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from schemas.topics import admin_config, consumer_config
+    from schemas.kafka_config import admin_config, consumer_config
     from tokentrail import kafka_local
     from tokentrail.settings import get_settings
 
@@ -419,7 +419,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     print(f"Kafka at {settings.kafka.bootstrap_servers} ...", flush=True)
     if not kafka_local.broker_answers(settings.kafka):
         kafka_local.start(wait_s=120, kafka=settings.kafka)
-    admin = AdminClient(admin_config(settings))
+    admin = AdminClient(admin_config(settings.kafka))
     tag = uuid.uuid4().hex[:8]
     calls_topic, env_topic = f"bench.gateway.calls.{tag}", f"bench.gateway.env.{tag}"
     for future in admin.create_topics([NewTopic(calls_topic, 6, replication_factor=-1),
@@ -508,7 +508,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         sink = health.get("sink", {})
 
         # Durable delivery included: every call's record is on the calls topic.
-        consumer = Consumer(consumer_config(settings, f"bench-{tag}"))
+        consumer = Consumer(consumer_config(settings.kafka, f"bench-{tag}"))
         metadata = admin.list_topics(calls_topic, timeout=30).topics[calls_topic]
         on_kafka = sum(consumer.get_watermark_offsets(TopicPartition(calls_topic, p), timeout=30)[1]
                        for p in metadata.partitions)

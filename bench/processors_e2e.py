@@ -28,7 +28,7 @@ from processors.testing import AttemptSpec, attempt_events, growing_turns
 from processors.verifiers import VerifierRunner, load_verifiers
 from processors.worker import start_worker_process, stop_worker_process
 from schemas.codec import get_codec
-from schemas.topics import admin_config, consumer_config, producer_config
+from schemas.kafka_config import admin_config, consumer_config, producer_config
 from tokentrail import kafka_local
 from tokentrail.settings import Settings, get_settings
 
@@ -72,8 +72,8 @@ def expected_samples(settings: Settings, events: list[Event]) -> dict[str, int]:
 class _Pipeline:
     def __init__(self, settings: Settings, topics: StreamTopics) -> None:
         self.settings, self.topics, self.codec = settings, topics, get_codec()
-        self.producer = Producer(producer_config(settings))
-        self.consumer = Consumer(consumer_config(settings, f"bench-{uuid.uuid4().hex[:8]}"))
+        self.producer = Producer(producer_config(settings.kafka))
+        self.consumer = Consumer(consumer_config(settings.kafka, f"bench-{uuid.uuid4().hex[:8]}"))
         samples = topics.output("Sample")
         parts = self.consumer.list_topics(samples, timeout=30).topics[samples].partitions
         self.consumer.assign([TopicPartition(samples, p, OFFSET_BEGINNING) for p in parts])
@@ -137,7 +137,7 @@ def measure(groups: int = 2, group_size: int = 4, calls: int = 16, first_prompt:
         return round(tokens / elapsed)
     finally:
         stop_worker_process(worker)
-        admin = AdminClient(admin_config(settings))
+        admin = AdminClient(admin_config(settings.kafka))
         names = [t for t in admin.list_topics(timeout=30).topics
                  if t.startswith((topics.prefix, f"{settings.processors.app_id}-"))]
         if names:

@@ -39,10 +39,10 @@ def encoded_from_topic(limit: int, timeout_s: float = 10.0) -> list[bytes]:
     """Up to ``limit`` records from the samples topic, read by a throwaway group (nothing committed)."""
     from confluent_kafka import Consumer
 
-    from schemas import topics
+    from schemas import kafka_config, topics
     from tokentrail.settings import get_settings
 
-    conf = topics.consumer_config(get_settings(), f"bench-trainer-{time.time_ns()}")
+    conf = kafka_config.consumer_config(get_settings().kafka, f"bench-trainer-{time.time_ns()}")
     conf.update({"enable.auto.commit": False, "auto.offset.reset": "earliest"})
     consumer = Consumer(conf)
     consumer.subscribe([topics.SAMPLES_TOPIC])

@@ -78,7 +78,7 @@ from processors.stream.config import StreamConfig
 from processors.stream.entries import GroupEntry, pack_entry, read_body, read_head
 from processors.stream.topics import partition_for, record_key
 from schemas.codec import DecodeError, get_codec
-from schemas.topics import faust_app_settings
+from schemas.kafka_config import faust_app_settings
 
 log = logging.getLogger("tokentrail.processors")
 
@@ -116,7 +116,7 @@ class ProcessorsApp:
         settings = cfg.settings
         self.codec = get_codec(settings.kafka.schema_registry_url)
         self.topics = cfg.topics
-        self.partitions = {spec.name: spec.partition_count(settings) for spec in cfg.topics.specs()}
+        self.partitions = {spec.name: spec.partition_count(settings.kafka) for spec in cfg.topics.specs()}
         self.n_partitions = settings.kafka.partitions
         self.timeout_us = round(settings.processors.attempt_timeout_s * 1e6)
         self.retention_us = round(cfg.state_retention_s * 1e6)
@@ -124,7 +124,7 @@ class ProcessorsApp:
         self.crashed: BaseException | None = None
 
         max_bytes = settings.kafka.max_message_bytes + SIZE_SLACK
-        options = {**faust_app_settings(settings), "producer_max_request_size": max_bytes,
+        options = {**faust_app_settings(settings.kafka), "producer_max_request_size": max_bytes,
                    "consumer_max_fetch_size": max_bytes}
         self.app = faust.App(
             cfg.app_id,

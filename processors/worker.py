@@ -145,9 +145,9 @@ def _ensure_changelog_topics(settings: Settings, app: Any, timeout_s: float = 30
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from schemas.topics import admin_config
+    from schemas.kafka_config import admin_config
 
-    admin = AdminClient(admin_config(settings))
+    admin = AdminClient(admin_config(settings.kafka))
     wanted = {}
     for table in app.tables.values():
         topic = table.changelog_topic

@@ -2,7 +2,7 @@
 
 Everything about one rollout is keyed by its rollout id, so one partition holds a rollout's whole
 history in order; groups are keyed by group id. Client configuration helpers live here too, so
-producers, consumers and topics agree on message sizes and compression.
+producers, consumers and topics agree on message sizes and compression (``schemas.kafka_config``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from tokentrail.settings import Settings
+from schemas.kafka_config import KafkaSettings
 
 FOREVER = -1
 DAY_MS = 24 * 60 * 60 * 1000
@@ -34,21 +34,21 @@ class TopicSpec:
     value_schemas: tuple[str, ...]  # Avro record names in schemas/*.avsc
     retention_ms: int
     description: str
-    # None: settings.kafka.partitions. A fixed count where order across keys matters.
+    # None: KafkaSettings.partitions. A fixed count where order across keys matters.
     partitions: int | None = None
     cleanup_policy: str = "delete"
     extra_config: dict[str, str] = field(default_factory=dict)
 
-    def partition_count(self, settings: Settings) -> int:
-        return self.partitions if self.partitions is not None else settings.kafka.partitions
+    def partition_count(self, kafka: KafkaSettings) -> int:
+        return self.partitions if self.partitions is not None else kafka.partitions
 
-    def config(self, settings: Settings) -> dict[str, str]:
+    def config(self, kafka: KafkaSettings) -> dict[str, str]:
         """Topic-level configs this spec requires (compared against, and applied to, the broker)."""
         return {
             "cleanup.policy": self.cleanup_policy,
             "retention.ms": str(self.retention_ms),
-            "compression.type": settings.kafka.compression,
-            "max.message.bytes": str(settings.kafka.max_message_bytes),
+            "compression.type": kafka.compression,
+            "max.message.bytes": str(kafka.max_message_bytes),
             **self.extra_config,
         }
 
@@ -121,78 +121,6 @@ def topic(name: str) -> TopicSpec:
         raise KeyError(f"unknown tokentrail topic {name!r}; known: {', '.join(BY_NAME)}") from None
 
 
-# ---------------------------------------------------------------- client configuration
-# librdkafka property names (confluent-kafka). settings.kafka.client_config() carries bootstrap
-# servers and any security settings; the helpers never drop them.
-
-
-def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    """An idempotent, acks=all producer whose batches may hold the largest allowed record."""
-    kafka = settings.kafka
-    return {
-        **kafka.client_config(),
-        "acks": "all",
-        "enable.idempotence": True,
-        "compression.type": kafka.compression,
-        "message.max.bytes": kafka.max_message_bytes,
-        "linger.ms": 5,
-        **overrides,
-    }
-
-
-def consumer_config(settings: Settings, group_id: str, **overrides: Any) -> dict[str, Any]:
-    """A manually committing, read_committed consumer that can fetch the largest allowed record."""
-    kafka = settings.kafka
-    fetch_max = 4 * kafka.max_message_bytes
-    return {
-        **kafka.client_config(),
-        "group.id": group_id,
-        "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
-        "isolation.level": "read_committed",
-        "max.partition.fetch.bytes": kafka.max_message_bytes,
-        "fetch.max.bytes": fetch_max,
-        # librdkafka requires room for a whole fetch response plus protocol overhead.
-        "receive.message.max.bytes": fetch_max + 1024 * 1024,
-        **overrides,
-    }
-
-
-def raise_authentication_failure(error: KafkaError) -> None:
-    """``error_cb`` of admin clients: a refused login (wrong SASL credentials, a TLS handshake the broker
-    rejects) is final, so it is raised from the next ``poll`` instead of librdkafka retrying until a
-    time-out that only says "transport failure". ``list_topics`` below polls for it."""
-    if error.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL):
-        raise KafkaException(error)
-
-
-def admin_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
-    return {**settings.kafka.client_config(), "error_cb": raise_authentication_failure, **overrides}
-
-
-def faust_app_settings(settings: Settings) -> dict[str, Any]:
-    """Keyword arguments for ``faust.App`` that match the topics' sizes and compression, with the
-    same security settings as every other client (``broker_credentials``, see schemas.faust_security;
-    raises KafkaSecurityError for settings faust cannot honour).
-
-    aiokafka (under faust) decodes zstd batches only with ``cramjam`` installed.
-    """
-    from schemas.faust_security import faust_credentials
-
-    kafka = settings.kafka
-    servers = [s.strip() for s in kafka.bootstrap_servers.split(",") if s.strip()]
-    return {
-        "broker": [f"kafka://{server}" for server in servers],
-        "broker_credentials": faust_credentials(kafka.client_config()),
-        "producer_acks": -1,
-        "producer_compression_type": kafka.compression,
-        "producer_max_request_size": kafka.max_message_bytes,
-        "consumer_max_fetch_size": kafka.max_message_bytes,
-        "consumer_auto_offset_reset": "earliest",
-        "topic_partitions": kafka.partitions,
-    }
-
-
 # ---------------------------------------------------------------- creating and checking topics
 
 
@@ -249,14 +177,14 @@ class EnsureReport:
 
 
 def topic_differences(
-    spec: TopicSpec, settings: Settings, partitions: int, configs: dict[str, str]
+    spec: TopicSpec, kafka: KafkaSettings, partitions: int, configs: dict[str, str]
 ) -> list[TopicDifference]:
     """How an existing topic (its partition count and configs) departs from its spec."""
     found = []
-    expected_partitions = spec.partition_count(settings)
+    expected_partitions = spec.partition_count(kafka)
     if partitions != expected_partitions:
         found.append(TopicDifference(spec.name, "partitions", str(expected_partitions), str(partitions)))
-    for key, expected in spec.config(settings).items():
+    for key, expected in spec.config(kafka).items():
         actual = configs.get(key, "<unset>")
         if actual != expected:
             found.append(TopicDifference(spec.name, key, expected, actual))
@@ -265,7 +193,7 @@ def topic_differences(
 
 def ensure_topics(
     admin: AdminClient,
-    settings: Settings,
+    kafka: KafkaSettings,
     specs: tuple[TopicSpec, ...] = ALL_TOPICS,
     *,
     fix_configs: bool = False,
@@ -283,7 +211,7 @@ def ensure_topics(
         new_topics = [
             # replication_factor=-1: the broker's default.replication.factor (1 locally, 3 in a cluster).
             NewTopic(
-                spec.name, spec.partition_count(settings), replication_factor=-1, config=spec.config(settings)
+                spec.name, spec.partition_count(kafka), replication_factor=-1, config=spec.config(kafka)
             )
             for spec in missing
         ]
@@ -304,7 +232,7 @@ def ensure_topics(
     configs_by_topic = describe_topic_configs(admin, names, timeout_s)
     for spec in to_check:
         report.existing.append(spec.name)
-        differences = topic_differences(spec, settings, partitions[spec.name], configs_by_topic[spec.name])
+        differences = topic_differences(spec, kafka, partitions[spec.name], configs_by_topic[spec.name])
         config_fixes = [d for d in differences if d.setting != "partitions"]
         if fix_configs and config_fixes:
             _set_topic_configs(admin, spec.name, config_fixes, timeout_s)

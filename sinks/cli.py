@@ -92,14 +92,15 @@ def _counts(args: argparse.Namespace) -> int:
 def _sink(args: argparse.Namespace) -> int:
     from confluent_kafka.admin import AdminClient
 
-    from schemas.topics import admin_config, ensure_topics
+    from schemas.kafka_config import admin_config
+    from schemas.topics import ensure_topics
     from sinks.ddl import migrate
     from sinks.sink import SinkOptions, run_sink
 
     settings = get_settings()
     client = _client(args, create=True)
     migrate(client)
-    report = ensure_topics(AdminClient(admin_config(settings)), settings)
+    report = ensure_topics(AdminClient(admin_config(settings.kafka)), settings.kafka)
     for difference in report.differences:
         print(f"sink: warning: {difference.describe()}", file=sys.stderr)
     options = SinkOptions(

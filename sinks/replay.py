@@ -106,12 +106,12 @@ def publish(events: list[Event], settings: Any, topic_of: dict[str, str] | None 
     """Produce the events to their topics (keyed like the processors key them); returns how many."""
     from confluent_kafka import KafkaException, Producer
 
-    from schemas import topics
+    from schemas import kafka_config, topics
     from schemas.codec import get_codec
 
     codec = get_codec(settings.kafka.schema_registry_url)
     topic_of = topic_of or {name: spec.name for spec in topics.ALL_TOPICS for name in spec.value_schemas}
-    producer = Producer(topics.producer_config(settings))
+    producer = Producer(kafka_config.producer_config(settings.kafka))
     errors: list[str] = []
 
     def on_delivery(err: Any, _msg: Any) -> None:

@@ -166,20 +166,20 @@ class ClickHouseSink:
     # ---- configuration ---------------------------------------------------------------------------
 
     def _consumer_config(self) -> dict[str, Any]:
-        from schemas import topics
+        from schemas import kafka_config
 
         # At-least-once: we store and commit offsets ourselves, after the insert.
-        return topics.consumer_config(
-            self.settings,
+        return kafka_config.consumer_config(
+            self.settings.kafka,
             self.options.group_id,
             # A crashed sink's partitions move to its replacement after 10 s instead of librdkafka's 45 s.
             **{"enable.auto.offset.store": False, "enable.partition.eof": True, "session.timeout.ms": 10_000},
         )
 
     def _producer_config(self) -> dict[str, Any]:
-        from schemas import topics
+        from schemas import kafka_config
 
-        return topics.producer_config(self.settings)
+        return kafka_config.producer_config(self.settings.kafka)
 
     # ---- main loop -------------------------------------------------------------------------------
 

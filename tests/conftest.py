@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from schemas.topics import admin_config, ensure_topics
+from schemas.kafka_config import admin_config
+from schemas.topics import ensure_topics
 from tokentrail import kafka_local
 from tokentrail.settings import Settings, get_settings
 
@@ -44,7 +45,7 @@ def kafka_bootstrap(tokentrail_settings: Settings) -> Iterator[str]:
         started_here = True
     try:
         # A broker kept from an earlier run may carry older topic configs: bring them to the spec.
-        report = ensure_topics(AdminClient(admin_config(settings)), settings, fix_configs=True)
+        report = ensure_topics(AdminClient(admin_config(settings.kafka)), settings.kafka, fix_configs=True)
         if not report.ok:
             pytest.fail("topics differ from schemas/topics.py: "
                         + "; ".join(d.describe() for d in report.differences))
@@ -56,7 +57,7 @@ def kafka_bootstrap(tokentrail_settings: Settings) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def kafka_admin(kafka_bootstrap: str, tokentrail_settings: Settings) -> AdminClient:
-    return AdminClient(admin_config(tokentrail_settings))
+    return AdminClient(admin_config(tokentrail_settings.kafka))
 
 
 NewTopicFactory = Callable[..., str]

@@ -6,7 +6,8 @@ import argparse
 
 from confluent_kafka.admin import AdminClient
 
-from schemas.topics import ALL_TOPICS, DAY_MS, FOREVER, admin_config, ensure_topics
+from schemas.kafka_config import admin_config
+from schemas.topics import ALL_TOPICS, DAY_MS, FOREVER, ensure_topics
 from tokentrail.cli import CliError
 from tokentrail.kafka_local import broker_answers
 from tokentrail.settings import Settings, get_settings
@@ -50,12 +51,12 @@ def _admin(settings: Settings, timeout_s: float) -> AdminClient:
             f"no Kafka broker answers on {settings.kafka.bootstrap_servers}; "
             "start the local one with `tokentrail kafka start`"
         )
-    return AdminClient(admin_config(settings))
+    return AdminClient(admin_config(settings.kafka))
 
 
 def _cmd_ensure(args: argparse.Namespace) -> int:
     settings = get_settings()
-    report = ensure_topics(_admin(settings, args.timeout), settings, fix_configs=args.fix_configs,
+    report = ensure_topics(_admin(settings, args.timeout), settings.kafka, fix_configs=args.fix_configs,
                            timeout_s=args.timeout)
     for name in report.created:
         print(f"created  {name}")
@@ -86,7 +87,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     rows = [("topic", "key", "partitions", "on broker", "retention")]
     for spec in ALL_TOPICS:
         actual = str(len(present[spec.name].partitions)) if spec.name in present else "missing"
-        declared = str(spec.partition_count(settings))
+        declared = str(spec.partition_count(settings.kafka))
         rows.append((spec.name, spec.key, declared, actual, _retention(spec.retention_ms)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:

@@ -199,7 +199,7 @@ def run_training(settings: Settings | None = None, options: TrainOptions = Train
                  progress: Progress = _quiet) -> RunSummary:
     """Consume samples, train, publish policy versions and emit TrainerStep events, in-process."""
     from producers.policy_store import PolicyStore
-    from schemas import topics
+    from schemas import kafka_config, topics
     from tokentrail.settings import get_settings
     from trainer_consumer.batching import BatchBuilder
     from trainer_consumer.dataset import SampleStream
@@ -223,7 +223,7 @@ def run_training(settings: Settings | None = None, options: TrainOptions = Train
     policy = load_policy(model_dir, store, run_id, progress=progress)
     consumed = policy.metadata.get("consumed") if policy.step else None
     progress(f"policy version {policy.version}, step {policy.step}; run {run_id}, group {group_id}")
-    sink = KafkaStepSink(topics.producer_config(settings),
+    sink = KafkaStepSink(kafka_config.producer_config(settings.kafka),
                          options.steps_topic or topics.TRAINER_STEPS_TOPIC,
                          options.dead_letter_topic or topics.DEAD_LETTER_TOPIC)
     if filter_cfg.vocab_size is None:
@@ -232,7 +232,7 @@ def run_training(settings: Settings | None = None, options: TrainOptions = Train
     state = TrainerState(step=policy.step, version=policy.version)
     builder: BatchBuilder[Any] = BatchBuilder(options.batch_size, options.max_batch_tokens,
                                               filter_cfg.build())
-    stream = SampleStream(topics.consumer_config(settings, group_id),
+    stream = SampleStream(kafka_config.consumer_config(settings.kafka, group_id),
                           options.samples_topic or topics.SAMPLES_TOPIC, builder,
                           current_version=lambda: state.version, dead_letter=sink.dead_letter,
                           start_after=consumed)

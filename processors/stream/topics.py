@@ -18,6 +18,7 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
+from schemas import kafka_config
 from schemas import topics as T
 from tokentrail.settings import Settings
 
@@ -91,5 +92,5 @@ class StreamTopics:
 def ensure_stream_topics(settings: Settings, topics: StreamTopics, *,
                          timeout_s: float = 30.0) -> T.EnsureReport:
     """Create the app's topics where missing (a running broker is required)."""
-    admin = AdminClient(T.admin_config(settings))
-    return T.ensure_topics(admin, settings, topics.specs(), timeout_s=timeout_s)
+    admin = AdminClient(kafka_config.admin_config(settings.kafka))
+    return T.ensure_topics(admin, settings.kafka, topics.specs(), timeout_s=timeout_s)

@@ -174,12 +174,12 @@ class KafkaCallSink:
 
     @classmethod
     def from_settings(cls, settings: Any = None) -> KafkaCallSink:
-        """The gateway's sink: schemas.topics.producer_config, settings.gateway spool dir and timeout."""
-        from schemas.topics import producer_config
+        """The gateway's sink: schemas.kafka_config.producer_config, settings.gateway spool dir and timeout."""
+        from schemas.kafka_config import producer_config
         from tokentrail.settings import get_settings
 
         settings = settings or get_settings()
-        return cls(producer_config(settings), settings.gateway.spool_dir, settings.gateway.delivery_timeout_s)
+        return cls(producer_config(settings.kafka), settings.gateway.spool_dir, settings.gateway.delivery_timeout_s)
 
     # ------------------------------------------------------------------ lifecycle
 

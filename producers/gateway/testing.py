@@ -108,10 +108,10 @@ def embedded_gateway_app(settings: Any, *, spool_dir: Path | str | None = None,
     from producers.delivery import KafkaCallSink
     from producers.gateway.app import GatewayOptions
     from producers.gateway.cli import build_app
-    from schemas.topics import producer_config
+    from schemas.kafka_config import producer_config
 
     options = replace(GatewayOptions.from_settings(settings), **option_overrides)
-    sink: Any = KafkaCallSink(producer_config(settings), spool_dir or settings.gateway.spool_dir,
+    sink: Any = KafkaCallSink(producer_config(settings.kafka), spool_dir or settings.gateway.spool_dir,
                               settings.gateway.delivery_timeout_s)
     if wrap_sink is not None:
         sink = wrap_sink(sink)

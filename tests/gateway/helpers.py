@@ -10,16 +10,16 @@ import numpy as np
 from confluent_kafka import Consumer
 
 from schemas.codec import get_codec
+from schemas.kafka_config import consumer_config
 from schemas.prompt_delta import reconstruct_prompt
 from schemas.tokens import IdArray, unpack_floats, unpack_ids
-from schemas.topics import consumer_config
 from tokentrail.settings import Settings
 
 
 def read_records(settings: Settings, topic: str, count: int, *, timeout_s: float = 60.0,
                  where: dict[str, Any] | None = None) -> list[tuple[str, dict[str, Any]]]:
     """The first ``count`` records of ``topic`` (matching ``where``), as (schema name, record)."""
-    consumer = Consumer(consumer_config(settings, f"test-{uuid.uuid4().hex}"))
+    consumer = Consumer(consumer_config(settings.kafka, f"test-{uuid.uuid4().hex}"))
     consumer.subscribe([topic])
     codec = get_codec()
     found: list[tuple[str, dict[str, Any]]] = []

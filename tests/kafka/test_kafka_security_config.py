@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from schemas.faust_security import KafkaSecurityError, faust_credentials
-from schemas.topics import admin_config, faust_app_settings
+from schemas.kafka_config import admin_config, faust_app_settings
 from tokentrail import kafka_local
 from tokentrail.settings import KafkaSettings, Settings
 
@@ -43,9 +43,9 @@ def client_certificate(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_plaintext_has_no_credentials_and_faust_app_settings_carry_them() -> None:
     assert faust_credentials(conf("PLAINTEXT")) is None
-    assert faust_app_settings(Settings())["broker_credentials"] is None
+    assert faust_app_settings(Settings().kafka)["broker_credentials"] is None
     settings = Settings(kafka=KafkaSettings(security_protocol="SASL_PLAINTEXT", extra_client_config=SASL))
-    creds = faust_app_settings(settings)["broker_credentials"]
+    creds = faust_app_settings(settings.kafka)["broker_credentials"]
     assert isinstance(creds, faust.SASLCredentials)
     assert (creds.username, creds.password, creds.mechanism.value) == ("alice", "alice-secret", "SCRAM-SHA-512")
     assert creds.protocol.value == "SASL_PLAINTEXT" and creds.ssl_context is None
@@ -106,7 +106,7 @@ def test_what_faust_cannot_honour_is_refused_naming_the_setting(protocol: str, e
 def test_admin_clients_raise_refused_logins() -> None:
     from confluent_kafka import KafkaError, KafkaException
 
-    callback = admin_config(Settings())["error_cb"]
+    callback = admin_config(Settings().kafka)["error_cb"]
     with pytest.raises(KafkaException, match="Authentication failed"):
         callback(KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error: Authentication failed"))
     callback(KafkaError(KafkaError._TRANSPORT, "connection refused"))  # transient: librdkafka retries

@@ -10,7 +10,8 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from schemas.topics import CALLS, consumer_config, producer_config
+from schemas.kafka_config import consumer_config, producer_config
+from schemas.topics import CALLS
 from tokentrail.settings import Settings
 
 NewTopic = Callable[..., str]  # the new_topic fixture of tests/conftest.py
@@ -44,16 +45,16 @@ def _consume(consumer: Consumer, expected: int, timeout_s: float = 60.0) -> list
 def test_large_records_round_trip_in_key_order(
     new_topic: NewTopic, kafka_bootstrap: str, tokentrail_settings: Settings
 ) -> None:
-    topic = new_topic(partitions=3, config=CALLS.config(tokentrail_settings))
+    topic = new_topic(partitions=3, config=CALLS.config(tokentrail_settings.kafka))
     big = os.urandom(8 * 1024 * 1024)  # incompressible: the broker limit applies to the real size
     records = [(b"rollout-%d" % (i % 4), b"%04d" % i) for i in range(40)]
     records.insert(17, (b"rollout-1", big))
 
-    delivered = _deliver(Producer(producer_config(tokentrail_settings)), topic, records)
+    delivered = _deliver(Producer(producer_config(tokentrail_settings.kafka)), topic, records)
     assert len(delivered) == len(records)
 
     group = f"test-roundtrip-{uuid.uuid4().hex[:8]}"
-    consumer = Consumer(consumer_config(tokentrail_settings, group))
+    consumer = Consumer(consumer_config(tokentrail_settings.kafka, group))
     consumer.subscribe([topic])
     try:
         received = _consume(consumer, len(records))
@@ -67,8 +68,8 @@ def test_large_records_round_trip_in_key_order(
     assert len({m.partition() for m in received if m.key() == b"rollout-1"}) == 1
 
     # Offsets were committed by hand (auto commit is off): the group resumes after them.
-    later = _deliver(Producer(producer_config(tokentrail_settings)), topic, [(b"rollout-2", b"after")])
-    resumed = Consumer(consumer_config(tokentrail_settings, group))
+    later = _deliver(Producer(producer_config(tokentrail_settings.kafka)), topic, [(b"rollout-2", b"after")])
+    resumed = Consumer(consumer_config(tokentrail_settings.kafka, group))
     resumed.subscribe([topic])
     try:
         assert [(m.key(), m.value()) for m in _consume(resumed, 1)] == [(b"rollout-2", b"after")]
@@ -82,8 +83,8 @@ def test_large_records_round_trip_in_key_order(
 def test_record_over_the_limit_is_refused(
     new_topic: NewTopic, kafka_bootstrap: str, tokentrail_settings: Settings
 ) -> None:
-    topic = new_topic(partitions=1, config=CALLS.config(tokentrail_settings))
-    producer = Producer(producer_config(tokentrail_settings))
+    topic = new_topic(partitions=1, config=CALLS.config(tokentrail_settings.kafka))
+    producer = Producer(producer_config(tokentrail_settings.kafka))
     too_big = os.urandom(tokentrail_settings.kafka.max_message_bytes + 1)
     with pytest.raises(KafkaException) as info:
         producer.produce(topic, key=b"k", value=too_big)

@@ -20,7 +20,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka.admin import AdminClient
 
 from processors.worker import start_worker_process, stop_worker_process
-from schemas.topics import ALL_TOPICS, CALLS_TOPIC, admin_config, consumer_config, ensure_topics, producer_config
+from schemas.kafka_config import admin_config, consumer_config, producer_config
+from schemas.topics import ALL_TOPICS, CALLS_TOPIC, ensure_topics
 from tokentrail import kafka_local
 from tokentrail.settings import KafkaSettings, Settings, get_settings
 
@@ -73,17 +74,17 @@ def test_the_broker_only_lets_sasl_users_in(sasl_settings: Settings) -> None:
 
 
 def test_admin_producer_and_consumer_use_the_credentials(sasl_settings: Settings) -> None:
-    report = ensure_topics(AdminClient(admin_config(sasl_settings)), sasl_settings)
+    report = ensure_topics(AdminClient(admin_config(sasl_settings.kafka)), sasl_settings.kafka)
     assert report.ok, report.differences
     assert set(report.created) | set(report.existing) == {spec.name for spec in ALL_TOPICS}
 
-    producer = Producer(producer_config(sasl_settings))
+    producer = Producer(producer_config(sasl_settings.kafka))
     sent = [(f"r{i % 3}".encode(), f"value-{i}".encode()) for i in range(30)]
     for key, value in sent:
         producer.produce(CALLS_TOPIC, key=key, value=value)
     assert producer.flush(30) == 0
 
-    consumer = Consumer(consumer_config(sasl_settings, f"sasl-{uuid.uuid4().hex[:8]}"))
+    consumer = Consumer(consumer_config(sasl_settings.kafka, f"sasl-{uuid.uuid4().hex[:8]}"))
     try:
         partitions = consumer.list_topics(CALLS_TOPIC, timeout=30).topics[CALLS_TOPIC].partitions
         consumer.assign([TopicPartition(CALLS_TOPIC, p, OFFSET_BEGINNING) for p in partitions])
@@ -145,7 +146,7 @@ def _ensure_topics_refusal(settings: Settings) -> tuple[int, str, float]:
     admin client it refers to is gone before the broker stops."""
     began = time.monotonic()
     try:
-        ensure_topics(AdminClient(admin_config(settings)), settings)
+        ensure_topics(AdminClient(admin_config(settings.kafka)), settings.kafka)
     except KafkaException as exc:
         return exc.args[0].code(), str(exc), time.monotonic() - began
     return 0, "accepted", time.monotonic() - began
@@ -158,9 +159,9 @@ async def _aiokafka_start(settings: Settings) -> str:
     import aiokafka
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-    from schemas.topics import faust_app_settings
+    from schemas.kafka_config import faust_app_settings
 
-    auth = credentials_to_aiokafka_auth(faust_app_settings(settings)["broker_credentials"])
+    auth = credentials_to_aiokafka_auth(faust_app_settings(settings.kafka)["broker_credentials"])
     seen: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]

@@ -10,7 +10,7 @@ import uuid
 import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-from schemas import topics
+from schemas import kafka_config, topics
 from tokentrail import topics_cli
 from tokentrail.settings import Settings
 
@@ -64,8 +64,8 @@ def test_client_configs_keep_security_settings_and_raise_sizes(tokentrail_settin
         "security_protocol": "SASL_SSL", "extra_client_config": {"sasl.mechanism": "PLAIN"},
     })
     settings = tokentrail_settings.model_copy(update={"kafka": kafka})
-    producer = topics.producer_config(settings)
-    consumer = topics.consumer_config(settings, "g1")
+    producer = kafka_config.producer_config(settings.kafka)
+    consumer = kafka_config.consumer_config(settings.kafka, "g1")
     for conf in (producer, consumer):
         assert conf["security.protocol"] == "SASL_SSL" and conf["sasl.mechanism"] == "PLAIN"
     assert producer["acks"] == "all" and producer["enable.idempotence"] is True
@@ -80,18 +80,18 @@ def test_ensure_creates_all_then_is_idempotent(
 ) -> None:
     specs = _renamed(f"test-ensure-{uuid.uuid4().hex[:8]}")
     try:
-        first = topics.ensure_topics(kafka_admin, tokentrail_settings, specs)
+        first = topics.ensure_topics(kafka_admin, tokentrail_settings.kafka, specs)
         assert sorted(first.created) == sorted(spec.name for spec in specs) and first.ok
 
-        second = topics.ensure_topics(kafka_admin, tokentrail_settings, specs)
+        second = topics.ensure_topics(kafka_admin, tokentrail_settings.kafka, specs)
         assert second.created == [] and second.ok
         assert sorted(second.existing) == sorted(spec.name for spec in specs)
 
         present = kafka_admin.list_topics(timeout=10).topics
         for spec in specs:
-            assert len(present[spec.name].partitions) == spec.partition_count(tokentrail_settings)
+            assert len(present[spec.name].partitions) == spec.partition_count(tokentrail_settings.kafka)
             configs = _configs(kafka_admin, spec.name)
-            for key, value in spec.config(tokentrail_settings).items():
+            for key, value in spec.config(tokentrail_settings.kafka).items():
                 assert configs[key] == value, (spec.name, key)
     finally:
         for future in kafka_admin.delete_topics([spec.name for spec in specs]).values():
@@ -103,21 +103,21 @@ def test_ensure_reports_and_fixes_differences(
 ) -> None:
     calls = dataclasses.replace(topics.CALLS, name=f"test-diff-{uuid.uuid4().hex[:8]}.calls")
     try:
-        topics.ensure_topics(kafka_admin, tokentrail_settings, (calls,))
+        topics.ensure_topics(kafka_admin, tokentrail_settings.kafka, (calls,))
         drift = ConfigResource(ResourceType.TOPIC, calls.name, incremental_configs=[
             ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)])
         for future in kafka_admin.incremental_alter_configs([drift]).values():
             future.result()
         _wait_for_config(kafka_admin, calls.name, "retention.ms", "3600000")
-        wider = dataclasses.replace(calls, partitions=calls.partition_count(tokentrail_settings) + 2)
+        wider = dataclasses.replace(calls, partitions=calls.partition_count(tokentrail_settings.kafka) + 2)
 
-        report = topics.ensure_topics(kafka_admin, tokentrail_settings, (wider,))
+        report = topics.ensure_topics(kafka_admin, tokentrail_settings.kafka, (wider,))
         assert {(d.setting, d.actual) for d in report.differences} == {
             ("retention.ms", "3600000"),
-            ("partitions", str(calls.partition_count(tokentrail_settings))),
+            ("partitions", str(calls.partition_count(tokentrail_settings.kafka))),
         }
 
-        fixed = topics.ensure_topics(kafka_admin, tokentrail_settings, (wider,), fix_configs=True)
+        fixed = topics.ensure_topics(kafka_admin, tokentrail_settings.kafka, (wider,), fix_configs=True)
         assert [d.setting for d in fixed.altered] == ["retention.ms"]
         assert [d.setting for d in fixed.differences] == ["partitions"]  # never changed automatically
         _wait_for_config(kafka_admin, calls.name, "retention.ms", "-1")

@@ -21,7 +21,7 @@ from processors.stream.config import load_grouping
 from processors.stream.topics import OUTPUT_SPECS, StreamTopics, ensure_stream_topics
 from processors.worker import EXIT_STALLED, start_worker_process, stop_worker_process
 from schemas.codec import DecodeError, get_codec
-from schemas.topics import consumer_config, producer_config
+from schemas.kafka_config import consumer_config, producer_config
 from tokentrail.reliability.pipeline import (  # noqa: F401 - re-exported for the tests
     OUTPUTS,
     Collected,
@@ -51,7 +51,7 @@ class StreamRig:
     def __post_init__(self) -> None:
         self._launch: dict[int, tuple[tuple[str, ...], str | None]] = {}  # pid -> start_worker arguments
         self.codec = get_codec()
-        self._producer = Producer(producer_config(self.settings))
+        self._producer = Producer(producer_config(self.settings.kafka))
         self._consumer: Consumer | None = None
         self.collected = Collected()
 
@@ -112,7 +112,7 @@ class StreamRig:
 
     def _consumer_for_outputs(self) -> Consumer:
         if self._consumer is None:
-            consumer = Consumer(consumer_config(self.settings, f"rig-{uuid.uuid4().hex[:8]}"))
+            consumer = Consumer(consumer_config(self.settings.kafka, f"rig-{uuid.uuid4().hex[:8]}"))
             names = {self.topics.output(n) for n in OUTPUT_SPECS}
             metadata = consumer.list_topics(timeout=30)
             consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in sorted(names)

@@ -11,7 +11,7 @@ from processors.grouper import GroupSlot, Member
 from processors.stream.clock import PartitionClocks
 from processors.stream.entries import GroupEntry, pack_entry, read_body, read_head
 from processors.stream.topics import partition_for
-from schemas.topics import producer_config
+from schemas.kafka_config import producer_config
 from tokentrail.settings import Settings
 
 
@@ -41,7 +41,7 @@ def test_entries_round_trip_header_body_and_group_markers() -> None:
 def test_outputs_are_placed_where_confluent_kafka_puts_the_same_key(
         kafka_bootstrap: str, tokentrail_settings: Settings, new_topic: Callable[..., str]) -> None:
     topic = new_topic(partitions=6)
-    producer = Producer(producer_config(tokentrail_settings))
+    producer = Producer(producer_config(tokentrail_settings.kafka))
     placed: dict[bytes, int] = {}
 
     def delivered(err: object, msg: object) -> None:

@@ -11,7 +11,7 @@ from stream_rig import Collected, StreamRig, comparable, group_events, interleav
 
 from processors.stream.topics import record_key
 from schemas.ids import call_id
-from schemas.topics import admin_config
+from schemas.kafka_config import admin_config
 
 ANSWERS = ["The answer is 4", "The answer is 5", "4", "no idea"]
 
@@ -152,7 +152,7 @@ def test_two_workers_with_one_app_id_share_the_partitions(make_stream_rig: Calla
     expected = rig.expected(events)
     rig.start_worker()
     rig.start_worker()
-    admin = AdminClient(admin_config(rig.settings))
+    admin = AdminClient(admin_config(rig.settings.kafka))
     app_id = rig.settings.processors.app_id
 
     def members_with_inputs() -> list[set[int]]:

@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, Producer
 from sinks_pipeline_data import CONFIGS, pipeline_events, sample_config
 
 from processors.pipeline import StageConfigs
-from schemas import topics
+from schemas import kafka_config, topics
 from schemas.codec import get_codec
 from sinks.audit import run_audit
 from sinks.replay import publish, replay
@@ -43,7 +43,7 @@ def make_topics(new_topic: Callable[..., str]) -> tuple[dict[str, tuple[str, ...
 
 
 def produce(settings: Settings, messages: list[tuple[str, bytes | None, bytes]]) -> None:
-    producer = Producer(topics.producer_config(settings))
+    producer = Producer(kafka_config.producer_config(settings.kafka))
     for topic, key, value in messages:
         producer.produce(topic, value=value, key=key)
     assert producer.flush(30) == 0
@@ -104,7 +104,7 @@ def test_sink_stores_every_topic_dead_letters_and_deduplicates(
     assert shared_bodies == shared
 
     # The dead letters went to the dead-letter topic too, decodable, with the reason.
-    consumer = Consumer(topics.consumer_config(settings, f"{group_id}-dlq"))
+    consumer = Consumer(kafka_config.consumer_config(settings.kafka, f"{group_id}-dlq"))
     consumer.subscribe([dead_topic])
     letters = []
     for _ in range(100):

@@ -11,7 +11,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from trainer_helpers import VOCAB, make_tiny_model
 
 from producers.policy_store import PolicyStore
-from schemas import topics
+from schemas import kafka_config
 from schemas.codec import get_codec
 from trainer_consumer.synthetic import random_sequence, sample_record
 from trainer_consumer.trainer import TrainOptions, run_training
@@ -21,7 +21,7 @@ START_VERSION = 10
 
 def _read_all(settings, topic: str, expect: int, timeout_s: float = 30.0) -> list[dict]:
     """Reads a one-partition topic from the start (assigned, so no group join to wait for)."""
-    consumer = Consumer(topics.consumer_config(settings, f"test-read-{uuid.uuid4().hex}"))
+    consumer = Consumer(kafka_config.consumer_config(settings.kafka, f"test-read-{uuid.uuid4().hex}"))
     consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
     out: list[dict] = []
     codec = get_codec()
@@ -37,7 +37,7 @@ def _read_all(settings, topic: str, expect: int, timeout_s: float = 30.0) -> lis
 
 
 def _committed(settings, group: str, topic: str, partitions: int) -> dict[int, int]:
-    consumer = Consumer(topics.consumer_config(settings, group))
+    consumer = Consumer(kafka_config.consumer_config(settings.kafka, group))
     try:
         found = consumer.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
     finally:
@@ -46,7 +46,7 @@ def _committed(settings, group: str, topic: str, partitions: int) -> dict[int, i
 
 
 def _produce(settings, topic: str, records: list[tuple[int | None, bytes]]) -> None:
-    producer = Producer(topics.producer_config(settings))
+    producer = Producer(kafka_config.producer_config(settings.kafka))
     for partition, value in records:
         kwargs = {"partition": partition} if partition is not None else {}
         producer.produce(topic, value=value, key=uuid.uuid4().hex.encode(), **kwargs)
@@ -120,7 +120,7 @@ def test_trains_two_steps_commits_offsets_and_emits_trainer_steps(
     # A crash after publishing but before committing leaves the group's offsets behind the
     # weights: simulate it by rewinding them. The restart skips to the offsets kept with the
     # policy instead of training those samples a second time.
-    rewind = Consumer(topics.consumer_config(settings, group))
+    rewind = Consumer(kafka_config.consumer_config(settings.kafka, group))
     rewind.commit(offsets=[TopicPartition(samples_topic, p, 0) for p in range(3)], asynchronous=False)
     rewind.close()
     resumed = run_training(settings, TrainOptions(**{**options.__dict__, "max_steps": None, "until_idle": True,
@@ -155,7 +155,8 @@ def test_iterable_dataset_yields_batches_and_commits_only_when_told(
     _produce(settings, topic, [(0, get_codec().encode("Sample", r)) for r in records])
     group = f"test-dataset-{uuid.uuid4().hex[:8]}"
     builder: BatchBuilder = BatchBuilder(batch_size=2, filters=FilterConfig().build())
-    stream = SampleStream(topics.consumer_config(settings, group), topic, builder, current_version=lambda: 0)
+    stream = SampleStream(kafka_config.consumer_config(settings.kafka, group), topic, builder,
+                          current_version=lambda: 0)
     try:
         loader = DataLoader(SampleBatchDataset(stream, idle_timeout_s=1.5, until_idle=True), batch_size=None)
         batches = []

@@ -103,7 +103,7 @@ def vllm_gateway(vllm_server: VLLMServer, live_text_side: ModelTextSide, live_to
     from producers.delivery import KafkaCallSink
     from producers.gateway.app import GatewayOptions, create_app
     from producers.upstreams.vllm import VLLMUpstream
-    from schemas.topics import producer_config
+    from schemas.kafka_config import producer_config
 
     @contextmanager
     def start(**options: Any) -> Iterator[RunningGateway]:
@@ -111,7 +111,7 @@ def vllm_gateway(vllm_server: VLLMServer, live_text_side: ModelTextSide, live_to
         gateway_options = replace(GatewayOptions.from_settings(settings), **options)
         upstream = VLLMUpstream([vllm_server.url], model=vllm_server.model_name,
                                 logprobs_mode=vllm_server.logprobs_mode)
-        sink = KafkaCallSink(producer_config(settings), tmp_path / "spool", settings.gateway.delivery_timeout_s)
+        sink = KafkaCallSink(producer_config(settings.kafka), tmp_path / "spool", settings.gateway.delivery_timeout_s)
         app = create_app(settings, upstream, sink, live_text_side, options=gateway_options,
                          topics=live_topics, close_upstream=True)
         with running_gateway(app) as gw:

@@ -10,16 +10,16 @@ import numpy as np
 from confluent_kafka import Consumer
 
 from schemas.codec import get_codec
+from schemas.kafka_config import consumer_config
 from schemas.prompt_delta import reconstruct_prompt
 from schemas.tokens import IdArray, unpack_floats, unpack_ids
-from schemas.topics import consumer_config
 from tokentrail.settings import Settings
 
 
 def read_calls(settings: Settings, topic: str, rollout_id: str, count: int,
                timeout_s: float = 60.0) -> list[dict[str, Any]]:
     """The first ``count`` CallRecords of ``rollout_id`` on ``topic``, in call order."""
-    consumer = Consumer(consumer_config(settings, f"test-vllm-live-{uuid.uuid4().hex}"))
+    consumer = Consumer(consumer_config(settings.kafka, f"test-vllm-live-{uuid.uuid4().hex}"))
     consumer.subscribe([topic])
     codec = get_codec()
     found: list[dict[str, Any]] = []

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, TopicPartition
 
-from schemas import topics
+from schemas import kafka_config, topics
 from schemas.codec import DecodeError, get_codec
 from tokentrail.settings import Settings
 
@@ -32,7 +32,8 @@ class ProgressTracker:
         group = f"tokentrail-demo-progress-{uuid.uuid4().hex}"
         self._settings, self._group = settings, group
         self._offsets_client: Consumer | None = None
-        self._consumer = Consumer(topics.consumer_config(settings, group, **{"auto.offset.reset": "earliest"}))
+        self._consumer = Consumer(kafka_config.consumer_config(settings.kafka, group,
+                                                               **{"auto.offset.reset": "earliest"}))
         self._consumer.subscribe([topics.ROLLOUTS_TOPIC, topics.REWARDS_TOPIC, topics.TRAINER_STEPS_TOPIC,
                                   topics.SAMPLES_TOPIC])
         self._codec = get_codec()
@@ -94,7 +95,7 @@ class ProgressTracker:
         # A client of its own: the tracker's consumer is busy in consume() on the other thread, and
         # metadata calls on it from here can block behind that.
         if self._offsets_client is None:
-            self._offsets_client = Consumer(topics.consumer_config(self._settings, self._group))
+            self._offsets_client = Consumer(kafka_config.consumer_config(self._settings.kafka, self._group))
         client = self._offsets_client
         counts = []
         for name in names:

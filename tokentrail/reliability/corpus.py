@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from schemas.topics import admin_config
+from schemas.kafka_config import admin_config
 from tokentrail.reliability.bad_inputs import CORPUS_MAX_BODY_BYTES, CORPUS_MAX_TOKENS
 from tokentrail.reliability.config_check import run_config_corpus
 from tokentrail.reliability.http_check import run_http_corpus
@@ -25,7 +25,7 @@ Progress = Callable[[str], None]
 def run_gateway_corpus(settings: Settings, workdir: Path, summary: Summary, progress: Progress) -> None:
     from producers.gateway.testing import running_embedded_gateway
 
-    config = admin_config(settings)
+    config = admin_config(settings.kafka)
     tag = uuid.uuid4().hex[:8]
     calls, env = f"reliability-{tag}.tokentrail.calls", f"reliability-{tag}.tokentrail.env"
     create_topics(config, [calls, env])

@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient
 from processors.stream.topics import OUTPUT_SPECS, StreamTopics, ensure_stream_topics
 from processors.worker import EXIT_STALLED, start_worker_process, stop_worker_process
 from schemas.codec import DecodeError, get_codec
-from schemas.topics import admin_config, consumer_config, producer_config
+from schemas.kafka_config import admin_config, consumer_config, producer_config
 from tokentrail.settings import Settings
 
 if TYPE_CHECKING:
@@ -220,7 +220,7 @@ class Pipeline:
 
     def __post_init__(self) -> None:
         self.codec = get_codec()
-        self._producer = Producer(producer_config(self.settings))
+        self._producer = Producer(producer_config(self.settings.kafka))
         self._consumer: Consumer | None = None
         self._slots: dict[int, int] = {}  # worker pid -> its static membership slot
         self.collected = Collected()
@@ -273,7 +273,7 @@ class Pipeline:
 
     def _output_consumer(self) -> Consumer:
         if self._consumer is None:
-            consumer = Consumer(consumer_config(self.settings, f"reliability-read-{uuid.uuid4().hex[:8]}"))
+            consumer = Consumer(consumer_config(self.settings.kafka, f"reliability-read-{uuid.uuid4().hex[:8]}"))
             names = sorted({self.topics.output(n) for n in OUTPUT_SPECS})
             metadata = consumer.list_topics(timeout=30)
             consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in names
@@ -329,7 +329,7 @@ class Pipeline:
 
 
 def delete_topics(settings: Settings, prefixes: Iterable[str]) -> None:
-    admin = AdminClient(admin_config(settings))
+    admin = AdminClient(admin_config(settings.kafka))
     names = [t for t in admin.list_topics(timeout=30).topics if t.startswith(tuple(prefixes))]
     if names:
         for future in admin.delete_topics(names, operation_timeout=30).values():

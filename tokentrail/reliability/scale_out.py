@@ -31,7 +31,7 @@ from confluent_kafka.admin import AdminClient
 from processors.stream.topics import StreamTopics, ensure_stream_topics
 from schemas.codec import DecodeError, get_codec
 from schemas.ids import call_id
-from schemas.topics import admin_config, consumer_config
+from schemas.kafka_config import admin_config, consumer_config
 from tokentrail import kafka_local
 from tokentrail.reliability.pipeline import Event, Pipeline, compare, core_outputs
 from tokentrail.reliability.results import FaultResult
@@ -131,7 +131,7 @@ class GatewayDriver:
 
 def read_inputs(settings: Settings, topics: StreamTopics, timeout_s: float = 60.0) -> list[Event]:
     """Every record on the calls and env topics up to their current end, in broker-timestamp order."""
-    consumer = Consumer(consumer_config(settings, f"reliability-read-{uuid.uuid4().hex[:8]}",
+    consumer = Consumer(consumer_config(settings.kafka, f"reliability-read-{uuid.uuid4().hex[:8]}",
                                         **{"isolation.level": "read_committed"}))
     codec = get_codec()
     found: list[tuple[tuple[int, str, int, int], Event]] = []
@@ -255,7 +255,7 @@ def run_scale_out(settings: Settings, workdir: Path, sizes: ScaleSizes, progress
 def _drive_kill_compare(private: Settings, pipeline: Pipeline, gateways: list[Any], sizes: ScaleSizes,
                         progress: Progress, seed: int, tag: str, t0: float) -> ScaleOutRun:
     rng = np.random.default_rng(seed)
-    admin = AdminClient(admin_config(private))
+    admin = AdminClient(admin_config(private.kafka))
     app_id = private.processors.app_id
     calls_topic = pipeline.topics.calls
     notes: list[str] = []

@@ -18,7 +18,7 @@ import httpx
 import orjson
 
 from schemas.ids import call_id
-from schemas.topics import admin_config
+from schemas.kafka_config import admin_config
 from tokentrail.reliability.bad_inputs import (
     BODY_SECRET,
     CORPUS_MAX_BODY_BYTES,
@@ -167,7 +167,7 @@ def run_security_corpus(settings: Settings, workdir: Path, progress: Progress = 
     from producers.gateway.testing import running_embedded_gateway
 
     cases = cases if cases is not None else security_cases(settings.model.name)
-    config = admin_config(settings)
+    config = admin_config(settings.kafka)
     tag = uuid.uuid4().hex[:8]
     calls, env = f"reliability-sec-{tag}.tokentrail.calls", f"reliability-sec-{tag}.tokentrail.env"
     create_topics(config, [calls, env])

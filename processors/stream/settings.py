@@ -1,0 +1,24 @@
+"""The ``processors`` settings section (``TOKENTRAIL_PROCESSORS__*``), read by the stream workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from schemas.local_paths import DEPLOY_CONFIG_DIR, VAR_DIR
+
+
+class ProcessorSettings(BaseModel):
+    app_id: str = "tokentrail-processors"
+    attempt_timeout_s: float = 120.0
+    group_window_s: float = 60.0
+    group_grace_s: float = 10.0
+    reward_config: Path = DEPLOY_CONFIG_DIR / "reward.yaml"
+    credit_config: Path = DEPLOY_CONFIG_DIR / "credit.yaml"
+    sample_config: Path = DEPLOY_CONFIG_DIR / "sample.yaml"
+    verifiers: list[str] = Field(default_factory=lambda: ["processors.verifiers.answer_match:AnswerMatch"])
+    state_dir: Path = VAR_DIR / "processors"
+    # Static group membership (Kafka group.instance.id), unique per running worker; "{hostname}" is
+    # replaced by the host name (a StatefulSet pod's name, a container's id). Empty: dynamic membership.
+    instance_id: str = ""

@@ -1,0 +1,39 @@
+"""The ``gateway`` settings section (``TOKENTRAIL_GATEWAY__*``), read by the gateway and its upstreams."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from schemas.local_paths import VAR_DIR
+
+
+class GatewaySettings(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = 8400
+    # "embedded" or a vLLM base URL list, comma separated (rollout-sticky routing).
+    upstream: str = "embedded"
+    # vLLM upstream: served model name (empty: the first of /v1/models), the server's --logprobs-mode
+    # (raw_logprobs | processed_logprobs; recorded on every call) and its API key.
+    vllm_model: str = ""
+    # Harness model names mapped to the served model (Claude Code sends its own names; "*" maps all).
+    model_aliases: dict[str, str] = Field(default_factory=dict)
+    vllm_logprobs_mode: str = "raw_logprobs"
+    vllm_api_key: str = ""
+    spool_dir: Path = VAR_DIR / "spool"
+    # "record": calls with no rollout are recorded as unattributed; "refuse": 400.
+    unattributed: str = "record"
+    # "splice": reuse exact sampled ids of earlier outputs; "retokenize": render history from text;
+    # "upstream": pass-through, the upstream (vLLM, or the embedded engine) renders chats itself and the
+    # gateway records the prompt ids it reports.
+    prefix_mode: Literal["splice", "retokenize", "upstream"] = "splice"
+    # Tokenize ASCII text with the exact fast path (producers/ascii_encoder.py) where the tokenizer
+    # qualifies; false: always with the tokenizer itself (same ids, about 5x the CPU).
+    fast_ascii_tokenize: bool = True
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_tokens_limit: int = 4096
+    admin_key: str = ""
+    require_auth: bool = False
+    delivery_timeout_s: float = 5.0
