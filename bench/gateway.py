@@ -68,7 +68,7 @@ import numpy as np
 import orjson
 
 from bench.common import emit
-from producers.upstream import ChatGenerateRequest, GenerateRequest, GenerateResult, TokenChunk
+from producers.upstreams.base import ChatGenerateRequest, GenerateRequest, GenerateResult, TokenChunk
 
 OUTPUT_TEXT = "The answer is forty-two, and here is why it holds in every case we tried."
 MODEL = "bench"
@@ -118,8 +118,8 @@ class FastUpstream:
 
 
 def _text_side(fast_ascii: bool = True) -> Any:
+    from models.reference.build import build_model
     from producers.gateway.text_side import ModelTextSide
-    from producers.model_build import build_model
     from tokentrail.settings import get_settings
 
     return ModelTextSide.from_dir(build_model(get_settings().model.dir), fast_ascii=fast_ascii)
@@ -159,8 +159,8 @@ def direct_app(output_text: str, completion_tokens: int) -> Any:
 
 def gateway_app(spool_dir: str, calls_topic: str, env_topic: str, output_tokens: int,
                 prefix_mode: str = "splice", fast_ascii: bool = True) -> Any:
-    from producers.delivery import KafkaCallSink
-    from producers.gateway.cli import build_app
+    from producers.delivery import CallPublisher
+    from producers.gateway.wiring import build_app
     from tokentrail.settings import get_settings
 
     settings = get_settings()
@@ -174,7 +174,7 @@ def gateway_app(spool_dir: str, calls_topic: str, env_topic: str, output_tokens:
     chars_per_token = len(sample) / len(text.encode_text(sample))
     return build_app(
         settings, upstream=FastUpstream(_output_ids(text, output_tokens), text.vocab_size, chars_per_token),
-        sink=KafkaCallSink.from_settings(settings), text=text,
+        publisher=CallPublisher.from_settings(settings.kafka, settings.gateway), text=text,
         topics={"calls_topic": calls_topic, "env_topic": env_topic}, progress=lambda _: None,
     )
 

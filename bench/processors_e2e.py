@@ -26,10 +26,10 @@ from processors.stream.config import load_grouping
 from processors.stream.topics import StreamTopics, ensure_stream_topics
 from processors.testing import AttemptSpec, attempt_events, growing_turns
 from processors.verifiers import VerifierRunner, load_verifiers
-from processors.worker import start_worker_process, stop_worker_process
 from schemas.codec import get_codec
 from schemas.kafka_config import admin_config, consumer_config, producer_config
 from tokentrail import kafka_local
+from tokentrail.commands.process import start_worker_process, stop_worker_process
 from tokentrail.settings import Settings, get_settings
 
 Event = tuple[str, dict[str, Any]]
@@ -54,7 +54,7 @@ def expected_samples(settings: Settings, events: list[Event]) -> dict[str, int]:
     """Sample event id -> tokens, as the pure core derives them for these events."""
     proc = settings.processors
     stages = StageConfigs.load(proc.reward_config, proc.credit_config, proc.sample_config)
-    grouping, verifiers = load_grouping(settings), load_verifiers(list(proc.verifiers))
+    grouping, verifiers = load_grouping(proc), load_verifiers(list(proc.verifiers))
     states: dict[str, RolloutAssembly] = {}
     grouper, rollouts, samples = GrouperState(), {}, {}
     for name, rec in events:
@@ -115,7 +115,7 @@ def measure(groups: int = 2, group_size: int = 4, calls: int = 16, first_prompt:
     settings = base.model_copy(update={"processors": base.processors.model_copy(update={
         "app_id": f"bench-e2e-{tag}", "state_dir": workdir / "state"})})
     topics = StreamTopics(f"bench-{tag}.")
-    ensure_stream_topics(settings, topics)
+    ensure_stream_topics(settings.kafka, topics)
     log_path = workdir / "worker.log"
     worker = start_worker_process(settings, topic_prefix=topics.prefix, log_path=log_path, loglevel="warning")
     try:

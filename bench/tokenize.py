@@ -47,8 +47,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=4096, help="about this many tokens a prompt")
     args = parser.parse_args()
 
+    from models.reference.build import build_model
     from producers.ascii_encoder import AsciiEncoder
-    from producers.model_build import build_model
     from producers.rendering import ChatRenderer
     from tokentrail.settings import get_settings
 

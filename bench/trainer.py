@@ -80,7 +80,7 @@ def train_step_seconds(step_samples: int, seq_len: int, repeat: int, threads: in
     import torch
     from transformers import AutoModelForCausalLM
 
-    from producers.model_build import build_model
+    from models.reference.build import build_model
     from tokentrail.settings import get_settings
     from trainer_consumer.learner import Learner, LearnerConfig
     from trainer_consumer.synthetic import random_sequence, sample_record

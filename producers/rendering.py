@@ -41,7 +41,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import orjson
 
-from producers.model_build import sha256_file, sha256_text
+from models.reference.fingerprint import sha256_file, sha256_text
 from producers.parsing import ParsedOutput, parse_output
 from producers.token_cache import PrefixTokenCache
 from producers.tokenizer_config import adds_nothing, nfc_only, normalizer_steps

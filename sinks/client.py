@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlparse
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 
-from tokentrail.settings import ClickHouseSettings, get_settings
+from sinks.settings import ClickHouseSettings
 
 _DB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _lock = threading.Lock()
@@ -104,12 +104,12 @@ def connect(
     database: str | None = None,
     create_database: bool = False,
 ) -> Client:
-    """A client on ``database`` (default: settings.clickhouse.database).
+    """A client on ``database`` (default: the section's database; no section: its defaults).
 
     With ``create_database`` the database is created when missing (migrations do this); otherwise a
     missing database is an error from ClickHouse itself.
     """
-    cfg = settings or get_settings().clickhouse
+    cfg = settings or ClickHouseSettings()
     target = parse_dsn(dsn or cfg.dsn, cfg.username, cfg.password)
     db = check_database_name(database or cfg.database)
     if target.embedded:

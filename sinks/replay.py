@@ -19,6 +19,7 @@ from clickhouse_connect.driver.client import Client
 
 from processors.errors import PipelineInputError
 from processors.pipeline import StageConfigs, rederive
+from schemas.kafka_config import KafkaSettings
 from sinks.rows import Record, from_row
 from sinks.store import CallTokenCache, load_records, load_rollouts, select_rows
 
@@ -102,16 +103,16 @@ def replay(
     return result
 
 
-def publish(events: list[Event], settings: Any, topic_of: dict[str, str] | None = None) -> int:
+def publish(events: list[Event], kafka: KafkaSettings, topic_of: dict[str, str] | None = None) -> int:
     """Produce the events to their topics (keyed like the processors key them); returns how many."""
     from confluent_kafka import KafkaException, Producer
 
     from schemas import kafka_config, topics
     from schemas.codec import get_codec
 
-    codec = get_codec(settings.kafka.schema_registry_url)
+    codec = get_codec(kafka.schema_registry_url)
     topic_of = topic_of or {name: spec.name for spec in topics.ALL_TOPICS for name in spec.value_schemas}
-    producer = Producer(kafka_config.producer_config(settings.kafka))
+    producer = Producer(kafka_config.producer_config(kafka))
     errors: list[str] = []
 
     def on_delivery(err: Any, _msg: Any) -> None:

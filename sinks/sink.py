@@ -24,12 +24,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from schemas.codec import Codec, DecodeError, get_codec
 from schemas.ids import event_id
+from schemas.kafka_config import KafkaSettings
 from sinks.request_bodies import DEFAULT_MEMO_CHARS, RequestBodyDeltas
 from sinks.rows import Row, RowError, Source, to_row
 from sinks.sample_refs import DEFAULT_MEMO_CALLS, SampleRefs
 from sinks.shared_prompts import DEFAULT_MEMO_PROMPTS, Key, SharedPrompts
 from sinks.store import encode_samples, insert_rows, inserts_in_order, stored_full_prompts
-from tokentrail.settings import Settings, get_settings
 
 # Record types each topic may carry (the codec checks the writer schema against these).
 TopicMap = dict[str, tuple[str, ...]]
@@ -136,7 +136,7 @@ class ClickHouseSink:
     def __init__(
         self,
         client: Client,
-        settings: Settings | None = None,
+        kafka: KafkaSettings,
         options: SinkOptions | None = None,
         topic_map: TopicMap | None = None,
         dead_letter_topic: str | None = None,
@@ -144,11 +144,11 @@ class ClickHouseSink:
         log: Log | None = None,
     ) -> None:
         self.client = client
-        self.settings = settings or get_settings()
+        self.kafka = kafka
         self.options = options or SinkOptions()
         self.topic_map = topic_map or default_topic_map()
         self.dead_letter_topic = dead_letter_topic or default_dead_letter_topic()
-        self.codec = codec or get_codec(self.settings.kafka.schema_registry_url)
+        self.codec = codec or get_codec(self.kafka.schema_registry_url)
         self.log: Log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.stats = SinkStats()
         self.pending = _Pending()
@@ -170,7 +170,7 @@ class ClickHouseSink:
 
         # At-least-once: we store and commit offsets ourselves, after the insert.
         return kafka_config.consumer_config(
-            self.settings.kafka,
+            self.kafka,
             self.options.group_id,
             # A crashed sink's partitions move to its replacement after 10 s instead of librdkafka's 45 s.
             **{"enable.auto.offset.store": False, "enable.partition.eof": True, "session.timeout.ms": 10_000},
@@ -179,7 +179,7 @@ class ClickHouseSink:
     def _producer_config(self) -> dict[str, Any]:
         from schemas import kafka_config
 
-        return kafka_config.producer_config(self.settings.kafka)
+        return kafka_config.producer_config(self.kafka)
 
     # ---- main loop -------------------------------------------------------------------------------
 
@@ -377,6 +377,6 @@ class ClickHouseSink:
 
 
 def run_sink(
-    client: Client, settings: Settings | None = None, options: SinkOptions | None = None, **kwargs: Any
+    client: Client, kafka: KafkaSettings, options: SinkOptions | None = None, **kwargs: Any
 ) -> SinkStats:
-    return ClickHouseSink(client, settings, options, **kwargs).run()
+    return ClickHouseSink(client, kafka, options, **kwargs).run()

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
-from schemas.ids import call_id, content_hash, env_event_id, event_id
+from schemas.builders import make_call
+from schemas.ids import content_hash, env_event_id, event_id
 from schemas.prompt_delta import encode_prompt
 from schemas.tokens import pack_floats, pack_ids, pack_int32, pack_mask
 
@@ -150,49 +151,14 @@ def _call_record(
     request_json: str = '{"messages":[]}',
     response_json: str = '{"choices":[]}',
 ) -> Record:
-    cid = call_id(rid, aid, index)
-    return {
-        "event_id": cid,
-        "call_id": cid,
-        "rollout_id": rid,
-        "attempt_id": aid,
-        "call_index": index,
-        "session_id": None,
-        "protocol": "openai.chat",
-        "streamed": False,
-        "status": "OK",
-        "error": None,
-        "prompt": prompt,
-        "output_ids": pack_ids(output),
-        "output_logprobs": pack_floats(logprobs),
-        "logprob_kind": "PROCESSED",
-        "finish_reason": "stop",
-        "versions": {
-            "model": "tokentrail-tiny",
-            "policy_version": version,
-            "tokenizer_fingerprint": "tok:1",
-            "chat_template_fingerprint": "tpl:1",
-            "adapter_version": "openai/1",
-            "parser_version": "p/1",
-            "engine": "embedded/0.1",
-            "upstream": "embedded",
-        },
-        "sampling": {
-            "temperature": 1.0,
-            "top_p": 1.0,
-            "top_k": 0,
-            "max_tokens": 256,
-            "seed": None,
-            "stop": [],
-            "extra_json": "{}",
-        },
-        "prefix_mode": "splice",
-        "spliced_outputs": index,
-        "prefix_breaks": [],
-        "timings": {"received_at_us": t_us, "queue_ms": 0.1, "first_token_ms": 5.0, "total_ms": 20.0},
-        "request_json": request_json,
-        "response_json": response_json,
-    }
+    return make_call(
+        rid, aid, index, (), output, logprobs=logprobs, prompt_record=prompt, request_json=request_json,
+        response_json=response_json, spliced_outputs=index,
+        versions={"model": "tokentrail-tiny", "policy_version": version, "tokenizer_fingerprint": "tok:1",
+                  "chat_template_fingerprint": "tpl:1", "adapter_version": "openai/1", "parser_version": "p/1",
+                  "engine": "embedded/0.1", "upstream": "embedded"},
+        timings={"received_at_us": t_us, "queue_ms": 0.1, "first_token_ms": 5.0, "total_ms": 20.0},
+    )
 
 
 def synthetic_group(spec: GroupSpec) -> GroupEvents:

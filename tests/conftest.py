@@ -3,6 +3,9 @@
 Kafka: ``kafka_bootstrap`` reuses a broker already answering on settings.kafka.bootstrap_servers or
 starts the local one (and stops it at the end only if it started it); any test that uses it is
 marked ``kafka`` automatically. ``new_topic`` makes throwaway topics with unique names.
+
+Reference model (tests/models, tests/engine): ``model_dir``, built once (cached in settings.model.dir)
+per session, and ``renderer``, a ChatRenderer on it.
 """
 
 from __future__ import annotations
@@ -10,14 +13,30 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from models.reference.build import build_model
+from producers.rendering import ChatRenderer
 from schemas.kafka_config import admin_config
 from schemas.topics import ensure_topics
 from tokentrail import kafka_local
 from tokentrail.settings import Settings, get_settings
+
+# ---------------------------------------------------------------- reference model
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return build_model(get_settings().model.dir)
+
+
+@pytest.fixture(scope="session")
+def renderer(model_dir: Path) -> ChatRenderer:
+    return ChatRenderer(model_dir)
+
 
 # ---------------------------------------------------------------- Kafka
 

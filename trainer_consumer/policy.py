@@ -1,7 +1,7 @@
 """The trainer's policy: load the newest published weights (or the base model) and publish new ones.
 
-The base model (settings.model.dir, built by ``producers.model_build``) is policy version 0. Every
-published version lives in ``producers.policy_store`` under settings.trainer.checkpoint_dir; the
+The base model (settings.model.dir, built by ``models.reference.build``) is policy version 0. Every
+published version lives in ``models.policy_store`` under settings.trainer.checkpoint_dir; the
 embedded engine hot-loads ``latest`` from there.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from producers.policy_store import PolicyStore
+from models.policy_store import PolicyStore
 
 BASE_VERSION = 0
 
@@ -35,7 +35,7 @@ def load_policy(model_dir: Path, store: PolicyStore, run_id: str, build_if_missi
     if not (model_dir / "config.json").is_file():
         if not build_if_missing:
             raise FileNotFoundError(f"no model in {model_dir}; run `tokentrail model build`")
-        from producers.model_build import build_model
+        from models.reference.build import build_model
 
         build_model(model_dir, progress=progress or (lambda _m: None))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

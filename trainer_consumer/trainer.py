@@ -12,7 +12,7 @@ published weights and skips to the offsets stored with them, so no batch is trai
 With ``steps_per_version`` > 1, the updates of steps after the last publication live only in
 memory: a crash loses them while their offsets are already committed.
 
-The loop talks to its surroundings through three small protocols (a batch source, an event sink,
+The loop talks to its surroundings through three small protocols (a batch source, a trainer-step event publisher,
 a policy publisher); ``run_training`` wires them to Kafka and the policy store.
 """
 
@@ -32,7 +32,7 @@ from trainer_consumer.learner import Learner, LearnerConfig, StepResult
 from trainer_consumer.losses import loss_denominator
 
 if TYPE_CHECKING:
-    from tokentrail.settings import Settings
+    from trainer_consumer.settings import TrainerStackSettings
 
 Progress = Callable[[str], None]
 
@@ -47,7 +47,7 @@ class BatchSource(Protocol):
         ...
 
 
-class EventSink(Protocol):
+class StepEvents(Protocol):
     def emit_step(self, record: dict[str, Any]) -> None:
         """Returns once the event is durable."""
         ...
@@ -80,14 +80,14 @@ def _quiet(_: str) -> None:
 
 
 class TrainingLoop:
-    def __init__(self, learner: Learner, source: BatchSource, sink: EventSink,
+    def __init__(self, learner: Learner, source: BatchSource, steps: StepEvents,
                  publisher: PolicyPublisher | None, run_id: str, steps_per_version: int = 1,
                  state: TrainerState | None = None, progress: Progress = _quiet) -> None:
         if steps_per_version < 1:
             raise ValueError("steps_per_version must be at least 1")
         self.learner = learner
         self.source = source
-        self.sink = sink
+        self.steps = steps
         self.publisher = publisher
         self.run_id = run_id
         self.steps_per_version = steps_per_version
@@ -120,7 +120,7 @@ class TrainingLoop:
                 self.state.version = before + 1
                 summary.versions_published.append(self.state.version)
         record = trainer_step_record(self.run_id, self.state.step, before, self.state.version, batch, result)
-        self.sink.emit_step(record)
+        self.steps.emit_step(record)
         self.source.commit(batch)
         summary.events.append(record)
         summary.filtered.update(batch.filtered)
@@ -195,18 +195,16 @@ class TrainOptions:
     torch_threads: int | None = None  # None: torch's default (all cores)
 
 
-def run_training(settings: Settings | None = None, options: TrainOptions = TrainOptions(),
+def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOptions(),
                  progress: Progress = _quiet) -> RunSummary:
     """Consume samples, train, publish policy versions and emit TrainerStep events, in-process."""
-    from producers.policy_store import PolicyStore
+    from models.policy_store import PolicyStore
     from schemas import kafka_config, topics
-    from tokentrail.settings import get_settings
     from trainer_consumer.batching import BatchBuilder
     from trainer_consumer.dataset import SampleStream
     from trainer_consumer.policy import StorePublisher, load_policy
-    from trainer_consumer.step_sink import KafkaStepSink
+    from trainer_consumer.step_publisher import StepPublisher
 
-    settings = settings or get_settings()
     if options.torch_threads:
         import torch
 
@@ -223,9 +221,9 @@ def run_training(settings: Settings | None = None, options: TrainOptions = Train
     policy = load_policy(model_dir, store, run_id, progress=progress)
     consumed = policy.metadata.get("consumed") if policy.step else None
     progress(f"policy version {policy.version}, step {policy.step}; run {run_id}, group {group_id}")
-    sink = KafkaStepSink(kafka_config.producer_config(settings.kafka),
-                         options.steps_topic or topics.TRAINER_STEPS_TOPIC,
-                         options.dead_letter_topic or topics.DEAD_LETTER_TOPIC)
+    steps = StepPublisher(kafka_config.producer_config(settings.kafka),
+                          options.steps_topic or topics.TRAINER_STEPS_TOPIC,
+                          options.dead_letter_topic or topics.DEAD_LETTER_TOPIC)
     if filter_cfg.vocab_size is None:
         vocab = int(policy.model.get_input_embeddings().num_embeddings)
         filter_cfg = dataclasses.replace(filter_cfg, vocab_size=vocab)
@@ -234,9 +232,9 @@ def run_training(settings: Settings | None = None, options: TrainOptions = Train
                                               filter_cfg.build())
     stream = SampleStream(kafka_config.consumer_config(settings.kafka, group_id),
                           options.samples_topic or topics.SAMPLES_TOPIC, builder,
-                          current_version=lambda: state.version, dead_letter=sink.dead_letter,
+                          current_version=lambda: state.version, dead_letter=steps.dead_letter,
                           start_after=consumed)
-    loop = TrainingLoop(Learner(policy.model, learner_cfg, pad_id=policy.pad_id), stream, sink,
+    loop = TrainingLoop(Learner(policy.model, learner_cfg, pad_id=policy.pad_id), stream, steps,
                         StorePublisher(store), run_id,
                         steps_per_version=options.steps_per_version or ts.steps_per_version,
                         state=state, progress=progress)
@@ -244,4 +242,4 @@ def run_training(settings: Settings | None = None, options: TrainOptions = Train
         return loop.run(options.max_steps, options.until_idle, options.idle_timeout_s, options.flush_partial)
     finally:
         stream.close()
-        sink.close()
+        steps.close()

@@ -1,4 +1,5 @@
-"""Everything one processors worker needs to know, resolved from settings and configuration files."""
+"""Everything one processors worker needs to know, resolved from its settings sections (kafka,
+processors) and the configuration files they name."""
 
 from __future__ import annotations
 
@@ -11,15 +12,17 @@ from processors.config import parse_config
 from processors.errors import ConfigError
 from processors.grouper import GroupingConfig
 from processors.pipeline import StageConfigs
+from processors.stream.settings import ProcessorSettings
 from processors.stream.topics import StreamTopics
 from processors.verifiers.base import Verifier, load_verifiers, load_verifiers_file
-from tokentrail.settings import REPO_ROOT, Settings
+from schemas.kafka_config import KafkaSettings
+from schemas.local_paths import REPO_ROOT
 
 DEFAULT_GROUPING = REPO_ROOT / "deploy" / "config" / "grouping.yaml"
 
 
-def load_grouping(settings: Settings, path: Path | None = None) -> GroupingConfig:
-    """The grouping YAML with window and grace taken from settings.processors (they win)."""
+def load_grouping(processors: ProcessorSettings, path: Path | None = None) -> GroupingConfig:
+    """The grouping YAML with window and grace taken from the processors section (they win)."""
     path = path or DEFAULT_GROUPING
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
@@ -27,13 +30,14 @@ def load_grouping(settings: Settings, path: Path | None = None) -> GroupingConfi
         raise ConfigError(f"cannot read grouping config {path}: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
-    data.update(window_s=settings.processors.group_window_s, grace_s=settings.processors.group_grace_s)
+    data.update(window_s=processors.group_window_s, grace_s=processors.group_grace_s)
     return parse_config(GroupingConfig, data, str(path))
 
 
 @dataclass(frozen=True)
 class StreamConfig:
-    settings: Settings
+    kafka: KafkaSettings
+    processors: ProcessorSettings
     topics: StreamTopics
     grouping: GroupingConfig
     stages: StageConfigs
@@ -50,18 +54,20 @@ class StreamConfig:
 
     @property
     def app_id(self) -> str:
-        return self.settings.processors.app_id
+        return self.processors.app_id
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, topic_prefix: str = "", grouping_path: Path | None = None,
-                      verifiers_file: Path | None = None, state_retention_s: float = 3600.0,
-                      tick_s: float = 1.0, session_timeout_s: float = 10.0,
-                      stall_timeout_s: float = 120.0, instance_id: str | None = None) -> StreamConfig:
-        proc = settings.processors
+    def resolve(cls, kafka: KafkaSettings, processors: ProcessorSettings, *, topic_prefix: str = "",
+                grouping_path: Path | None = None, verifiers_file: Path | None = None,
+                state_retention_s: float = 3600.0, tick_s: float = 1.0, session_timeout_s: float = 10.0,
+                stall_timeout_s: float = 120.0, instance_id: str | None = None) -> StreamConfig:
+        """Load the grouping, stage and verifier configurations that the sections (or the arguments)
+        name; a ConfigError says what is wrong with them."""
         verifiers = (load_verifiers_file(str(verifiers_file)) if verifiers_file
-                     else load_verifiers(list(proc.verifiers)))
-        return cls(settings=settings, topics=StreamTopics(topic_prefix),
-                   grouping=load_grouping(settings, grouping_path),
-                   stages=StageConfigs.load(proc.reward_config, proc.credit_config, proc.sample_config),
+                     else load_verifiers(list(processors.verifiers)))
+        return cls(kafka=kafka, processors=processors, topics=StreamTopics(topic_prefix),
+                   grouping=load_grouping(processors, grouping_path),
+                   stages=StageConfigs.load(processors.reward_config, processors.credit_config,
+                                            processors.sample_config),
                    verifiers=tuple(verifiers), state_retention_s=state_retention_s, tick_s=tick_s,
                    session_timeout_s=session_timeout_s, stall_timeout_s=stall_timeout_s, instance_id=instance_id)

@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient
 
 from schemas import kafka_config
 from schemas import topics as T
-from tokentrail.settings import Settings
+from schemas.kafka_config import KafkaSettings
 
 ROLLOUTS_BY_GROUP = T.TopicSpec(
     "tokentrail.rollouts-by-group", "group_id", ("CompletedRollout",), 7 * T.DAY_MS,
@@ -89,8 +89,8 @@ class StreamTopics:
         return tuple(dataclasses.replace(spec, name=self.name(spec)) for spec in wanted)
 
 
-def ensure_stream_topics(settings: Settings, topics: StreamTopics, *,
+def ensure_stream_topics(kafka: KafkaSettings, topics: StreamTopics, *,
                          timeout_s: float = 30.0) -> T.EnsureReport:
     """Create the app's topics where missing (a running broker is required)."""
-    admin = AdminClient(kafka_config.admin_config(settings.kafka))
-    return T.ensure_topics(admin, settings.kafka, topics.specs(), timeout_s=timeout_s)
+    admin = AdminClient(kafka_config.admin_config(kafka))
+    return T.ensure_topics(admin, kafka, topics.specs(), timeout_s=timeout_s)

@@ -1,23 +1,23 @@
 """Durable delivery of call records: Kafka first, a local write-ahead spool while Kafka is away."""
 
-from producers.delivery.sink import (
+from producers.delivery.publisher import (
+    CallPublisher,
     DeliveryFailed,
     DeliveryReceipt,
-    KafkaCallSink,
-    SinkStats,
-    sink_producer_config,
+    PublisherStats,
+    publisher_producer_config,
 )
 from producers.delivery.spool import RecoveryReport, Spool, SpoolCorrupt, SpoolError, SpoolRecord
 
 __all__ = [
+    "CallPublisher",
     "DeliveryFailed",
     "DeliveryReceipt",
-    "KafkaCallSink",
+    "PublisherStats",
     "RecoveryReport",
-    "SinkStats",
     "Spool",
     "SpoolCorrupt",
     "SpoolError",
     "SpoolRecord",
-    "sink_producer_config",
+    "publisher_producer_config",
 ]

@@ -115,7 +115,7 @@ def _fsync_dir(path: Path) -> None:
 class Spool:
     """Durable FIFO of (topic, key, value) records with a Kafka-acknowledged cursor.
 
-    Thread-safe; intended to be driven from one I/O thread (the sink's executor) so that fsyncs
+    Thread-safe; intended to be driven from one I/O thread (the publisher's executor) so that fsyncs
     never block an event loop.
     """
 

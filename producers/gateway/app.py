@@ -38,8 +38,9 @@ from producers.gateway.models_openai import ChatCompletionRequest, CompletionReq
 from producers.gateway.models_responses import ResponsesRequest
 from producers.gateway.ports import TextEvent, TextSide
 from producers.gateway.service import CallService, ErrorBody, PreparedCall, ResponseBuilder
+from producers.gateway.settings import GatewayStackSettings
 from producers.gateway.sse import SSE_HEADERS
-from producers.upstream import Upstream
+from producers.upstreams.base import Upstream
 from schemas.codec import Codec, get_codec
 from schemas.tokens import TokenIds
 
@@ -57,7 +58,7 @@ class OrjsonResponse(JSONResponse):
 
 @dataclass
 class GatewayOptions:
-    """Gateway behaviour; ``from_settings`` reads it from tokentrail settings."""
+    """Gateway behaviour; ``from_settings`` reads it from the gateway and model settings sections."""
 
     model_name: str
     model_aliases: dict[str, str]
@@ -69,9 +70,9 @@ class GatewayOptions:
     require_auth: bool = False
 
     @classmethod
-    def from_settings(cls, settings: Any) -> GatewayOptions:
+    def from_settings(cls, settings: GatewayStackSettings) -> GatewayOptions:
         g = settings.gateway
-        return cls(model_name=settings.model.name, model_aliases=dict(getattr(g, "model_aliases", {}) or {}),
+        return cls(model_name=settings.model.name, model_aliases=dict(g.model_aliases),
                    prefix_mode=g.prefix_mode, unattributed=g.unattributed, max_body_bytes=g.max_body_bytes,
                    max_tokens_limit=g.max_tokens_limit, admin_key=g.admin_key, require_auth=g.require_auth)
 
@@ -102,15 +103,15 @@ MESSAGES_ROUTE = ModelRoute(MessagesRequest, anthropic_adapter.to_internal, anth
 class Gateway:
     """Holds the parts and serves the routes; ``create_app`` wraps it in a Starlette app."""
 
-    def __init__(self, options: GatewayOptions, upstream: Upstream, sink: Any, text: TextSide, *,
+    def __init__(self, options: GatewayOptions, upstream: Upstream, publisher: Any, text: TextSide, *,
                  registry: AttemptRegistry | None = None, metrics: GatewayMetrics | None = None,
                  codec: Codec | None = None, topics: dict[str, str] | None = None) -> None:
         if options.unattributed not in ("record", "refuse"):
             raise ValueError("gateway.unattributed must be 'record' or 'refuse', "
                              f"not {options.unattributed!r}")
-        self.options, self.upstream, self.sink, self.text = options, upstream, sink, text
+        self.options, self.upstream, self.publisher, self.text = options, upstream, publisher, text
         self.metrics = metrics or GatewayMetrics()
-        self.ctx = GatewayContext(registry=registry or AttemptRegistry(), sink=sink,
+        self.ctx = GatewayContext(registry=registry or AttemptRegistry(), publisher=publisher,
                                   codec=codec or get_codec(), metrics=self.metrics,
                                   admin_key=options.admin_key, require_auth=options.require_auth,
                                   unattributed=options.unattributed, max_body_bytes=options.max_body_bytes,
@@ -120,8 +121,8 @@ class Gateway:
         self.env_api = EnvApi(self.ctx)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.metrics.watch_attempts(lambda: self.ctx.registry.counts()["active"])
-        if hasattr(sink, "spool_depth"):
-            self.metrics.watch_spool(lambda: float(sink.spool_depth))
+        if hasattr(publisher, "spool_depth"):
+            self.metrics.watch_spool(lambda: float(publisher.spool_depth))
         self.fingerprint = f"tt-{text.tokenizer_fingerprint[:8]}-{text.chat_template_fingerprint[:8]}"
 
     # -- routes ----------------------------------------------------------------------------------
@@ -147,8 +148,8 @@ class Gateway:
         body: dict[str, Any] = {"status": "ok", "model": self.options.model_name,
                                 "upstream": self.upstream.name, "attempts": self.ctx.registry.counts(),
                                 "calls_in_flight": len(self._tasks)}
-        if hasattr(self.sink, "stats"):
-            stats = self.sink.stats()
+        if hasattr(self.publisher, "stats"):
+            stats = self.publisher.stats()
             body["sink"] = {"spool_depth": stats.spool_depth, "kafka_reachable": stats.kafka_reachable,
                             "delivery_errors": stats.delivery_errors}
         return OrjsonResponse(body)
@@ -399,27 +400,27 @@ def _error_protocol(path: str) -> Protocol:
     return "env" if path.startswith("/v1/rollouts") else "openai"
 
 
-def create_app(settings: Any, upstream: Upstream, sink: Any, renderer: TextSide, *,
+def create_app(settings: GatewayStackSettings, upstream: Upstream, publisher: Any, renderer: TextSide, *,
                options: GatewayOptions | None = None, registry: AttemptRegistry | None = None,
-               topics: dict[str, str] | None = None, manage_sink: bool = True,
+               topics: dict[str, str] | None = None, manage_publisher: bool = True,
                close_upstream: bool = False, policy_dir: Path | None = None) -> Starlette:
     """The ASGI app. ``renderer`` is the model's text side (see ports.TextSide / text_side.py).
 
-    With ``manage_sink`` the app starts the sink (``await sink.start()``) when it starts serving and
+    With ``manage_publisher`` the app starts the publisher (``await publisher.start()``) when it starts serving and
     closes it on shutdown, after calls in flight are recorded; ``close_upstream`` closes the upstream too.
     ``topics`` overrides topic names (``calls_topic``, ``env_topic``), e.g. per test. With ``policy_dir``
     an upstream that can (the embedded engine) loads each new policy version the trainer publishes there.
     """
-    gateway = Gateway(options or GatewayOptions.from_settings(settings), upstream, sink, renderer,
+    gateway = Gateway(options or GatewayOptions.from_settings(settings), upstream, publisher, renderer,
                       registry=registry, topics=topics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if manage_sink and hasattr(sink, "start"):
-            await sink.start()
+        if manage_publisher and hasattr(publisher, "start"):
+            await publisher.start()
         follow = getattr(upstream, "follow_policies", None)
         if policy_dir is not None and follow is not None:
-            from producers.policy_store import PolicyStore
+            from models.policy_store import PolicyStore
 
             follow(PolicyStore(policy_dir))
         with serving_heap():
@@ -427,8 +428,8 @@ def create_app(settings: Any, upstream: Upstream, sink: Any, renderer: TextSide,
                 yield
             finally:
                 await gateway.drain()
-                if manage_sink and hasattr(sink, "close"):
-                    await sink.close()
+                if manage_publisher and hasattr(publisher, "close"):
+                    await publisher.close()
                 if close_upstream:
                     await upstream.close()
 

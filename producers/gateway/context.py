@@ -1,4 +1,4 @@
-"""What every gateway route shares: settings, the attempt registry, the sink, the codec and metrics."""
+"""What every gateway route shares: settings, the attempt registry, the publisher, the codec and metrics."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ log = logging.getLogger("tokentrail.gateway")
 
 
 
-class CallSink(Protocol):
+class RecordPublisher(Protocol):
     """Returns only once the record is on Kafka or fsynced to the local spool; raises otherwise."""
 
     async def deliver(self, topic: str, key: bytes, value: bytes) -> Any: ...
@@ -26,7 +26,7 @@ class CallSink(Protocol):
 @dataclass
 class GatewayContext:
     registry: AttemptRegistry
-    sink: CallSink
+    publisher: RecordPublisher
     codec: Codec
     metrics: GatewayMetrics
     admin_key: str = ""
@@ -38,11 +38,11 @@ class GatewayContext:
     env_topic: str = ENV_TOPIC
 
     async def deliver(self, topic: str, key: str, schema_name: str, record: dict[str, Any]) -> None:
-        """Encode and hand to the sink; a sink failure becomes a 503 in the caller's protocol."""
+        """Encode and hand to the publisher; a publisher failure becomes a 503 in the caller's protocol."""
         value = self.codec.encode(schema_name, record)
         began = time.perf_counter()
         try:
-            await self.sink.deliver(topic, key.encode(), value)
+            await self.publisher.deliver(topic, key.encode(), value)
         except Exception as exc:
             self.metrics.delivery_errors.labels(topic).inc()
             log.error("could not deliver %s %s to %s: %s", schema_name, record.get("event_id"), topic, exc)

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from producers.upstream import GenerateResult, TokenChunk
+from producers.upstreams.base import GenerateResult, TokenChunk
 from schemas.tokens import TokenIds
 
 REPLACEMENT_CHAR = "\ufffd"

@@ -34,10 +34,10 @@ class GatewayMetrics:
                                         "CPU time to render and tokenize one prompt (chat template, "
                                         "splicing, tokenizer)", buckets=RENDER_BUCKETS, registry=r)
         self.delivery_seconds = Histogram("tokentrail_gateway_delivery_seconds",
-                                          "Time for the sink to acknowledge a record",
+                                          "Time for the publisher to acknowledge a record",
                                           buckets=LATENCY_BUCKETS, registry=r)
         self.delivery_errors = Counter("tokentrail_gateway_delivery_errors",
-                                       "Records the sink could neither send nor spool", ["topic"], registry=r)
+                                       "Records the publisher could neither send nor spool", ["topic"], registry=r)
         self.env_events = Counter("tokentrail_gateway_env_events", "Environment events accepted", ["kind"],
                                   registry=r)
         self.spool_depth = Gauge("tokentrail_gateway_spool_depth", "Records waiting in the local spool",

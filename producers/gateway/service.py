@@ -1,7 +1,7 @@
 """One model call end to end: render -> index -> upstream -> parse -> record -> deliver.
 
 The harness's response is built from the same outcome that goes into the record, and it is released
-only after the sink has the record (Kafka ack or fsynced spool). Failed upstream calls are recorded
+only after the publisher has the record (Kafka ack or fsynced spool). Failed upstream calls are recorded
 too (status ERROR), so an attempt's call indices have no holes. For a streamed call the recorded
 response is the equivalent non-streamed body. Timings: ``queue_ms`` is the upstream's queue wait;
 ``first_token_ms`` and ``total_ms`` run from the request's arrival at the gateway.
@@ -28,7 +28,7 @@ from producers.gateway.generation import Generated, PromptSink, run_generation
 from producers.gateway.identity import CallIdentity
 from producers.gateway.ports import Rendered, TextSide
 from producers.rendering import RenderError, check_template_kwargs
-from producers.upstream import (
+from producers.upstreams.base import (
     ChatGenerateRequest,
     ChatUpstream,
     GenerateRequest,

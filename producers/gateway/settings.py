@@ -1,12 +1,15 @@
-"""The ``gateway`` settings section (``TOKENTRAIL_GATEWAY__*``), read by the gateway and its upstreams."""
+"""The ``gateway`` settings section (``TOKENTRAIL_GATEWAY__*``), read by the gateway and its upstreams, and
+``GatewayStackSettings``: the sections the gateway's wiring reads, which the shell's settings provide."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
 
+from models.settings import ModelSettings
+from schemas.kafka_config import KafkaSettings
 from schemas.local_paths import VAR_DIR
 
 
@@ -37,3 +40,11 @@ class GatewaySettings(BaseModel):
     admin_key: str = ""
     require_auth: bool = False
     delivery_timeout_s: float = 5.0
+
+
+class GatewayStackSettings(Protocol):
+    """The settings sections a gateway is built from (``tokentrail.settings.Settings`` has them)."""
+
+    gateway: GatewaySettings
+    model: ModelSettings
+    kafka: KafkaSettings

@@ -3,7 +3,7 @@
     with running_gateway(app) as gw:
         client = openai.OpenAI(base_url=gw.openai_base_url, api_key="x")
 
-``embedded_gateway_app(settings, ...)`` builds the usual app (embedded engine, Kafka sink, the model's
+``embedded_gateway_app(settings, ...)`` builds the usual app (embedded engine, Kafka publisher, the model's
 text side) for end-to-end tests; the parts it uses are created inside the server's event loop.
 """
 
@@ -95,28 +95,28 @@ def free_port() -> int:
 
 def embedded_gateway_app(settings: Any, *, spool_dir: Path | str | None = None,
                          topics: dict[str, str] | None = None, text: Any = None, upstream: Any = None,
-                         wrap_sink: Callable[[Any], Any] | None = None, **option_overrides: Any) -> Starlette:
-    """The standard app (embedded engine, Kafka sink, the model's text side) from ``settings``.
+                         wrap_publisher: Callable[[Any], Any] | None = None, **option_overrides: Any) -> Starlette:
+    """The standard app (embedded engine, Kafka publisher, the model's text side) from ``settings``.
 
-    ``spool_dir`` gives the sink its own spool (tests: a tmp dir); ``topics`` overrides topic names
-    (``calls_topic``, ``env_topic``); ``upstream`` replaces the embedded engine; ``wrap_sink`` wraps the
-    Kafka sink (e.g. to observe deliveries); ``option_overrides`` set GatewayOptions fields
+    ``spool_dir`` gives the publisher its own spool (tests: a tmp dir); ``topics`` overrides topic names
+    (``calls_topic``, ``env_topic``); ``upstream`` replaces the embedded engine; ``wrap_publisher`` wraps the
+    Kafka publisher (e.g. to observe deliveries); ``option_overrides`` set GatewayOptions fields
     (``prefix_mode``, ``unattributed``, ``max_tokens_limit``, ``max_body_bytes``, ``admin_key``, ...).
     """
     from dataclasses import replace
 
-    from producers.delivery import KafkaCallSink
+    from producers.delivery import CallPublisher
     from producers.gateway.app import GatewayOptions
-    from producers.gateway.cli import build_app
+    from producers.gateway.wiring import build_app
     from schemas.kafka_config import producer_config
 
     options = replace(GatewayOptions.from_settings(settings), **option_overrides)
-    sink: Any = KafkaCallSink(producer_config(settings.kafka), spool_dir or settings.gateway.spool_dir,
+    publisher: Any = CallPublisher(producer_config(settings.kafka), spool_dir or settings.gateway.spool_dir,
                               settings.gateway.delivery_timeout_s)
-    if wrap_sink is not None:
-        sink = wrap_sink(sink)
+    if wrap_publisher is not None:
+        publisher = wrap_publisher(publisher)
     # Tests pin the base policy: a policy store left by a local demo run must not change the engine.
-    return build_app(settings, sink=sink, text=text, upstream=upstream, options=options, topics=topics,
+    return build_app(settings, publisher=publisher, text=text, upstream=upstream, options=options, topics=topics,
                      progress=lambda _: None, policy_dir=None)
 
 

@@ -1,1 +1,2 @@
-"""Model upstreams behind the gateway (each implements producers.upstream.Upstream)."""
+"""Model upstreams behind the gateway: the ``Upstream`` protocol (``base``) and its two implementations,
+a vLLM fleet over HTTP (``vllm``) and the embedded reference engine (``embedded``)."""

@@ -22,12 +22,12 @@ import hashlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
 
-from producers.upstream import (
+from producers.upstreams.base import (
     ChatGenerateRequest,
     GenerateRequest,
     GenerateResult,
@@ -37,6 +37,9 @@ from producers.upstream import (
     UpstreamError,
 )
 from schemas.tokens import int_list
+
+if TYPE_CHECKING:
+    from producers.gateway.settings import GatewaySettings
 
 LOGPROB_KINDS: dict[str, LogprobKind] = {"raw_logprobs": "RAW", "processed_logprobs": "PROCESSED"}
 
@@ -164,12 +167,8 @@ class VLLMUpstream:
         )
 
     @classmethod
-    def from_settings(cls, settings: Any = None, **kwargs: Any) -> VLLMUpstream:
-        """Servers from ``settings.gateway.upstream`` (comma-separated base URLs)."""
-        from tokentrail.settings import get_settings
-
-        settings = settings or get_settings()
-        gateway = settings.gateway
+    def from_settings(cls, gateway: GatewaySettings, **kwargs: Any) -> VLLMUpstream:
+        """Servers from ``gateway.upstream`` (comma-separated base URLs)."""
         defaults: dict[str, Any] = {"model": gateway.vllm_model or None, "logprobs_mode": gateway.vllm_logprobs_mode,
                                     "api_key": gateway.vllm_api_key or None}
         return cls(gateway.upstream, **{**defaults, **kwargs})

@@ -1,4 +1,4 @@
-"""KafkaCallSink against a real broker: acknowledged delivery, spooling while the broker is down,
+"""CallPublisher against a real broker: acknowledged delivery, spooling while the broker is down,
 in-order exactly-once arrival after it returns, and recovery of a crashed process's spool."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from delivery_kafka_helpers import PrivateBroker, consume_all, create_topic, free_port
 
-from producers.delivery import DeliveryReceipt, KafkaCallSink, Spool
+from producers.delivery import CallPublisher, DeliveryReceipt, Spool
 from tokentrail.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +62,7 @@ def test_direct_delivery_is_acknowledged_in_order(
     )
 
     async def run() -> list[DeliveryReceipt]:
-        async with KafkaCallSink.from_settings(settings) as sink:
+        async with CallPublisher.from_settings(settings.kafka, settings.gateway) as sink:
 
             async def rollout(k: int) -> list[DeliveryReceipt]:
                 return [await sink.deliver(topic, b"r%03d" % k, _value(k, i)) for i in range(per_key)]
@@ -92,7 +92,7 @@ def test_broker_stop_spools_and_restart_delivers_everything_once_in_order(
     phase: dict[str, int] = {}
 
     async def run() -> tuple[list[int], list[DeliveryReceipt], list[float]]:
-        sink = KafkaCallSink({"bootstrap.servers": private_broker.bootstrap}, tmp_path / "spool", timeout_s)
+        sink = CallPublisher({"bootstrap.servers": private_broker.bootstrap}, tmp_path / "spool", timeout_s)
         await sink.start()
         receipts: list[DeliveryReceipt] = []
         latencies_while_down: list[float] = []
@@ -148,11 +148,11 @@ def test_broker_stop_spools_and_restart_delivers_everything_once_in_order(
 _CRASHING_WRITER = textwrap.dedent(
     """
     import asyncio, sys
-    from producers.delivery import KafkaCallSink
+    from producers.delivery import CallPublisher
 
     async def main():
         # Nothing listens on this port: every record lands in the spool.
-        sink = KafkaCallSink({"bootstrap.servers": sys.argv[1]}, sys.argv[2], 1.0)
+        sink = CallPublisher({"bootstrap.servers": sys.argv[1]}, sys.argv[2], 1.0)
         await sink.start()
         for i in range(int(sys.argv[3])):
             receipt = await sink.deliver(sys.argv[4], b"r%d" % (i % 5), b"record-%06d" % i)
@@ -188,7 +188,7 @@ def test_crashed_process_spool_is_drained_by_the_next_one(
         assert spool.pending == count
 
     async def drain() -> None:
-        async with KafkaCallSink({"bootstrap.servers": kafka_bootstrap}, spool_dir, 5.0) as sink:
+        async with CallPublisher({"bootstrap.servers": kafka_bootstrap}, spool_dir, 5.0) as sink:
             assert await sink.wait_drained(60), sink.stats()
             assert sink.stats().drained == count
             # Drained: new records go straight to Kafka again.

@@ -164,7 +164,7 @@ def test_bench_tokenize_prints_its_figures_with_every_text_exact() -> None:
 
 
 def test_the_gateway_setting_switches_the_fast_path_off(model_dir: Path, tokentrail_settings: Settings) -> None:
-    from producers.gateway.cli import make_text_side
+    from producers.gateway.wiring import make_text_side
 
     def text_side(fast: bool) -> ModelTextSide:
         gateway = tokentrail_settings.gateway.model_copy(update={"fast_ascii_tokenize": fast, "upstream": "x"})

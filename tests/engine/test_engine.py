@@ -12,11 +12,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from producers.engines.embedded import EmbeddedEngine
-from producers.model_build import LOOKUP_TOOL, task_messages
-from producers.policy_store import PolicyStore
+from models.policy_store import PolicyStore
+from models.reference.task import LOOKUP_TOOL, task_messages
 from producers.rendering import ChatRenderer
-from producers.upstream import GenerateRequest, GenerateResult, Sampling, TokenChunk, UpstreamError
+from producers.upstreams.base import GenerateRequest, GenerateResult, Sampling, TokenChunk, UpstreamError
+from producers.upstreams.embedded.engine import EmbeddedEngine
 from schemas.tokens import TokenIds
 
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from producers.model_build import task_messages
+from models.reference.task import task_messages
 from producers.rendering import ChatRenderer, PriorCall, round_trip_rule
 
 NOT_NFC = "cafe\u0301"  # "café" with a combining accent: NFC composes it, so its ids decode to other text

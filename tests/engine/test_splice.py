@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producers.model_build import LOOKUP_TOOL, task_messages
+from models.reference.task import LOOKUP_TOOL, task_messages
 from producers.rendering import ChatRenderer, PriorCall
 
 TOOLS = [LOOKUP_TOOL]

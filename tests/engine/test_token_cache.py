@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers
 
-from producers.model_build import LOOKUP_TOOL, lookup_call, task_messages
+from models.reference.task import LOOKUP_TOOL, lookup_call, task_messages
 from producers.rendering import ChatRenderer
 from producers.token_cache import PrefixTokenCache, ascii_twin
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from models.reference.build import build_model
 from producers.gateway.testing import RunningGateway, running_embedded_gateway
 from producers.gateway.text_side import ModelTextSide
-from producers.model_build import build_model
 from tokentrail.settings import Settings
 
 

@@ -72,7 +72,7 @@ def engine_logprobs(model: Any, call: dict[str, Any], prompt_ids: IdArray) -> np
     forward pass over prompt ‖ output and the call's own sampling parameters."""
     import torch
 
-    from producers.engines.sampling import RowParams, processed_logits
+    from producers.upstreams.embedded.sampling import RowParams, processed_logits
 
     output_ids, _ = output_of(call)
     ids = torch.tensor(np.concatenate([prompt_ids, output_ids]).astype(np.int64))[None]

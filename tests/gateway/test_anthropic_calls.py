@@ -9,7 +9,7 @@ import anthropic
 import orjson
 import pytest
 
-from producers.model_build import LOOKUP_TOOL, TASK_SYSTEM_PROMPT, task_question
+from models.reference.task import LOOKUP_TOOL, TASK_SYSTEM_PROMPT, task_question
 from producers.sdk import Rollout
 from tokentrail.settings import Settings
 

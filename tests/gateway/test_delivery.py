@@ -13,10 +13,10 @@ import openai
 import orjson
 import pytest
 
-from producers.engines.embedded import EmbeddedEngine
-from producers.model_build import LOOKUP_TOOL, task_messages
+from models.reference.task import LOOKUP_TOOL, task_messages
 from producers.sdk import Rollout
-from producers.upstream import ChatGenerateRequest, GenerateRequest, GenerateResult, TokenChunk, UpstreamError
+from producers.upstreams.base import ChatGenerateRequest, GenerateRequest, GenerateResult, TokenChunk, UpstreamError
+from producers.upstreams.embedded.engine import EmbeddedEngine
 from tokentrail.settings import Settings
 
 from .helpers import engine_logprobs, output_of, prompts_of, read_records
@@ -123,7 +123,7 @@ def test_harness_is_answered_only_after_delivery(start_gateway) -> None:
         sinks.append(ObservedSink(sink, delay_s=0.4))
         return sinks[0]
 
-    with start_gateway(wrap_sink=wrap) as gw, Rollout(gw.url) as rollout:
+    with start_gateway(wrap_publisher=wrap) as gw, Rollout(gw.url) as rollout:
         sink = sinks[0]
         client = openai.OpenAI(base_url=rollout.openai_base_url, api_key="k")
         messages = [{"role": "user", "content": "hi"}]

@@ -11,7 +11,7 @@ import openai
 import orjson
 import pytest
 
-from producers.model_build import LOOKUP_TOOL, task_messages
+from models.reference.task import LOOKUP_TOOL, task_messages
 from producers.sdk import Rollout
 from tokentrail.settings import Settings
 

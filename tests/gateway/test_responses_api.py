@@ -13,11 +13,11 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
+from models.reference.task import LOOKUP_TOOL, task_messages
 from producers.gateway import responses_adapter
 from producers.gateway.body import validate
 from producers.gateway.chat import CallOutcome, ToolCallOut
 from producers.gateway.models_responses import ResponsesRequest
-from producers.model_build import LOOKUP_TOOL, task_messages
 from producers.sdk import Rollout
 from tokentrail.settings import Settings
 

@@ -8,7 +8,7 @@ import openai
 import orjson
 import pytest
 
-from producers.model_build import task_messages
+from models.reference.task import task_messages
 from producers.sdk import Rollout
 from tokentrail.settings import Settings
 

@@ -19,15 +19,15 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from processors.worker import start_worker_process, stop_worker_process
 from schemas.kafka_config import admin_config, consumer_config, producer_config
 from schemas.topics import ALL_TOPICS, CALLS_TOPIC, ensure_topics
 from tokentrail import kafka_local
+from tokentrail.commands.process import start_worker_process, stop_worker_process
 from tokentrail.settings import KafkaSettings, Settings, get_settings
 
 # The stream rig (worker subprocess, output collection, the core's expected outputs) is shared with the
-# processors_stream tests.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "processors_stream"))
+# processors/stream tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "processors" / "stream"))
 from stream_rig import StreamRig, comparable, group_events, interleave, make_rig
 
 pytestmark = pytest.mark.kafka

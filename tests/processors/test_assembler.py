@@ -12,17 +12,8 @@ from hypothesis import strategies as st
 from processors.assembler import AttemptBuffer, RolloutAssembly, check_call_tokens, expire, try_complete
 from processors.call_tokens import rollout_call_tokens
 from processors.errors import CallTokensError, ConflictingEvent, InvalidEvent
-from processors.testing import (
-    AttemptSpec,
-    Turn,
-    attempt_events,
-    chat_response,
-    growing_turns,
-    make_call,
-    make_env,
-    make_finished,
-    make_started,
-)
+from processors.testing import AttemptSpec, Turn, attempt_events, growing_turns
+from schemas.builders import chat_response, make_call, make_env, make_finished, make_started
 from schemas.codec import get_codec
 from schemas.ids import call_id
 from schemas.prompt_delta import encode_prompt, full_prompt

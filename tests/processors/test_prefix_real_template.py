@@ -1,6 +1,6 @@
 """Prefix links and merging with a real byte-level BPE tokenizer and the project's real chat template.
 
-The template (producers.model_build.CHAT_TEMPLATE) renders reasoning for the last assistant message
+The template (models.reference.template.CHAT_TEMPLATE) renders reasoning for the last assistant message
 only, so a later turn drops earlier reasoning; re-rendering history from text can also re-segment
 sampled ids. The assembler must flag exactly those breaks, and merged samples must stop there.
 """
@@ -24,7 +24,7 @@ def tokenizer() -> Any:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from producers.model_build import CHAT_TEMPLATE, MARKER_TOKENS, SPECIAL_TOKENS
+    from models.reference.template import CHAT_TEMPLATE, MARKER_TOKENS, SPECIAL_TOKENS
 
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

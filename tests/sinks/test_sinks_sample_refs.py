@@ -158,7 +158,7 @@ def test_the_sink_references_calls_stored_before_the_samples_arrive(
         produce(tokentrail_settings, [(topic_of[n], key_of(n, r), codec.encode(n, r)) for n, r in batch])
         run_sink(
             ch,
-            tokentrail_settings,
+            tokentrail_settings.kafka,
             SinkOptions(group_id=group_id, idle_s=3.0, batch_rows=40, progress_every_s=0),
             topic_map=topic_map,
             dead_letter_topic=dead_topic,

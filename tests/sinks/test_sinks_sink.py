@@ -73,7 +73,7 @@ def test_sink_stores_every_topic_dead_letters_and_deduplicates(
     group_id = f"test-sink-{uuid.uuid4().hex[:8]}"
     options = SinkOptions(group_id=group_id, idle_s=3.0, batch_rows=50, progress_every_s=0)
     lines: list[str] = []
-    stats = run_sink(ch, settings, options, topic_map=topic_map, dead_letter_topic=dead_topic, log=lines.append)
+    stats = run_sink(ch, settings.kafka, options, topic_map=topic_map, dead_letter_topic=dead_topic, log=lines.append)
 
     expected = Counter(TABLE_OF[name] for name, _ in events)
     counts = table_counts(ch)
@@ -124,7 +124,7 @@ def test_sink_stores_every_topic_dead_letters_and_deduplicates(
     # Offsets were committed: the same group finds nothing new.
     again = run_sink(
         ch,
-        settings,
+        settings.kafka,
         SinkOptions(group_id=group_id, once=True, progress_every_s=0),
         topic_map=topic_map,
         dead_letter_topic=dead_topic,
@@ -136,7 +136,7 @@ def test_sink_stores_every_topic_dead_letters_and_deduplicates(
     produce(settings, messages)
     rerun = run_sink(
         ch,
-        settings,
+        settings.kafka,
         SinkOptions(group_id=f"{group_id}-replay", idle_s=3.0, progress_every_s=0),
         topic_map=topic_map,
         dead_letter_topic=dead_topic,
@@ -168,7 +168,7 @@ def test_replay_publishes_to_kafka_and_the_sink_stores_it(
     before = table_counts(ch)
     run_sink(
         ch,
-        settings,
+        settings.kafka,
         SinkOptions(group_id=f"test-replay-{uuid.uuid4().hex[:8]}", once=True, progress_every_s=0),
         topic_map=topic_map,
         dead_letter_topic=dead_topic,

@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from trainer_helpers import VOCAB, make_tiny_model
 
-from producers.policy_store import PolicyStore
+from models.policy_store import PolicyStore
 from schemas import kafka_config
 from schemas.codec import get_codec
 from trainer_consumer.synthetic import random_sequence, sample_record

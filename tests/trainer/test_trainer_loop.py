@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from trainer_helpers import VOCAB, decode_round_trip, make_tiny_model
 
-from producers.policy_store import PolicyStore
+from models.policy_store import PolicyStore
 from schemas.codec import get_codec
 from trainer_consumer.batching import Batch, batches_from_samples, staleness_filter
 from trainer_consumer.learner import Learner, LearnerConfig

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from fake_vllm_server import FakeVLLM
 
-from producers.upstream import GenerateRequest, GenerateResult, Sampling, TokenChunk, UpstreamError
+from producers.upstreams.base import GenerateRequest, GenerateResult, Sampling, TokenChunk, UpstreamError
 from producers.upstreams.vllm import (
     ChatPassthrough,
     VLLMError,

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
+from models.reference.build import build_model
 from producers.gateway.testing import RunningGateway, free_port, running_gateway
 from producers.gateway.text_side import ModelTextSide
-from producers.model_build import build_model
 from tokentrail.settings import Settings
 
 from .vllm_server import MIN_HEAD_DIM, VLLMServer, install_vllm, start_vllm
@@ -100,7 +100,7 @@ def vllm_gateway(vllm_server: VLLMServer, live_text_side: ModelTextSide, live_to
     recording to this test's Kafka topics."""
     from dataclasses import replace
 
-    from producers.delivery import KafkaCallSink
+    from producers.delivery import CallPublisher
     from producers.gateway.app import GatewayOptions, create_app
     from producers.upstreams.vllm import VLLMUpstream
     from schemas.kafka_config import producer_config
@@ -111,7 +111,7 @@ def vllm_gateway(vllm_server: VLLMServer, live_text_side: ModelTextSide, live_to
         gateway_options = replace(GatewayOptions.from_settings(settings), **options)
         upstream = VLLMUpstream([vllm_server.url], model=vllm_server.model_name,
                                 logprobs_mode=vllm_server.logprobs_mode)
-        sink = KafkaCallSink(producer_config(settings.kafka), tmp_path / "spool", settings.gateway.delivery_timeout_s)
+        sink = CallPublisher(producer_config(settings.kafka), tmp_path / "spool", settings.gateway.delivery_timeout_s)
         app = create_app(settings, upstream, sink, live_text_side, options=gateway_options,
                          topics=live_topics, close_upstream=True)
         with running_gateway(app) as gw:

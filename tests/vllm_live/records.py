@@ -65,7 +65,7 @@ def reference_logprobs(model: Any, call: dict[str, Any], prompt_ids: IdArray) ->
     RAW = log_softmax of the logits; PROCESSED = of the call's temperature/top-k/top-p distribution."""
     import torch
 
-    from producers.engines.sampling import RowParams, processed_logits
+    from producers.upstreams.embedded.sampling import RowParams, processed_logits
 
     output_ids, _ = output_of(call)
     ids = torch.tensor([[*prompt_ids.tolist(), *output_ids]], dtype=torch.long)

@@ -18,8 +18,8 @@ import numpy as np
 import openai
 import pytest
 
+from models.reference.task import LOOKUP_TOOL, task_messages
 from producers.gateway.text_side import ModelTextSide
-from producers.model_build import LOOKUP_TOOL, task_messages
 from producers.rendering import PriorCall
 from producers.sdk import Rollout
 from tokentrail.settings import Settings

@@ -2,7 +2,7 @@
 
 The user asks for the value of a key; the ``lookup`` tool returns it from a table that is drawn per
 task, so the only way to answer right is to read the tool result. The table values are single tokens
-of the demo model's vocabulary (``producers.model_build``), so a small model can learn to copy them.
+of the demo model's vocabulary (``models.reference.task``), so a small model can learn to copy them.
 Pure and deterministic given the task seed.
 """
 
@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from producers.model_build import LOOKUP_TOOL, TASK_KEYS, TASK_VALUES, task_messages
+from models.reference.task import LOOKUP_TOOL, TASK_KEYS, TASK_VALUES, task_messages
 
 
 @dataclass(frozen=True)

@@ -550,7 +550,7 @@ def _turns(n: int, seed: int) -> list[Any]:
 
 
 def _call(rid: str, index: int, seed: int = 0, **changes: Any) -> Record:
-    from processors.testing import make_call
+    from schemas.builders import make_call
 
     turns = _turns(index + 1, seed)
     record = make_call(rid, "a1", index, turns[index].prompt, turns[index].output,
@@ -560,7 +560,7 @@ def _call(rid: str, index: int, seed: int = 0, **changes: Any) -> Record:
 
 
 def _started(rid: str, **changes: Any) -> Record:
-    from processors.testing import make_started
+    from schemas.builders import make_started
 
     return {**make_started(rid, "a1", task_input={"answer": "4"}, created_at_us=T0_US), **changes}
 
@@ -613,7 +613,7 @@ def _score(rid: str) -> Record:
 
 def topic_cases() -> list[TopicCase]:
     """Bad records for the stream processors (and the sink). Rollout ids are unique per case."""
-    from processors.testing import make_env, make_finished
+    from schemas.builders import make_env, make_finished
 
     def r(tag: str) -> str:
         return _rollout(tag)

@@ -28,9 +28,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from processors.worker import settings_env
 from schemas.ids import call_id
 from tokentrail import kafka_local
+from tokentrail.commands.process import settings_env
 from tokentrail.reliability.kafka_read import count_event_ids, create_topics, lost_and_duplicated
 from tokentrail.reliability.pipeline import Pipeline, compare, core_outputs, workload
 from tokentrail.reliability.results import FaultResult

@@ -20,9 +20,10 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from processors.stream.topics import OUTPUT_SPECS, StreamTopics, ensure_stream_topics
-from processors.worker import EXIT_STALLED, start_worker_process, stop_worker_process
+from processors.stream.worker import EXIT_STALLED
 from schemas.codec import DecodeError, get_codec
 from schemas.kafka_config import admin_config, consumer_config, producer_config
+from tokentrail.commands.process import start_worker_process, stop_worker_process
 from tokentrail.settings import Settings
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def core_outputs(events: Iterable[Event], settings: Settings) -> dict[str, dict[
 
     proc = settings.processors
     stages = StageConfigs.load(proc.reward_config, proc.credit_config, proc.sample_config)
-    return derive_outputs(events, load_grouping(settings), stages, list(proc.verifiers))
+    return derive_outputs(events, load_grouping(proc), stages, list(proc.verifiers))
 
 
 def derive_outputs(events: Iterable[Event], grouping: GroupingConfig, stages: StageConfigs, verifier_specs: list[str],
@@ -212,7 +213,7 @@ class Pipeline:
         settings = base.model_copy(update={
             "kafka": base.kafka.model_copy(update={"partitions": partitions}), "processors": processors})
         topics = StreamTopics(f"reliability-{tag}.")
-        report = ensure_stream_topics(settings, topics)
+        report = ensure_stream_topics(settings.kafka, topics)
         if not report.ok:
             raise RuntimeError(f"topics: {report.differences}")
         workdir.mkdir(parents=True, exist_ok=True)

@@ -230,7 +230,7 @@ def run_scale_out(settings: Settings, workdir: Path, sizes: ScaleSizes, progress
     pipeline: Pipeline | None = None
     try:
         topics = StreamTopics("")
-        report = ensure_stream_topics(private, topics)
+        report = ensure_stream_topics(private.kafka, topics)
         if not report.ok:
             raise RuntimeError(f"topics: {report.differences}")
         pipeline = Pipeline(private, topics, workdir)

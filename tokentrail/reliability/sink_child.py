@@ -7,7 +7,7 @@
 prints one JSON object: per table the raw row count, the count after FINAL and the distinct event ids
 after FINAL, the event ids themselves, and every dead letter. Both run in their own process because
 chDB allows one engine directory per process and one process per directory (a kill -9 frees it).
-Kafka settings come from the TOKENTRAIL_* environment (processors.worker.settings_env).
+Kafka settings come from the TOKENTRAIL_* environment (tokentrail.commands.process.settings_env).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _run(args: argparse.Namespace) -> int:
     options = SinkOptions(group_id=args.group, batch_rows=args.batch_rows, flush_interval_s=0.5,
                           idle_s=args.idle_s, progress_every_s=0.5)
     print("sink ready", flush=True)
-    run_sink(client, get_settings(), options, topic_map=topics, dead_letter_topic=dead,
+    run_sink(client, get_settings().kafka, options, topic_map=topics, dead_letter_topic=dead,
              log=lambda line: print(line, flush=True))
     return 0
 

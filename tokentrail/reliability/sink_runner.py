@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from processors.worker import settings_env
+from tokentrail.commands.process import settings_env
 from tokentrail.settings import REPO_ROOT, Settings
 
 

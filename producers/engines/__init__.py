@@ -1,1 +1,0 @@
-"""Model engines behind the ``Upstream`` protocol (the embedded reference engine lives here)."""

@@ -1,0 +1,57 @@
+"""The gateway's standard wiring: the upstream, the model's text side and the Kafka publisher, made from
+the settings sections the gateway reads, into one ASGI app.
+
+``tokentrail gateway`` (the shell) serves ``build_app``'s app with uvicorn; tests build the same app
+(see testing.py). The reference model is built if it is missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+
+from producers.gateway.settings import GatewayStackSettings
+
+
+def make_upstream(settings: GatewayStackSettings, progress: Any = print) -> Any:
+    """The embedded reference engine (building the model if needed) or a vLLM client."""
+    spec = settings.gateway.upstream.strip()
+    if spec == "embedded":
+        from models.reference.build import build_model
+        from producers.upstreams.embedded.engine import EmbeddedEngine
+
+        model_dir = build_model(settings.model.dir, progress=progress)
+        return EmbeddedEngine(model_dir)
+    from producers.upstreams.vllm import VLLMUpstream
+
+    return VLLMUpstream.from_settings(settings.gateway)
+
+
+def make_text_side(settings: GatewayStackSettings, progress: Any = print) -> Any:
+    from models.reference.build import build_model
+    from producers.gateway.text_side import ModelTextSide
+
+    if settings.gateway.upstream.strip() == "embedded":
+        build_model(settings.model.dir, progress=progress)
+    text = ModelTextSide.from_dir(settings.model.dir, fast_ascii=settings.gateway.fast_ascii_tokenize)
+    fast = text.renderer.token_cache.ascii_encoder is not None
+    progress("ASCII text is tokenized by the exact fast path" if fast else
+             "the tokenizer tokenizes all text (fast ASCII path off by setting, or not covered for this tokenizer)")
+    return text
+
+
+def build_app(settings: GatewayStackSettings, *, upstream: Any = None, publisher: Any = None, text: Any = None,
+              progress: Any = print, policy_dir: Path | None = None, **create_kwargs: Any) -> Starlette:
+    """The standard app: given parts are used as they are, missing ones are made from ``settings``.
+
+    With ``policy_dir`` (the trainer's policy store) an upstream that can follows the published versions."""
+    from producers.delivery import CallPublisher
+    from producers.gateway.app import create_app
+
+    text = text if text is not None else make_text_side(settings, progress)
+    upstream = upstream if upstream is not None else make_upstream(settings, progress)
+    publisher = publisher if publisher is not None else CallPublisher.from_settings(settings.kafka, settings.gateway)
+    create_kwargs.setdefault("close_upstream", True)
+    return create_app(settings, upstream, publisher, text, policy_dir=policy_dir, **create_kwargs)

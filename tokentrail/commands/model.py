@@ -1,0 +1,57 @@
+"""``tokentrail model build | info``: build and inspect the embedded reference model (``models.reference``)
+in the directory the ``model`` settings section names, unless ``--dir`` gives another."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from models.reference.build import build_model
+from models.reference.fingerprint import read_manifest
+from models.reference.spec import DEFAULT_SPEC, BuildSpec
+from tokentrail.cli import CliError
+from tokentrail.settings import get_settings
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("model", help="build and inspect the embedded reference model")
+    sub = parser.add_subparsers(dest="model_command", metavar="ACTION")
+    build = sub.add_parser("build", help="build the tokenizer, chat template and tiny model (cached)")
+    build.add_argument("--dir", type=Path, default=None,
+                       help="output directory (default: settings model.dir)")
+    build.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
+    build.add_argument("--warmup-steps", type=int, default=DEFAULT_SPEC.warmup_steps,
+                       help="format warm-up steps (0: plain random weights)")
+    build.set_defaults(func=_cmd_build)
+    info = sub.add_parser("info", help="print the build manifest of the model directory")
+    info.add_argument("--dir", type=Path, default=None, help="model directory (default: settings model.dir)")
+    info.set_defaults(func=_cmd_info)
+    parser.set_defaults(func=lambda _args: parser.print_help() or 2)
+
+
+def _model_dir(arg: Path | None) -> Path:
+    if arg is not None:
+        return arg
+    return get_settings().model.dir
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    if args.warmup_steps < 0:
+        raise CliError("--warmup-steps must be >= 0")
+    spec = BuildSpec(warmup_steps=args.warmup_steps)
+    out = build_model(_model_dir(args.dir), force=args.force, spec=spec, progress=print)
+    manifest = read_manifest(out) or {}
+    print(json.dumps({k: manifest.get(k) for k in ("spec_digest", "parameters", "vocab",
+                                                   "tokenizer_fingerprint", "chat_template_fingerprint")}))
+    print(f"model directory: {out}")
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    directory = _model_dir(args.dir)
+    manifest = read_manifest(directory)
+    if manifest is None:
+        raise CliError(f"no model in {directory}; run `tokentrail model build`")
+    print(json.dumps(manifest, indent=2, sort_keys=True))
+    return 0
