@@ -4,7 +4,7 @@ Kafka: ``kafka_bootstrap`` reuses a broker already answering on settings.kafka.b
 starts the local one (and stops it at the end only if it started it); any test that uses it is
 marked ``kafka`` automatically. ``new_topic`` makes throwaway topics with unique names.
 
-Reference model (tests/models, tests/engine): ``model_dir``, built once (cached in settings.model.dir)
+Reference model (tests/models, tests/producers): ``model_dir``, built once (cached in settings.model.dir)
 per session, and ``renderer``, a ChatRenderer on it.
 """
 

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stream_rig import StreamRig, delete_topics, make_rig
 
 from tokentrail.settings import Settings
+
+from .stream_rig import StreamRig, delete_topics, make_rig
 
 
 @pytest.fixture
