@@ -14,10 +14,13 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+
+if TYPE_CHECKING:
+    from schemas.registry_framing import ConfluentFraming
 
 SCHEMA_DIR = Path(__file__).resolve().parent
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
@@ -63,7 +66,7 @@ class SchemaEntry:
     fingerprint: bytes  # 8 bytes, little-endian CRC-64-AVRO
 
 
-def _entry(raw: dict[str, Any]) -> SchemaEntry:
+def schema_entry(raw: dict[str, Any]) -> SchemaEntry:
     parsed = parse_schema(raw)  # keeps the "parsed" hint: fastavro then skips re-parsing per call
     canonical = to_parsing_canonical_form(raw)
     fp = bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO"))
@@ -77,11 +80,11 @@ class SchemaStore:
         self.current: dict[str, SchemaEntry] = {}
         self.by_fingerprint: dict[bytes, SchemaEntry] = {}
         for path in sorted(schema_dir.glob("*.avsc")):
-            entry = _entry(json.loads(path.read_text()))
+            entry = schema_entry(json.loads(path.read_text()))
             self.current[entry.name] = entry
             self.by_fingerprint[entry.fingerprint] = entry
         for path in sorted((schema_dir / "history").glob("*.avsc")):
-            entry = _entry(json.loads(path.read_text()))
+            entry = schema_entry(json.loads(path.read_text()))
             self.by_fingerprint.setdefault(entry.fingerprint, entry)
 
     def schema(self, name: str) -> SchemaEntry:
@@ -101,7 +104,11 @@ class Codec:
 
     def __init__(self, store: SchemaStore | None = None, registry_url: str = "") -> None:
         self.store = store or default_store()
-        self._registry = _ConfluentFraming(registry_url, self.store) if registry_url else None
+        self._registry: ConfluentFraming | None = None
+        if registry_url:  # the only I/O of the codec, in a module of its own
+            from schemas.registry_framing import ConfluentFraming
+
+            self._registry = ConfluentFraming(registry_url, self.store)
 
     def encode(self, name: str, record: Record) -> bytes:
         entry = self.store.schema(name)
@@ -153,41 +160,6 @@ class Codec:
             raise CorruptRecord(f"{len(data) - buf.tell()} trailing bytes after the {writer.name} body",
                                 **where)
         return writer.name, record
-
-
-class _ConfluentFraming:
-    """Confluent wire format through a Schema Registry (``mock://`` works in-process for tests)."""
-
-    def __init__(self, url: str, store: SchemaStore) -> None:
-        from confluent_kafka.schema_registry import SchemaRegistryClient
-
-        self.client = SchemaRegistryClient.new_client({"url": url})  # mock:// gives the in-process registry
-        self.store = store
-        self._ids: dict[str, int] = {}
-        self._writers: dict[int, SchemaEntry] = {}
-
-    def header(self, entry: SchemaEntry) -> bytes:
-        from confluent_kafka.schema_registry import Schema
-
-        schema_id = self._ids.get(entry.name)
-        if schema_id is None:
-            subject = f"dev.tokentrail.{entry.name}"
-            schema_id = self.client.register_schema(subject, Schema(entry.canonical, "AVRO"))
-            self._ids[entry.name] = schema_id
-            self._writers[schema_id] = entry
-        return CONFLUENT_MAGIC + schema_id.to_bytes(4, "big")
-
-    def writer(self, schema_id: int, where: dict[str, Any]) -> SchemaEntry:
-        entry = self._writers.get(schema_id)
-        if entry is None:
-            try:
-                schema = self.client.get_schema(schema_id)
-            except Exception as exc:
-                raise UnknownFingerprint(f"schema id {schema_id} unknown to the registry: {exc}",
-                                         **where) from exc
-            entry = _entry(json.loads(schema.schema_str))
-            self._writers[schema_id] = entry
-        return entry
 
 
 @lru_cache(maxsize=4)

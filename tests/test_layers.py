@@ -20,34 +20,47 @@ IO_LIBRARIES = frozenset({"confluent_kafka", "faust", "aiokafka", "clickhouse_co
                           "starlette", "fastapi", "uvicorn", "requests", "socket", "subprocess"})
 
 
-def layer_table() -> dict[str, set[str]]:
-    """package -> the packages it may import, from the ``| layer | packages | may import |`` table."""
+def _table(header: str) -> list[list[str]]:
+    """The rows (cells stripped) of the markdown table under ``header`` in docs/architecture.md."""
     text = ARCHITECTURE.read_text()
-    rows = re.findall(r"^\|\s*\d+[^|]*\|([^|]+)\|([^|]+)\|\s*$", text.split("| layer | packages | may import |")[1],
-                      re.M)
+    assert header in text, f"docs/architecture.md has no table {header!r}"
+    lines = text.split(header, 1)[1].split("\n\n", 1)[0].strip().splitlines()[1:]  # below the --- row
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines]
+
+
+def _names(cell: str) -> list[str]:
+    return [name.rstrip("/") for name in re.findall(r"`([^`]+)`", cell)]
+
+
+def layer_table() -> dict[str, set[str]]:
+    """package -> the packages it may import: those of the rows above its own, and those its row names."""
     allowed: dict[str, set[str]] = {}
     below: set[str] = set()
-    for packages_cell, may_import_cell in rows:
-        packages = set(re.findall(r"`([\w/]+)/?`", packages_cell))
-        extra = set(re.findall(r"`([\w/]+)/?`", may_import_cell))
+    for _layer, packages_cell, may_import_cell in _table("| layer | packages | may import |"):
+        packages = set(_names(packages_cell))
         for package in packages:
-            allowed[package] = below | extra | {package}
-        below = below | packages
+            allowed[package] = below | set(_names(may_import_cell)) | {package}
+        below |= packages
     return allowed
 
 
+def documented_imports() -> dict[str, set[str]]:
+    return {_names(package)[0]: set(_names(imports)) for package, imports in _table("| package | imports |")}
+
+
 def pure_core() -> list[str]:
-    """Module paths of the pure core, from the ``pure core (no I/O)`` column of the same document."""
-    text = ARCHITECTURE.read_text()
-    table = text.split("| pure core (no I/O) | shell around it |")[1].split("\n\n")[0]
-    paths: list[str] = []
-    for line in table.splitlines()[2:]:
-        cell = line.split("|")[1]
-        for stem, names in re.findall(r"`([\w/]+/)([^`]*)`", cell):
-            paths += [stem + name.strip() for name in names.split(",")] if names else [stem]
-        for name in re.findall(r"(?<![/\w`])`([\w.]+\.py)`", cell):
-            paths.append(name)
-    return paths
+    """Module paths in the ``pure core (no I/O)`` column of the same document."""
+    return [path for core, _shell in _table("| pure core (no I/O) | shell around it |") for path in _names(core)]
+
+
+def actual_imports() -> dict[str, set[str]]:
+    """package -> the other packages of this tree that it imports."""
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    found: dict[str, set[str]] = {package: set() for package in packages}
+    for package in packages:
+        for path in (ROOT / package).rglob("*.py"):
+            found[package] |= {m.split(".")[0] for _, m in imports_of(path)} & (packages - {package})
+    return found
 
 
 def imports_of(path: Path) -> Iterator[tuple[int, str]]:
@@ -66,6 +79,10 @@ def test_the_layer_table_names_every_package() -> None:
     assert packages <= set(allowed), f"packages missing from docs/architecture.md: {packages - set(allowed)}"
     assert allowed["schemas"] == {"schemas"}
     assert "tokentrail" not in allowed["producers"] | allowed["processors"] | allowed["sinks"]
+
+
+def test_the_documented_import_table_matches_the_code() -> None:
+    assert documented_imports() == actual_imports()
 
 
 def test_every_import_points_down_a_layer() -> None:
