@@ -22,6 +22,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from producers.gateway.app import Gateway
+from producers.gateway.settings import GatewayStackSettings
 
 
 @dataclass
@@ -93,7 +94,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def embedded_gateway_app(settings: Any, *, spool_dir: Path | str | None = None,
+def embedded_gateway_app(settings: GatewayStackSettings, *, spool_dir: Path | str | None = None,
                          topics: dict[str, str] | None = None, text: Any = None, upstream: Any = None,
                          wrap_publisher: Callable[[Any], Any] | None = None, **option_overrides: Any) -> Starlette:
     """The standard app (embedded engine, Kafka publisher, the model's text side) from ``settings``.
@@ -121,7 +122,7 @@ def embedded_gateway_app(settings: Any, *, spool_dir: Path | str | None = None,
 
 
 @contextmanager
-def running_embedded_gateway(settings: Any, **kwargs: Any) -> Iterator[RunningGateway]:
+def running_embedded_gateway(settings: GatewayStackSettings, **kwargs: Any) -> Iterator[RunningGateway]:
     """``running_gateway(embedded_gateway_app(settings, **kwargs))``: the reusable end-to-end fixture.
 
         with running_embedded_gateway(settings, spool_dir=tmp_path / "spool") as gw:
