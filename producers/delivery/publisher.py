@@ -18,6 +18,11 @@ instead of sending a second copy. Only a crash of this process between such a sp
 original's acknowledgement can leave a second copy on Kafka (the next process re-sends the spool);
 it carries the same deterministic event id and consumers deduplicate on it.
 
+Never blocked by one record: a record Kafka can never take (over the producer's size limit, or refused
+by the broker for its size or as invalid) is not spooled or retried but quarantined (``quarantine.py``)
+and reported to the caller as ``RecordQuarantined``; one found in the spool (left by an earlier version,
+or refused by the broker after it was spooled) is quarantined by the drainer, which goes on with the next.
+
 Threads: one librdkafka poll thread (delivery callbacks are batched onto the event loop) and one
 spool I/O thread (group-committed appends, reads, cursor writes). No per-call threads.
 """
@@ -37,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from producers.delivery.quarantine import Quarantine, QuarantinedRecord
 from producers.delivery.spool import Spool, SpoolRecord
 
 if TYPE_CHECKING:
@@ -54,8 +60,21 @@ class DeliveryFailed(RuntimeError):
     """The record is neither on Kafka nor in the spool (e.g. the spool disk is full)."""
 
 
+class RecordQuarantined(DeliveryFailed):
+    """Kafka can never take this record; it is kept whole in the quarantine folder instead (``where``)."""
+
+    def __init__(self, where: QuarantinedRecord) -> None:
+        super().__init__(f"{where.reason}; the record ({where.size:,} bytes) is kept in {where.path}")
+        self.where = where
+
+
 class KafkaDeliveryError(RuntimeError):
-    """Kafka refused one record (internal: the record then goes to the spool)."""
+    """Kafka refused one record (internal). ``permanent``: no retry can succeed (quarantined); otherwise
+    the record goes to the spool and is retried."""
+
+    def __init__(self, message: str, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 @dataclass(frozen=True)
@@ -77,6 +96,7 @@ class PublisherStats:
     spool_depth: int  # records waiting in the spool (including appends in flight)
     spool_bytes: int
     kafka_reachable: bool
+    quarantined: int = 0  # records Kafka can never take, kept in the quarantine folder (ever, not this run)
 
 
 # Measured here (local broker, 24 kB records): linger 1 ms gave 2.3-3.4 ms median delivery at
@@ -84,6 +104,11 @@ class PublisherStats:
 # earlier requests are in flight).
 MAX_LINGER_MS = 0.0
 ZSTD_LEVEL = 1
+# Errors no retry can fix: the record is quarantined instead of blocking the ones behind it.
+PERMANENT_ERRORS = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE,
+                              KafkaError.INVALID_RECORD})
+# Headroom under message.max.bytes for what the broker adds around a record (batch and record headers).
+RECORD_OVERHEAD_BYTES = 512
 # Settings the delivery guarantees depend on; they override whatever the base config says.
 REQUIRED_PRODUCER_CONFIG: dict[str, Any] = {
     "acks": "all",
@@ -142,6 +167,10 @@ class CallPublisher:
         self._producer_config["logger"] = _LibrdkafkaLog()
         self._producer_factory = producer_factory
         self._spool_dir = Path(spool_dir)
+        self.quarantine = Quarantine(self._spool_dir / "quarantine")
+        # The largest key + value Kafka takes (librdkafka refuses larger ones before sending).
+        self.max_record_bytes = int(self._producer_config.get("message.max.bytes", 1_000_000)) \
+            - RECORD_OVERHEAD_BYTES
         self._segment_bytes = segment_bytes
         self._drain_batch_records = drain_batch_records
         self._drain_batch_bytes = drain_batch_bytes
@@ -245,6 +274,10 @@ class CallPublisher:
         if self._producer is None or self._closing:
             raise DeliveryFailed("the publisher is not started (or already closed)")
         began = time.perf_counter()
+        size = len(key) + len(value)
+        if size > self.max_record_bytes:
+            await self._quarantine(topic, key, value, f"the record is {size:,} bytes, over Kafka's limit of "
+                                   f"{self.max_record_bytes:,}")
         if not self._spool_is_empty() or self._kafka_down:
             return await self._spool_record(topic, key, value, began, None)
         original = self._submit(topic, key, value)
@@ -258,6 +291,8 @@ class CallPublisher:
             return await self._spool_record(topic, key, value, began, original)
         except KafkaDeliveryError as exc:
             self._delivery_errors += 1
+            if exc.permanent:
+                await self._quarantine(topic, key, value, f"Kafka refused the record for good: {exc}")
             log.warning("Kafka refused a record for %s (%s); spooling it", topic, exc)
             return await self._spool_record(topic, key, value, began, None)
         self._delivered_direct += 1
@@ -292,7 +327,16 @@ class CallPublisher:
             spool_depth=self.spool_depth,
             spool_bytes=self._spool.pending_bytes if self._spool else 0,
             kafka_reachable=not self._kafka_down,
+            quarantined=self.quarantine.count,
         )
+
+    async def _quarantine(self, topic: str, key: bytes, value: bytes, reason: str) -> None:
+        """Keep a record Kafka can never take, then raise RecordQuarantined (nothing is spooled)."""
+        assert self._loop is not None
+        where = await self._loop.run_in_executor(self._io, self.quarantine.put, topic, key, value, reason)
+        log.error("quarantined a %s record (%d bytes, key %r): %s; kept in %s", topic, where.size,
+                  key.decode("utf-8", "replace"), reason, where.path)
+        raise RecordQuarantined(where)
 
     # ------------------------------------------------------------------ Kafka
 
@@ -303,8 +347,11 @@ class CallPublisher:
             self._producer.produce(
                 topic, value, key, on_delivery=lambda err, msg: self._on_delivery(future, err, msg)
             )
-        except (BufferError, KafkaException) as exc:  # local queue full, record too large...
+        except BufferError as exc:  # local queue full: later
             future.set_exception(KafkaDeliveryError(str(exc)))
+        except KafkaException as exc:  # e.g. larger than message.max.bytes: never
+            code = exc.args[0].code() if exc.args and isinstance(exc.args[0], KafkaError) else None
+            future.set_exception(KafkaDeliveryError(str(exc), permanent=code in PERMANENT_ERRORS))
         return future
 
     def _on_delivery(self, future: asyncio.Future[Ack], err: KafkaError | None, msg: Message) -> None:
@@ -331,7 +378,12 @@ class CallPublisher:
                 self._kafka_down = False
                 future.set_result((partition, offset))
             else:
-                future.set_exception(KafkaDeliveryError(err.str()))
+                future.set_exception(KafkaDeliveryError(err.str(), permanent=err.code() in PERMANENT_ERRORS))
+
+    @staticmethod
+    def _refused_for_good(future: asyncio.Future[Ack]) -> bool:
+        exc = future.exception() if future.done() and not future.cancelled() else None
+        return isinstance(exc, KafkaDeliveryError) and exc.permanent
 
     @staticmethod
     def _succeeded(future: asyncio.Future[Ack] | None) -> bool:
@@ -422,9 +474,16 @@ class CallPublisher:
             futures = [self._drain_future(r) for r in records]
             await asyncio.wait(futures)
             acked = 0
-            for future in futures:
+            for record, future in zip(records, futures, strict=True):
                 if not self._succeeded(future):
-                    break
+                    if not self._refused_for_good(future):
+                        break
+                    # Left by an earlier run or refused by the broker: kept aside, never blocking the rest.
+                    where = await self._loop.run_in_executor(
+                        self._io, self.quarantine.put, record.topic, record.key, record.value,
+                        f"Kafka refused the spooled record for good: {future.exception()}")
+                    log.error("quarantined spooled record %d for %s (%d bytes): kept in %s", record.seq,
+                              record.topic, where.size, where.path)
                 acked += 1
             for future in futures[acked:]:
                 future.exception()  # retrieved: the record is sent again in the next round

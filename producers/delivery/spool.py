@@ -104,7 +104,7 @@ def _read_frame(data: bytes | memoryview, offset: int) -> tuple[SpoolRecord, int
     return record, start + length
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -221,7 +221,7 @@ class Spool:
         finally:
             os.close(fd)
         os.replace(tmp, self.directory / "cursor")
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     def _recount_pending_bytes(self) -> None:
         self._pending_bytes = sum(seg.size for seg in self._segments)
@@ -268,7 +268,7 @@ class Spool:
                 return self._active_fd
         path = self.directory / _segment_name(self._next_seq)
         self._active_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
-        _fsync_dir(self.directory)  # the new file's name must survive a crash too
+        fsync_dir(self.directory)  # the new file's name must survive a crash too
         self._segments.append(_Segment(self._next_seq, path, 0, 0))
         return self._active_fd
 
@@ -348,7 +348,7 @@ class Spool:
         self._segments = keep
         if dropped:
             self._read_hint = None
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
 
     # ------------------------------------------------------------------ close
 

@@ -151,7 +151,7 @@ class Gateway:
         if hasattr(self.publisher, "stats"):
             stats = self.publisher.stats()
             body["sink"] = {"spool_depth": stats.spool_depth, "kafka_reachable": stats.kafka_reachable,
-                            "delivery_errors": stats.delivery_errors}
+                            "delivery_errors": stats.delivery_errors, "quarantined": stats.quarantined}
         return OrjsonResponse(body)
 
     async def metrics_endpoint(self, request: Request) -> Response:

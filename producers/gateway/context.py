@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from producers.delivery.publisher import RecordQuarantined
+from producers.gateway import records
 from producers.gateway.attempts import AttemptRegistry
 from producers.gateway.errors import GatewayError
 from producers.gateway.metrics import GatewayMetrics
@@ -37,12 +39,31 @@ class GatewayContext:
     calls_topic: str = CALLS_TOPIC
     env_topic: str = ENV_TOPIC
 
-    async def deliver(self, topic: str, key: str, schema_name: str, record: dict[str, Any]) -> None:
-        """Encode and hand to the publisher; a publisher failure becomes a 503 in the caller's protocol."""
+    async def deliver(self, topic: str, key: str, schema_name: str, record: dict[str, Any]) -> bool:
+        """Encode and hand to the publisher; a publisher failure becomes a 503 in the caller's protocol.
+
+        True: the record is stored as built. False: Kafka can never take it (its size); it was kept whole
+        in the publisher's quarantine and a call record that says so stands in for it on Kafka, so the
+        attempt's calls have no hole (the call is not trainable; nothing may splice or delta-encode on it).
+        Other records Kafka cannot take are refused with a 413."""
+        try:
+            await self._deliver(topic, key, schema_name, record)
+        except RecordQuarantined as exc:
+            self.metrics.quarantined.labels(topic).inc()
+            if schema_name != "CallRecord":
+                raise GatewayError(413, f"the {schema_name} record is too large to store ({exc})",
+                                   "invalid_request", code="record_too_large") from exc
+            await self._deliver(topic, key, schema_name, records.quarantined_call(record, exc.where))
+            return False
+        return True
+
+    async def _deliver(self, topic: str, key: str, schema_name: str, record: dict[str, Any]) -> None:
         value = self.codec.encode(schema_name, record)
         began = time.perf_counter()
         try:
             await self.publisher.deliver(topic, key.encode(), value)
+        except RecordQuarantined:
+            raise
         except Exception as exc:
             self.metrics.delivery_errors.labels(topic).inc()
             log.error("could not deliver %s %s to %s: %s", schema_name, record.get("event_id"), topic, exc)

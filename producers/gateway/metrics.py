@@ -38,6 +38,9 @@ class GatewayMetrics:
                                           buckets=LATENCY_BUCKETS, registry=r)
         self.delivery_errors = Counter("tokentrail_gateway_delivery_errors",
                                        "Records the publisher could neither send nor spool", ["topic"], registry=r)
+        self.quarantined = Counter("tokentrail_gateway_quarantined_records",
+                                   "Records too large for Kafka, kept in the quarantine folder", ["topic"],
+                                   registry=r)
         self.env_events = Counter("tokentrail_gateway_env_events", "Environment events accepted", ["kind"],
                                   registry=r)
         self.spool_depth = Gauge("tokentrail_gateway_spool_depth", "Records waiting in the local spool",

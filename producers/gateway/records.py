@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from schemas.ids import event_id
-from schemas.prompt_delta import PromptTokens
-from schemas.tokens import IdArray, pack_floats, pack_ids
+from schemas.prompt_delta import PromptTokens, full_prompt
+from schemas.tokens import NO_IDS, IdArray, pack_floats, pack_ids
+
+if TYPE_CHECKING:
+    from producers.delivery.quarantine import QuarantinedRecord
 
 REDACTED = "[redacted]"
 # Header and body field names whose values are credentials (compared lower-case, '-' and '_' alike).
@@ -120,3 +123,21 @@ def attempt_finished(*, rollout_id: str, attempt_id: str, status: str, call_coun
     return {"event_id": event_id("attempt_finished", rollout_id, attempt_id), "rollout_id": rollout_id,
             "attempt_id": attempt_id, "status": status, "call_count": call_count, "event_count": event_count,
             "final_artifacts_json": canonical_json(final_artifacts), "created_at_us": now_us()}
+
+
+def quarantined_call(record: dict[str, Any], where: QuarantinedRecord) -> dict[str, Any]:
+    """What stands on Kafka for a call record too large for it: the same call (ids, versions, sampling,
+    timings), status ERROR, no tokens, and where the whole record is kept with its size and hash."""
+    original_error = record.get("error")
+    reference = {"quarantined": {"path": str(where.path), "bytes": where.size, "sha256": where.sha256,
+                                 "reason": where.reason, "status": record["status"],
+                                 "error": original_error}}
+    return {
+        **record,
+        "status": "ERROR",
+        "error": {"type": "record_quarantined", "message": where.reason,
+                  "status_code": original_error["status_code"] if original_error else 200},
+        "prompt": full_prompt(NO_IDS), "output_ids": pack_ids(NO_IDS), "output_logprobs": pack_floats([]),
+        "spliced_outputs": 0, "prefix_breaks": [],
+        "request_json": canonical_json(reference), "response_json": canonical_json(reference),
+    }

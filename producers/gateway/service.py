@@ -198,13 +198,13 @@ class CallService:
         meta = await self._meta(generated)
         record = self._record(prep, generated, meta, error=None, response=response,
                               finish_reason=outcome.finish_reason)
-        await self.ctx.deliver(self.ctx.calls_topic, prep.identity.rollout_id, "CallRecord", record)
-        delivered = _delivered(prep, generated)
-        sampled = None
-        if prep.call.messages is not None:  # chat calls can be spliced into later chat prompts
-            sampled = SampledOutput(prep.call_id, prep.call_index, delivered.output_ids,
-                                    _assistant_message(outcome))
-        prep.identity.state.remember(delivered, sampled)
+        if await self.ctx.deliver(self.ctx.calls_topic, prep.identity.rollout_id, "CallRecord", record):
+            delivered = _delivered(prep, generated)
+            sampled = None
+            if prep.call.messages is not None:  # chat calls can be spliced into later chat prompts
+                sampled = SampledOutput(prep.call_id, prep.call_index, delivered.output_ids,
+                                        _assistant_message(outcome))
+            prep.identity.state.remember(delivered, sampled)
         self._observe(prep, generated, "OK")
         return outcome, response
 
@@ -284,8 +284,8 @@ class CallService:
                               generated: Generated, finish_reason: str = "error") -> None:
         meta = await self._meta(generated)
         record = self._record(prep, generated, meta, error=error, response=body, finish_reason=finish_reason)
-        await self.ctx.deliver(self.ctx.calls_topic, prep.identity.rollout_id, "CallRecord", record)
-        prep.identity.state.remember(_delivered(prep, generated), None)
+        if await self.ctx.deliver(self.ctx.calls_topic, prep.identity.rollout_id, "CallRecord", record):
+            prep.identity.state.remember(_delivered(prep, generated), None)
         self._observe(prep, generated, "ERROR")
 
     def _observe(self, prep: PreparedCall, generated: Generated, status: str) -> None:
