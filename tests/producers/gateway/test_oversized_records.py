@@ -46,7 +46,8 @@ def test_an_oversized_call_record_is_quarantined_and_the_next_calls_flow(
     assert health["sink"]["spool_depth"] == 0 and health["sink"]["quarantined"] == 1
     assert f'tokentrail_gateway_quarantined_records_total{{topic="{topics["calls_topic"]}"}} 1.0' in metrics
 
-    calls = sorted((r for _, r in read_records(tokentrail_settings, topics["calls_topic"], 3)), key=lambda r: r["call_index"])
+    records = read_records(tokentrail_settings, topics["calls_topic"], 3)
+    calls = sorted((r for _, r in records), key=lambda r: r["call_index"])
     stand_in, after, last = calls
     assert stand_in["status"] == "ERROR" and stand_in["error"]["type"] == "record_quarantined"
     assert stand_in["prompt"]["length"] == 0 and stand_in["output_ids"] == b""
