@@ -198,6 +198,8 @@ class CallPublisher:
         self._visible_seq = 0
         # Spooled records whose original is still in librdkafka: its verdict decides, not a re-send.
         self._shadows: dict[int, asyncio.Future[Ack]] = {}
+        # Spooled records below this sequence are on Kafka (or quarantined), even if the cursor is not yet.
+        self._acked_upto = 0
 
         self._kafka_down = False
         self._delivered_direct = 0
@@ -253,7 +255,7 @@ class CallPublisher:
         self._resolve_completions()
         if self._spool is not None:
             # Spooled records whose originals were acknowledged meanwhile need no re-send next time.
-            upto = self._spool.cursor
+            upto = max(self._spool.cursor, self._acked_upto)
             while upto < self._visible_seq and self._succeeded(self._shadows.get(upto)):
                 upto += 1
             await loop.run_in_executor(self._io, self._spool.ack, upto)
@@ -454,26 +456,46 @@ class CallPublisher:
         return self._submit(record.topic, record.key, record.value)
 
     async def _drain_loop(self) -> None:
-        assert self._loop is not None and self._spool is not None
+        """Drain until cancelled. A failure of one round (a read, a quarantine write, a cursor write on a
+        full disk) is logged and retried after a backoff; the drainer never dies silently."""
         backoff = 0.1
         while True:
-            if self._spool.cursor >= self._visible_seq:
-                self._drain_wakeup.clear()
-                if self._spool.cursor >= self._visible_seq:
-                    await self._drain_wakeup.wait()
+            try:
+                if await self._drain_round():
+                    backoff = 0.1
                     continue
-            records = await self._loop.run_in_executor(
-                self._io, self._spool.read, self._spool.cursor,
-                self._drain_batch_records, self._drain_batch_bytes,
-            )
-            records = [r for r in records if r.seq < self._visible_seq]
-            if not records:
-                continue
-            # The whole batch goes to the producer at once, in order; the idempotent producer keeps
-            # that order per partition and retries until Kafka takes each record.
-            futures = [self._drain_future(r) for r in records]
-            await asyncio.wait(futures)
-            acked = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._delivery_errors += 1
+                log.error("spool drainer: %s; retrying in %.1f s", exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    async def _drain_round(self) -> bool:
+        """Send the next batch of spooled records; True when every one of them was settled."""
+        assert self._loop is not None and self._spool is not None
+        # Kafka may have acknowledged records whose cursor write failed: those are not sent again.
+        start = max(self._spool.cursor, self._acked_upto)
+        if start > self._spool.cursor:
+            await self._loop.run_in_executor(self._io, self._spool.ack, start)
+        if start >= self._visible_seq:
+            self._drain_wakeup.clear()
+            if max(self._spool.cursor, self._acked_upto) >= self._visible_seq:
+                await self._drain_wakeup.wait()
+            return True
+        records = await self._loop.run_in_executor(
+            self._io, self._spool.read, start, self._drain_batch_records, self._drain_batch_bytes,
+        )
+        records = [r for r in records if r.seq < self._visible_seq]
+        if not records:
+            return True
+        # The whole batch goes to the producer at once, in order; the idempotent producer keeps
+        # that order per partition and retries until Kafka takes each record.
+        futures = [self._drain_future(r) for r in records]
+        await asyncio.wait(futures)
+        acked = 0
+        try:
             for record, future in zip(records, futures, strict=True):
                 if not self._succeeded(future):
                     if not self._refused_for_good(future):
@@ -485,18 +507,21 @@ class CallPublisher:
                     log.error("quarantined spooled record %d for %s (%d bytes): kept in %s", record.seq,
                               record.topic, where.size, where.path)
                 acked += 1
-            for future in futures[acked:]:
-                future.exception()  # retrieved: the record is sent again in the next round
+        finally:
+            for record, future in zip(records[acked:], futures[acked:], strict=True):
+                if self._succeeded(future):  # already on Kafka: the next round waits on it, no second copy
+                    self._shadows[record.seq] = future
+                elif future.done() and not future.cancelled():
+                    future.exception()  # retrieved: the record is sent again in the next round
             if acked:
-                await self._loop.run_in_executor(self._io, self._spool.ack, records[acked - 1].seq + 1)
+                self._acked_upto = records[acked - 1].seq + 1
                 for record in records[:acked]:
                     self._shadows.pop(record.seq, None)
-                if self._spool.pending == 0:
-                    log.info("spool drained: every spooled record is on Kafka")
-            if acked < len(records):
-                self._delivery_errors += 1
-                log.warning("Kafka refused a spooled record (%s); retrying", futures[acked].exception())
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-            else:
-                backoff = 0.1
+        await self._loop.run_in_executor(self._io, self._spool.ack, self._acked_upto)
+        if self._spool.pending == 0:
+            log.info("spool drained: every spooled record is on Kafka")
+        if acked < len(records):
+            self._delivery_errors += 1
+            log.warning("Kafka refused a spooled record (%s); retrying", futures[acked].exception())
+            return False
+        return True

@@ -3,7 +3,8 @@
 Layout of a spool directory:
 
     LOCK                      flock'ed by the one process that owns the spool
-    cursor                    u64 sequence of the first record not yet acknowledged by Kafka, + crc32
+    cursor                    two slots of (u64 sequence of the first record not yet acknowledged by
+                              Kafka, crc32); the valid slot with the larger sequence counts
     00000000000000000042.seg  append-only segment whose first record has sequence 42
 
 Each record in a segment is one frame::
@@ -12,10 +13,16 @@ Each record in a segment is one frame::
     body = u64 seq | u16 topic_length | u32 key_length | topic | key | value
 
 Sequences are consecutive across segments. ``append_batch`` writes several frames and fsyncs once
-(group commit); the cursor moves only after Kafka acknowledged records, by an atomic
-write-fsync-rename. A crash can leave a torn frame at the end of the newest segment: ``open``
-detects it (short frame or crc mismatch) and truncates the file there. A bad frame anywhere else is
-not a torn write but damage, and raises ``SpoolCorrupt``.
+(group commit); the cursor moves only after Kafka acknowledged records. It is written in place into
+the slot that does not hold the current value, then fsynced: a torn write spoils only that slot, and the
+write needs no new disk space, so acknowledged segments can be removed even from a full disk.
+
+A disk that fills mid-append (a short write, ENOSPC, a failed fsync) leaves no torn frame behind: the
+segment is cut back at once to its last confirmed frame and the append fails, so the next append starts
+on a frame boundary and nothing confirmed is ever cut away. If even that cut fails, the spool refuses
+further appends until it is reopened. A crash can leave a torn frame at the end of the newest segment:
+``open`` detects it (short frame or crc mismatch) and truncates the file there. A bad frame anywhere
+else is not a torn write but damage, and raises ``SpoolCorrupt``.
 """
 
 from __future__ import annotations
@@ -104,6 +111,11 @@ def _read_frame(data: bytes | memoryview, offset: int) -> tuple[SpoolRecord, int
     return record, start + length
 
 
+def _cursor_slot_bytes(cursor: int) -> bytes:
+    packed = struct.pack("<Q", cursor)
+    return packed + struct.pack("<I", zlib.crc32(packed))
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -130,6 +142,9 @@ class Spool:
         self._pending_bytes = 0
         # Where the next sequential read starts, so a draining reader does not rescan segments.
         self._read_hint: tuple[int, int, int] | None = None  # (seq, segment first_seq, offset)
+        self._cursor_slot = 0  # the slot holding the current cursor; the next write goes to the other
+        # Set when a failed append could not be cut back: appending after a torn frame would lose data.
+        self._broken: str | None = None
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.directory / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -203,25 +218,42 @@ class Spool:
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
+            self._create_cursor_file(path)
             return 0
-        if len(raw) != _CURSOR.size:
-            raise SpoolCorrupt(f"{path}: {len(raw)} bytes, expected {_CURSOR.size}")
-        cursor, crc = _CURSOR.unpack(raw)
-        if zlib.crc32(raw[:8]) != crc:
-            raise SpoolCorrupt(f"{path}: checksum mismatch")
+        if len(raw) not in (_CURSOR.size, 2 * _CURSOR.size):  # one slot: written by an earlier version
+            raise SpoolCorrupt(f"{path}: {len(raw)} bytes, expected {2 * _CURSOR.size}")
+        valid = []
+        for slot in range(len(raw) // _CURSOR.size):
+            cursor, crc = _CURSOR.unpack_from(raw, slot * _CURSOR.size)
+            if zlib.crc32(raw[slot * _CURSOR.size:slot * _CURSOR.size + 8]) == crc:
+                valid.append((cursor, slot))
+        if not valid:
+            raise SpoolCorrupt(f"{path}: checksum mismatch in every slot")
+        cursor, self._cursor_slot = max(valid)
         return cursor
 
-    def _write_cursor(self, cursor: int) -> None:
+    def _create_cursor_file(self, path: Path) -> None:
+        """Both slots at 0, allocated now: later cursor writes overwrite in place and need no space."""
         tmp = self.directory / "cursor.tmp"
-        packed = struct.pack("<Q", cursor)
+        slot = _cursor_slot_bytes(0)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, packed + struct.pack("<I", zlib.crc32(packed)))
+            os.write(fd, slot + slot)
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, self.directory / "cursor")
+        os.replace(tmp, path)
         fsync_dir(self.directory)
+
+    def _write_cursor(self, cursor: int) -> None:
+        slot = 1 - self._cursor_slot
+        fd = os.open(self.directory / "cursor", os.O_WRONLY)
+        try:
+            os.pwrite(fd, _cursor_slot_bytes(cursor), slot * _CURSOR.size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._cursor_slot = slot
 
     def _recount_pending_bytes(self) -> None:
         self._pending_bytes = sum(seg.size for seg in self._segments)
@@ -233,6 +265,8 @@ class Spool:
         if not items:
             return []
         with self._lock:
+            if self._broken:
+                raise SpoolError(f"spool {self.directory} refuses appends until reopened: {self._broken}")
             seqs: list[int] = []
             frames: list[bytes] = []
             for topic, key, value in items:
@@ -241,11 +275,15 @@ class Spool:
             fd = self._writable_segment()
             segment = self._segments[-1]
             payload = b"".join(frames)
-            view = memoryview(payload)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fdatasync(fd)
+            try:
+                view = memoryview(payload)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                os.fdatasync(fd)
+            except OSError as exc:  # disk full, I/O error: none of these frames counts
+                self._cut_back(fd, segment, exc)
+                raise
             segment.size += len(payload)
             segment.records += len(frames)
             self._pending_bytes += len(payload)
@@ -253,6 +291,15 @@ class Spool:
             if segment.size >= self.segment_bytes:
                 self._seal_active()
             return seqs
+
+    def _cut_back(self, fd: int, segment: _Segment, cause: OSError) -> None:
+        """Remove what a failed append left after the last confirmed frame, before anything follows it."""
+        try:
+            os.ftruncate(fd, segment.size)
+            os.fsync(fd)
+        except OSError as exc:
+            self._broken = f"a failed append ({cause}) could not be cut back ({exc})"
+            self._seal_active()
 
     def append(self, topic: str, key: bytes, value: bytes) -> int:
         return self.append_batch([(topic, key, value)])[0]
