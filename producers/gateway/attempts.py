@@ -95,6 +95,10 @@ class AttemptState:
         return (self.rollout_id, self.attempt_id)
 
     def begin_call(self) -> int:
+        # Finished while this call's body was still arriving: an index now would be past the finish's count.
+        if self.finished:
+            raise conflict(f"attempt {self.attempt_id} of rollout {self.rollout_id} was finished while "
+                           "this call arrived; no more calls are accepted", code="attempt_finished")
         index = self.next_call_index
         self.next_call_index += 1
         self.in_flight += 1

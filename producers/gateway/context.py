@@ -39,26 +39,49 @@ class GatewayContext:
     calls_topic: str = CALLS_TOPIC
     env_topic: str = ENV_TOPIC
 
-    async def deliver(self, topic: str, key: str, schema_name: str, record: dict[str, Any]) -> bool:
-        """Encode and hand to the publisher; a publisher failure becomes a 503 in the caller's protocol.
+    @property
+    def max_record_bytes(self) -> int | None:
+        """The largest record the publisher can ever store (None: no limit known)."""
+        return getattr(self.publisher, "max_record_bytes", None)
+
+    def encode(self, schema_name: str, record: dict[str, Any], key: str = "") -> bytes:
+        """The record as it goes to Kafka. A record that cannot be encoded, or is too large for Kafka
+        ever to take, is refused here, before anything about it changed the gateway's state."""
+        try:
+            value = self.codec.encode(schema_name, record)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise GatewayError(400, f"the {schema_name} record cannot be encoded: {exc}", "invalid_request",
+                               code="invalid_record") from exc
+        limit = self.max_record_bytes
+        if limit is not None and len(value) + len(key.encode()) > limit:
+            raise GatewayError(413, f"the {schema_name} record would be {len(value):,} bytes, over the "
+                               f"{limit:,} bytes Kafka takes; send less", "invalid_request",
+                               code="record_too_large")
+        return value
+
+    async def deliver(self, topic: str, key: str, schema_name: str, record: dict[str, Any],
+                      value: bytes | None = None) -> bool:
+        """Encode (unless ``value`` is given) and hand to the publisher; a publisher failure becomes a 503
+        in the caller's protocol.
 
         True: the record is stored as built. False: Kafka can never take it (its size); it was kept whole
         in the publisher's quarantine and a call record that says so stands in for it on Kafka, so the
         attempt's calls have no hole (the call is not trainable; nothing may splice or delta-encode on it).
         Other records Kafka cannot take are refused with a 413."""
         try:
-            await self._deliver(topic, key, schema_name, record)
+            await self._deliver(topic, key, schema_name, record, value)
         except RecordQuarantined as exc:
             self.metrics.quarantined.labels(topic).inc()
             if schema_name != "CallRecord":
                 raise GatewayError(413, f"the {schema_name} record is too large to store ({exc})",
                                    "invalid_request", code="record_too_large") from exc
-            await self._deliver(topic, key, schema_name, records.quarantined_call(record, exc.where))
+            await self._deliver(topic, key, schema_name, records.quarantined_call(record, exc.where), None)
             return False
         return True
 
-    async def _deliver(self, topic: str, key: str, schema_name: str, record: dict[str, Any]) -> None:
-        value = self.codec.encode(schema_name, record)
+    async def _deliver(self, topic: str, key: str, schema_name: str, record: dict[str, Any],
+                       value: bytes | None) -> None:
+        value = self.codec.encode(schema_name, record) if value is None else value
         began = time.perf_counter()
         try:
             await self.publisher.deliver(topic, key.encode(), value)

@@ -8,11 +8,16 @@
 
 Each event is on Kafka (or the spool) before the response. The finish states how many calls and
 events the attempt has; the gateway knows, because it assigned their indices.
+
+Every record is built and encoded before it changes any state: a record that cannot be stored (too
+deep to serialize, too large for Kafka) is refused with nothing taken (no event index, no finished
+attempt), and a batch whose delivery fails gives its indices back, so its retry gets the same event ids.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -78,6 +83,15 @@ class Finish(_Strict):
     @classmethod
     def _upper(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
+
+
+def _built(build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A record from the request's JSON values; one they cannot make (e.g. nested deeper than the
+    serializer goes) is the caller's error, a 400."""
+    try:
+        return build()
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise bad_request(f"this request's values cannot be stored: {exc}") from exc
 
 
 def _error(exc: GatewayError) -> JSONResponse:
@@ -146,13 +160,14 @@ class EnvApi:
 
     async def _announce(self, request: Request, state: AttemptState, start: dict[str, Any],
                         status_code: int) -> JSONResponse:
-        record = records.attempt_started(
-            rollout_id=state.rollout_id, attempt_id=state.attempt_id, attempt_number=state.attempt_number,
-            group_id=start.get("group_id"), group_key=start.get("group_key") or {},
-            expected_group_size=start.get("expected_group_size"), task_input=start.get("task_input"),
-            metadata=start.get("metadata") or {})
         try:
-            await self.ctx.deliver(self.ctx.env_topic, state.rollout_id, "AttemptStarted", record)
+            record = _built(lambda: records.attempt_started(
+                rollout_id=state.rollout_id, attempt_id=state.attempt_id, attempt_number=state.attempt_number,
+                group_id=start.get("group_id"), group_key=start.get("group_key") or {},
+                expected_group_size=start.get("expected_group_size"), task_input=start.get("task_input"),
+                metadata=start.get("metadata") or {}))
+            value = self.ctx.encode("AttemptStarted", record, state.rollout_id)
+            await self.ctx.deliver(self.ctx.env_topic, state.rollout_id, "AttemptStarted", record, value)
         except GatewayError:
             self.ctx.registry.abandon(state)
             raise
@@ -190,19 +205,29 @@ class EnvApi:
             events = validate(EventBatch, raw).events if "events" in raw else [validate(EnvEvent, raw)]
             for event in events:
                 self._check_call_reference(state, event)
-            results = []
-            for event in events:  # indices in request order; each delivered before the next
-                index = state.next_event_index
-                state.next_event_index += 1
+            # Every record built and encoded first: one that cannot be stored refuses the batch whole.
+            start = state.next_event_index
+            built = []
+            for index, event in enumerate(events, start):  # indices in request order
                 eid = env_event_id(rid, aid, event.kind, index)
                 cid = event.call_id if event.call_id is not None else (
                     make_call_id(rid, aid, event.call_index) if event.call_index is not None else None)
-                record = records.env_step(event_id_=eid, rollout_id=rid, attempt_id=aid,
-                                          event_index=index, kind=event.kind, call_id=cid, name=event.name,
-                                          payload=event.payload)
-                await self.ctx.deliver(self.ctx.env_topic, rid, "EnvStep", record)
-                self.ctx.metrics.env_events.labels(event.kind).inc()
-                results.append({"event_id": eid, "event_index": index, "call_id": cid})
+                record = _built(lambda e=event, i=index, eid=eid, cid=cid: records.env_step(
+                    event_id_=eid, rollout_id=rid, attempt_id=aid, event_index=i, kind=e.kind, call_id=cid,
+                    name=e.name, payload=e.payload))
+                built.append((event, record, self.ctx.encode("EnvStep", record, rid)))
+            state.next_event_index = start + len(built)  # taken only now, with nothing awaited since
+            results = []
+            try:
+                for event, record, value in built:  # each delivered before the next
+                    await self.ctx.deliver(self.ctx.env_topic, rid, "EnvStep", record, value)
+                    self.ctx.metrics.env_events.labels(event.kind).inc()
+                    results.append({"event_id": record["event_id"], "event_index": record["event_index"],
+                                    "call_id": record["call_id"]})
+            except GatewayError:
+                if state.next_event_index == start + len(built):  # no later batch took indices meanwhile:
+                    state.next_event_index = start  # the retry gets the same indices, so the same event ids
+                raise
         except GatewayError as exc:
             return _error(exc)
         return JSONResponse({"events": results}, status_code=201)
@@ -223,13 +248,15 @@ class EnvApi:
             body = validate(Finish, await read_json(request, self.ctx.max_body_bytes, allow_empty=True))
             # Calls still delivering their records count: they have their indices already.
             await state.wait_idle(self.ctx.finish_wait_s)
+            # Built and encoded before the attempt is marked finished (a record that cannot be stored
+            # leaves it open); nothing is awaited between the counts read here and the finish.
+            record = _built(lambda: records.attempt_finished(
+                rollout_id=rid, attempt_id=aid, status=body.status, call_count=state.next_call_index,
+                event_count=state.next_event_index, final_artifacts=body.final_artifacts))
+            value = self.ctx.encode("AttemptFinished", record, rid)
             state = self.ctx.registry.finish(rid, aid, body.status)
-            record = records.attempt_finished(rollout_id=rid, attempt_id=aid, status=body.status,
-                                              call_count=state.next_call_index,
-                                              event_count=state.next_event_index,
-                                              final_artifacts=body.final_artifacts)
             try:
-                await self.ctx.deliver(self.ctx.env_topic, rid, "AttemptFinished", record)
+                await self.ctx.deliver(self.ctx.env_topic, rid, "AttemptFinished", record, value)
             except GatewayError:
                 self.ctx.registry.unfinish(state)
                 raise
