@@ -165,7 +165,7 @@ def test_replay_publishes_to_kafka_and_the_sink_stores_it(
     packing = sample_config(merge=True, pack=True)
     result = replay(ch, StageConfigs(CONFIGS.reward, CONFIGS.credit, packing))
     topic_map, topic_of, dead_topic = make_topics(new_topic)
-    assert publish(result.events, settings, topic_of) == len(result.events)
+    assert publish(result.events, settings.kafka, topic_of) == len(result.events)
     before = table_counts(ch)
     run_sink(
         ch,
