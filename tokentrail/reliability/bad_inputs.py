@@ -36,7 +36,12 @@ from schemas.codec import Codec
 # The gateway the corpus runs against is started with these limits (small, so "huge" stays cheap).
 CORPUS_MAX_BODY_BYTES = 64 * 1024
 CORPUS_MAX_TOKENS = 64
+# Kafka's record limit for that gateway's publisher: a body under the body limit can still make a record
+# over it (its prompt ids, as issue 17's 5 MB request did under the 16 MiB default).
+CORPUS_MAX_RECORD_BYTES = 32 * 1024
 HUGE = "x" * (CORPUS_MAX_BODY_BYTES + 16 * 1024)
+# Under the body limit, over the model's context, and its call record over CORPUS_MAX_RECORD_BYTES.
+LONG_FOR_THE_RECORD = " ".join(f"w{i}" for i in range(6000))
 
 Shape = Literal["openai", "anthropic", "env"]
 Record = dict[str, Any]
@@ -117,6 +122,10 @@ def openai_cases(model: str) -> list[HttpCase]:
           raw=orjson.dumps(req()).decode().encode("utf-16")),
         c("huge.content", "huge body", "one message over the body limit", _oa(413, "request_too_large"),
           req(messages=[{"role": "user", "content": HUGE}])),
+        c("huge.record", "huge record", "a body under the limit whose call record is over Kafka's: the caller's "
+          "error, the whole record quarantined, the calls after it flow",
+          _oa(400, contains="maximum context length"),
+          req(messages=[{"role": "user", "content": LONG_FOR_THE_RECORD}])),
         c("huge.many_messages", "huge body", "thousands of small messages",
           _oa(413, "request_too_large"), req(messages=[{"role": "user", "content": "0123456789"}] * 4000)),
         c("missing.model", "missing field", "no model", _oa(400, param="model"), {"messages": user}),

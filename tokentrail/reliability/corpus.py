@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from schemas.kafka_config import admin_config
-from tokentrail.reliability.bad_inputs import CORPUS_MAX_BODY_BYTES, CORPUS_MAX_TOKENS
+from tokentrail.reliability.bad_inputs import CORPUS_MAX_BODY_BYTES, CORPUS_MAX_RECORD_BYTES, CORPUS_MAX_TOKENS
 from tokentrail.reliability.config_check import run_config_corpus
 from tokentrail.reliability.http_check import run_http_corpus
 from tokentrail.reliability.kafka_read import count_event_ids, create_topics, delete_topics, lost_and_duplicated
@@ -31,7 +31,9 @@ def run_gateway_corpus(settings: Settings, workdir: Path, summary: Summary, prog
     create_topics(config, [calls, env])
     try:
         began = time.monotonic()
-        with running_embedded_gateway(settings, spool_dir=workdir / f"spool-{tag}",
+        small_records = settings.model_copy(update={
+            "kafka": settings.kafka.model_copy(update={"max_message_bytes": CORPUS_MAX_RECORD_BYTES})})
+        with running_embedded_gateway(small_records, spool_dir=workdir / f"spool-{tag}",
                                       topics={"calls_topic": calls, "env_topic": env},
                                       max_tokens_limit=CORPUS_MAX_TOKENS,
                                       max_body_bytes=CORPUS_MAX_BODY_BYTES) as gw:

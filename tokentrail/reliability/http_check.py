@@ -1,7 +1,10 @@
-"""Run the HTTP cases of the corpus against a running gateway and judge each answer.
+"""Run the HTTP cases of the corpus against a running gateway and judge each answer, and its aftermath.
 
 Before the bad inputs, a few good calls are made through the real ``openai`` and ``anthropic`` SDKs on
-an attempt that stays open; ``AcceptedCalls`` names them so the caller can check they reached Kafka.
+an attempt that stays open. After each bad input a good call follows on that attempt: it must be
+answered, and the gateway's spool must be empty again (nothing stuck behind the bad one). ``AcceptedCalls``
+names every call the attempt has at the end, good or refused by the upstream, so the caller can check
+that each reached Kafka.
 """
 
 from __future__ import annotations
@@ -123,12 +126,33 @@ def send(client: httpx.Client, case: HttpCase, attempts: Attempts) -> httpx.Resp
     return client.request(case.method, path, content=content, headers=headers)
 
 
-def run_case(client: httpx.Client, case: HttpCase, attempts: Attempts) -> CaseResult:
+def aftermath(client: httpx.Client, attempts: Attempts, model: str) -> str | None:
+    """A good call right after a bad input: None when it is answered and the spool is empty again."""
+    path = f"/rollouts/{attempts.live_rollout}/attempts/{attempts.live_attempt}/v1/chat/completions"
+    try:
+        good = client.post(path, json={"model": model, "max_tokens": 1,
+                                       "messages": [{"role": "user", "content": "What is 2 + 2?"}]})
+        health = client.get("/health").json()
+    except (httpx.HTTPError, ValueError) as exc:
+        return f"the good call after it got no answer: {exc!r}"
+    if good.status_code != 200:
+        return f"the good call after it got {good.status_code}: {good.text[:200]}"
+    depth = health.get("sink", {}).get("spool_depth")
+    if depth != 0:
+        return f"the spool holds {depth} records after it (something is stuck)"
+    return None
+
+
+def run_case(client: httpx.Client, case: HttpCase, attempts: Attempts, model: str) -> CaseResult:
     try:
         response = send(client, case, attempts)
     except httpx.HTTPError as exc:
         return CaseResult(case.id, case.area, case.klass, case.what, False, f"no answer: {exc!r}")
     problem = judge(case.expect, response.status_code, response.content)
+    after = aftermath(client, attempts, model)
+    if after is not None:
+        return CaseResult(case.id, case.area, case.klass, case.what, False,
+                          f"{problem}; {after}" if problem else after)
     if case.gap is None:
         return CaseResult(case.id, case.area, case.klass, case.what, problem is None, problem or "")
     # A documented gap: the right answer closes it; otherwise the gateway must still answer sanely.
@@ -141,7 +165,7 @@ def run_case(client: httpx.Client, case: HttpCase, attempts: Attempts) -> CaseRe
 
 def run_http_corpus(base_url: str, model: str, progress: Progress = lambda _: None,
                     cases: list[HttpCase] | None = None) -> tuple[list[CaseResult], AcceptedCalls, bool]:
-    """(results, the calls accepted before the corpus, whether /health answered 200 afterwards)."""
+    """(results, every call of the open attempt (each must be on Kafka), whether /health answered 200 at the end)."""
     cases = cases if cases is not None else http_cases(model)
     with httpx.Client(base_url=base_url, timeout=120) as client:
         attempts, accepted = prepare(client, model)
@@ -149,8 +173,12 @@ def run_http_corpus(base_url: str, model: str, progress: Progress = lambda _: No
                  "bad HTTP requests")
         results = []
         for i, case in enumerate(cases, 1):
-            results.append(run_case(client, case, attempts))
+            results.append(run_case(client, case, attempts, model))
             if i % 40 == 0:
                 progress(f"bad inputs: {i}/{len(cases)} HTTP cases sent")
         health = client.get("/health")
+        # Every call of the open attempt, the corpus's good calls and the bad ones that got an index alike.
+        status = client.get(f"/v1/rollouts/{attempts.live_rollout}/attempts/{attempts.live_attempt}").json()
+        accepted.call_ids = [call_id(attempts.live_rollout, attempts.live_attempt, i)
+                             for i in range(int(status["calls"]))]
     return results, accepted, health.status_code == 200
