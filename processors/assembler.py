@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 
 from processors.call_tokens import CallTokens, rebuild_calls
-from processors.errors import CallTokensError, ConflictingEvent, InvalidEvent
+from processors.errors import CallTokensError, ConflictingEvent, InvalidEvent, RolloutTooLarge
 from processors.prefix import prefix_links
 from processors.response_text import response_text
 from schemas.codec import Codec, get_codec
@@ -157,18 +157,34 @@ class AttemptBuffer:
 
     # -- accepting events
 
-    def add(self, name: str, record: Record) -> bool:
+    @property
+    def size_bytes(self) -> int:
+        """What the buffer holds: its encoded events and call texts (the bulk of its state)."""
+        blobs = [b for b in (self.started, self.finished) if b is not None]
+        return (sum(map(len, blobs)) + sum(map(len, self.calls.values())) + sum(map(len, self.env.values()))
+                + sum(len(t) for t in self.call_texts.values()))
+
+    def add(self, name: str, record: Record, room: int | None = None) -> bool:
         """Buffer one event. Returns False for a duplicate (same event id in the same slot).
 
-        Raises InvalidEvent for malformed events and ConflictingEvent when a different event claims
-        an occupied slot.
+        Raises InvalidEvent for malformed events, ConflictingEvent when a different event claims an
+        occupied slot, and RolloutTooLarge when the event would take more than ``room`` bytes (None: no
+        limit); the buffer is unchanged then.
         """
         try:
-            return self._add(name, record)
+            return self._add(name, record, room)
         except (KeyError, TypeError) as exc:  # a required field is missing or of the wrong type
             raise InvalidEvent(f"{name} {record.get('event_id')} is malformed: {exc!r}") from exc
 
-    def _add(self, name: str, record: Record) -> bool:
+    @staticmethod
+    def _fit(name: str, record: Record, needed: int, room: int | None) -> None:
+        if room is not None and needed > room:
+            raise RolloutTooLarge(
+                f"{name} {record.get('event_id')} would take {needed:,} bytes of rollout state with "
+                f"{max(room, 0):,} left under the cap (processors.max_rollout_bytes); kept out of the state, "
+                "so its attempt will be emitted INCOMPLETE")
+
+    def _add(self, name: str, record: Record, room: int | None = None) -> bool:
         _check_identity(name, record, self.rollout_id, self.attempt_id)
         eid = record["event_id"]
         if name == "AttemptStarted":
@@ -176,13 +192,17 @@ class AttemptBuffer:
                 return self._same(self.started_id, eid, "AttemptStarted")
             if int(record.get("attempt_number", 1)) < 1:
                 raise InvalidEvent(f"AttemptStarted {eid}: attempt_number must be >= 1")
-            self.started, self.started_id = _encode(name, record), eid
+            blob = _encode(name, record)
+            self._fit(name, record, len(blob), room)
+            self.started, self.started_id = blob, eid
             self.attempt_number = int(record.get("attempt_number", 1))
         elif name == "AttemptFinished":
             if self.finished_id is not None:
                 return self._same(self.finished_id, eid, "AttemptFinished")
             _check_finished(record)
-            self.finished, self.finished_id = _encode(name, record), eid
+            blob = _encode(name, record)
+            self._fit(name, record, len(blob), room)
+            self.finished, self.finished_id = blob, eid
             self.call_count, self.event_count = int(record["call_count"]), int(record["event_count"])
             self.finish_status = str(record["status"])
         elif name == "CallRecord":
@@ -191,8 +211,10 @@ class AttemptBuffer:
                 return self._same(self.call_event_ids[index], eid, f"call {index}")
             _check_call(record)
             slim = dict(record, request_json="", response_json="")  # bodies live on the calls topic
-            self.calls[index] = _encode(name, slim)
-            self.call_texts[index] = response_text(record.get("response_json") or "")
+            blob, text = _encode(name, slim), response_text(record.get("response_json") or "")
+            self._fit(name, record, len(blob) + len(text), room)
+            self.calls[index] = blob
+            self.call_texts[index] = text
             self.call_event_ids[index] = eid
             self.call_ok[index] = record["status"] == "OK"
         elif name == "EnvStep":
@@ -201,7 +223,9 @@ class AttemptBuffer:
                 raise InvalidEvent(f"EnvStep {eid}: negative event_index")
             if index in self.env_event_ids:
                 return self._same(self.env_event_ids[index], eid, f"env event {index}")
-            self.env[index] = _encode(name, record)
+            blob = _encode(name, record)
+            self._fit(name, record, len(blob), room)
+            self.env[index] = blob
             self.env_event_ids[index] = eid
         else:
             raise InvalidEvent(f"the assembler does not take {name} events")
@@ -458,8 +482,11 @@ class RolloutAssembly:
     counted_attempt_id: str | None = None
     last_event_us: int = 0
 
-    def accept(self, name: str, record: Record) -> Accepted:
-        """Take one event; emits the rollout when its attempt becomes complete."""
+    def accept(self, name: str, record: Record, max_bytes: int | None = None) -> Accepted:
+        """Take one event; emits the rollout when its attempt becomes complete.
+
+        ``max_bytes`` caps what the rollout's open attempts hold together: an event that would pass it
+        raises RolloutTooLarge and changes nothing (the stream dead-letters it)."""
         _check_identity(name, record, self.rollout_id, None)
         attempt_id = record.get("attempt_id")
         if not attempt_id:
@@ -467,7 +494,8 @@ class RolloutAssembly:
         if attempt_id in self.emitted:
             return Accepted(late=True)
         buf = self.attempts.get(attempt_id) or AttemptBuffer(self.rollout_id, attempt_id)
-        if not buf.add(name, record):  # raises on invalid events before the buffer is kept
+        room = None if max_bytes is None else max_bytes - sum(b.size_bytes for b in self.attempts.values())
+        if not buf.add(name, record, room):  # raises on invalid events before the buffer is kept
             return Accepted(duplicate=True)
         self.attempts[attempt_id] = buf
         self.last_event_us = max(self.last_event_us, buf.last_event_us)

@@ -15,6 +15,11 @@ class ConflictingEvent(InvalidEvent):
     """Two different events claim the same slot (same call index or env event index)."""
 
 
+class RolloutTooLarge(InvalidEvent):
+    """An event would grow its rollout's open state past the byte cap (``max_rollout_bytes``): kept out of
+    the state (dead-lettered), so the state and its emitted rollout always fit a Kafka record."""
+
+
 class CallTokensError(ProcessorError):
     """A call's prompt cannot be rebuilt exactly (delta base missing or hash mismatch)."""
 

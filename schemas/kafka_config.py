@@ -64,7 +64,8 @@ def producer_config(kafka: KafkaSettings, **overrides: Any) -> dict[str, Any]:
 
 def consumer_config(kafka: KafkaSettings, group_id: str, **overrides: Any) -> dict[str, Any]:
     """A manually committing, read_committed consumer that can fetch the largest allowed record."""
-    fetch_max = 4 * kafka.max_message_bytes
+    # librdkafka wants fetch.max.bytes >= its message.max.bytes (1,000,000 unless set), also for small limits.
+    fetch_max = max(4 * kafka.max_message_bytes, 1_000_000)
     return {
         **kafka.client_config(),
         "group.id": group_id,

@@ -124,7 +124,8 @@ class ProcessorsApp:
         # The parts: each holds its own state; the counters are shared.
         self.health = WorkerHealth(self.app)
         partitions = {spec.name: spec.partition_count(kafka) for spec in cfg.topics.specs()}
-        self.outputs = Outputs(self.app, self.codec, self.topics, partitions, n_partitions, self.stats)
+        self.outputs = Outputs(self.app, self.codec, self.topics, partitions, n_partitions, self.stats,
+                               max_record_bytes=cfg.kafka.max_message_bytes - 512)
         self.assembler = AssemblerAgent(cfg, self.app, self.assembly, self.codec, self.outputs, self.health,
                                         self.stats)
         self.router = Router(cfg, self.codec, self.outputs, self.stats)

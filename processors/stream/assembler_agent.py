@@ -42,6 +42,7 @@ class AssemblerAgent:
         self.health = health
         self.stats = stats
         self.timeout_us = round(cfg.processors.attempt_timeout_s * 1e6)
+        self.max_rollout_bytes = cfg.max_rollout_bytes
         self.retention_us = round(cfg.state_retention_s * 1e6)
         self.lock = asyncio.Lock()  # held while a message or the timer is processed
         self.clock = PartitionClocks()
@@ -63,7 +64,7 @@ class AssemblerAgent:
                 stored = self.assembly.data.get(key)
                 state = (RolloutAssembly.from_bytes(read_body(stored)) if stored is not None
                          else RolloutAssembly(rollout_id))
-                accepted = state.accept(name, record)
+                accepted = state.accept(name, record, self.max_rollout_bytes)
                 outputs = self.outputs.encode([("CompletedRollout", r) for r in accepted.rollouts])
             except BAD_INPUT as exc:
                 await self.outputs.dead_letter("assembler", message, exc)

@@ -56,6 +56,11 @@ class StreamConfig:
     def app_id(self) -> str:
         return self.processors.app_id
 
+    @property
+    def max_rollout_bytes(self) -> int:
+        """The byte cap of one rollout's open state (room left for the rollout record's own fields)."""
+        return self.processors.max_rollout_bytes or self.kafka.max_message_bytes * 3 // 4
+
     @classmethod
     def resolve(cls, kafka: KafkaSettings, processors: ProcessorSettings, *, topic_prefix: str = "",
                 grouping_path: Path | None = None, verifiers_file: Path | None = None,

@@ -34,13 +34,14 @@ class Outputs:
     """Encodes output records and produces them where confluent-kafka would place their keys."""
 
     def __init__(self, app: faust.App, codec: Codec, topics: StreamTopics, partitions: dict[str, int],
-                 n_partitions: int, stats: Counter[str]) -> None:
+                 n_partitions: int, stats: Counter[str], max_record_bytes: int | None = None) -> None:
         self.app = app
         self.codec = codec
         self.topics = topics
         self.partitions = partitions  # topic name -> its partition count
         self.n_partitions = n_partitions  # for a topic not in ``partitions``
         self.stats = stats
+        self.max_record_bytes = max_record_bytes  # the largest key + value Kafka takes
         self._out: dict[str, faust.TopicT] = {}
 
     def _topic(self, name: str) -> faust.TopicT:
@@ -66,7 +67,11 @@ class Outputs:
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 raise InvalidEvent(f"output {name} {record.get('event_id')} does not fit its schema: "
                                    f"{exc!r}") from exc
-            out.append((self.topics.output(name), record_key(name, record).encode(), value))
+            key = record_key(name, record).encode()
+            if self.max_record_bytes is not None and len(key) + len(value) > self.max_record_bytes:
+                raise InvalidEvent(f"output {name} {record.get('event_id')} is {len(value):,} bytes, over the "
+                                   f"{self.max_record_bytes:,} Kafka takes")
+            out.append((self.topics.output(name), key, value))
             self.stats[f"out.{name}"] += 1
         return out
 
@@ -79,6 +84,13 @@ class Outputs:
         n = self.partitions.get(topic, self.n_partitions)
         partition = partition_for(key, n) if key else message.partition % n
         value = self.codec.encode("DeadLetter", record)
+        if self.max_record_bytes is not None and len(value) + len(key) > self.max_record_bytes:
+            # A copy of an input as large as Kafka allows no longer fits beside the reason: the letter
+            # points at the input's place instead (the input topic keeps it).
+            record = dict(record, value=b"", reason=f"{record['reason'][:4000]} [the {len(message.value or b''):,}"
+                          f"-byte value is not copied: read it at {message.topic}[{message.partition}]"
+                          f"@{message.offset}]")
+            value = self.codec.encode("DeadLetter", record)
         future = await self._topic(topic).send(key=message.key, value=value, partition=partition, force=True)
         await future
         self.stats[f"dead_letter.{stage}"] += 1

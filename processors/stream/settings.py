@@ -19,6 +19,9 @@ class ProcessorSettings(BaseModel):
     sample_config: Path = DEPLOY_CONFIG_DIR / "sample.yaml"
     verifiers: list[str] = Field(default_factory=lambda: ["processors.verifiers.answer_match:AnswerMatch"])
     state_dir: Path = VAR_DIR / "processors"
+    # What one rollout's open attempts may hold (bytes): an event past it is dead-lettered, so the state
+    # and the rollout emitted from it always fit a Kafka record. 0: three quarters of kafka.max_message_bytes.
+    max_rollout_bytes: int = 0
     # Static group membership (Kafka group.instance.id), unique per running worker; "{hostname}" is
     # replaced by the host name (a StatefulSet pod's name, a container's id). Empty: dynamic membership.
     instance_id: str = ""

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from processors.assembler import AttemptBuffer, RolloutAssembly, check_call_tokens, expire, try_complete
 from processors.call_tokens import rollout_call_tokens
-from processors.errors import CallTokensError, ConflictingEvent, InvalidEvent
+from processors.errors import CallTokensError, ConflictingEvent, InvalidEvent, RolloutTooLarge
 from processors.testing import AttemptSpec, Turn, attempt_events, growing_turns
 from schemas.builders import chat_response, make_call, make_env, make_finished, make_started
 from schemas.codec import get_codec
@@ -280,3 +280,21 @@ def test_records_that_do_not_fit_the_schema_are_invalid_events() -> None:
     del no_prompt["prompt"]
     with pytest.raises(InvalidEvent, match="malformed"):
         state.accept("CallRecord", no_prompt)
+
+
+def test_an_event_past_the_rollout_byte_cap_is_refused_and_changes_nothing() -> None:
+    """The state (and the rollout emitted from it) stays under the cap, so it always fits a Kafka record;
+    the event that would pass it is refused (the stream dead-letters it) and the attempt expires INCOMPLETE."""
+    cap = 40_000
+    state = RolloutAssembly("r")
+    state.accept("AttemptStarted", make_started("r", "a"), cap)
+    state.accept("EnvStep", make_env("r", "a", 0, payload="x" * 25_000), cap)
+    before = state.to_bytes()
+    with pytest.raises(RolloutTooLarge, match="max_rollout_bytes"):
+        state.accept("EnvStep", make_env("r", "a", 1, payload="y" * 25_000), cap)
+    assert state.to_bytes() == before
+    small = state.accept("EnvStep", make_env("r", "a", 2, payload="z"), cap)  # what fits still goes in
+    assert not small.duplicate and sum(b.size_bytes for b in state.attempts.values()) <= cap
+    (rollout,) = state.expire_due(10**18, 1)
+    assert rollout["status"] == "INCOMPLETE"
+    assert RolloutAssembly("r").accept("EnvStep", make_env("r", "a", 1, payload="y" * 25_000)).rollouts == []  # no cap

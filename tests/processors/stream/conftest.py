@@ -16,11 +16,12 @@ from .stream_rig import StreamRig, delete_topics, make_rig
 @pytest.fixture
 def make_stream_rig(kafka_bootstrap: str, tokentrail_settings: Settings,
                     tmp_path: Path) -> Iterator[Callable[..., StreamRig]]:
-    """``make_stream_rig(**processor_settings) -> StreamRig``; workers stopped, topics deleted after."""
+    """``make_stream_rig(kafka_overrides=None, **processor_settings) -> StreamRig``; workers stopped, topics
+    deleted after."""
     rigs: list[StreamRig] = []
 
-    def make(**overrides: Any) -> StreamRig:
-        rig = make_rig(tokentrail_settings, tmp_path / f"rig{len(rigs)}", **overrides)
+    def make(kafka_overrides: dict[str, Any] | None = None, **overrides: Any) -> StreamRig:
+        rig = make_rig(tokentrail_settings, tmp_path / f"rig{len(rigs)}", kafka_overrides, **overrides)
         rigs.append(rig)
         return rig
 

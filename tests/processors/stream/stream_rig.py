@@ -176,12 +176,14 @@ class StreamRig:
             self._consumer.close()
 
 
-def make_rig(base: Settings, tmp_path: Path, **processor_overrides: Any) -> StreamRig:
+def make_rig(base: Settings, tmp_path: Path, kafka_overrides: dict[str, Any] | None = None,
+             **processor_overrides: Any) -> StreamRig:
     tag = uuid.uuid4().hex[:8]
     processors = base.processors.model_copy(update={
         "app_id": f"test-processors-{tag}", "state_dir": tmp_path / "state", **processor_overrides})
     settings = base.model_copy(update={
-        "kafka": base.kafka.model_copy(update={"partitions": 2}), "processors": processors})
+        "kafka": base.kafka.model_copy(update={"partitions": 2, **(kafka_overrides or {})}),
+        "processors": processors})
     topics = StreamTopics(f"test-{tag}.")
     report = ensure_stream_topics(settings.kafka, topics)
     assert report.ok, report.differences

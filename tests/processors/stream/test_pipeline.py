@@ -9,6 +9,7 @@ from collections.abc import Callable
 from confluent_kafka.admin import AdminClient
 
 from processors.stream.topics import record_key
+from schemas.builders import make_env, make_started
 from schemas.ids import call_id
 from schemas.kafka_config import admin_config
 
@@ -144,6 +145,30 @@ def test_bad_records_become_dead_letters_and_the_worker_carries_on(
         assert letter["reason"]
     assert "not its rollout id" in by_value[codec.encode("CallRecord", wrong_key)]["reason"]
     assert call_id("gd-r0", "a1", 0) in by_value[codec.encode("CallRecord", conflicting)]["reason"]
+
+
+def test_a_rollout_too_large_for_kafka_is_dead_lettered_and_the_partitions_keep_flowing(
+        make_stream_rig: Callable[..., StreamRig]) -> None:
+    """Two 120 kB environment events make a rollout state over Kafka's 200 kB record limit (issue 17: the
+    worker failed to store it, crashed, restarted and failed again, forever). The second is dead-lettered,
+    and the rollouts behind it on the same partitions come out as the core derives them."""
+    rig = make_stream_rig(kafka_overrides={"max_message_bytes": 200_000})
+    big = [("AttemptStarted", make_started("big-r", "a1")),
+           ("EnvStep", make_env("big-r", "a1", 0, payload="x" * 120_000)),
+           ("EnvStep", make_env("big-r", "a1", 1, payload="y" * 120_000))]
+    good = group_events("gs", ANSWERS[:2], seed=9)
+    expected = {n: r for n, r in rig.expected(good).items() if n != "DeadLetter"}
+    rig.produce(big)
+    rig.produce(good)
+    rig.flush()
+    worker = rig.start_worker()
+    got = rig.collect(lambda c: has_all(expected)(c) and len(c.records["DeadLetter"]) >= 1)
+    got = rig.settle(quiet_s=2.0)
+    assert worker.poll() is None, rig.log_tail()  # never crashed
+    assert_outputs_equal(got, expected)
+    (letter,) = got.records["DeadLetter"]
+    assert (letter["error_type"], letter["stage"], letter["key"]) == ("RolloutTooLarge", "assembler", b"big-r")
+    assert "max_rollout_bytes" in letter["reason"]
 
 
 def test_two_workers_with_one_app_id_share_the_partitions(make_stream_rig: Callable[..., StreamRig]) -> None:
