@@ -161,7 +161,8 @@ def to_internal(req: MessagesRequest, max_tokens_limit: int) -> InternalCall:
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=req.top_k or 0,
-        max_tokens=resolve_max_tokens(req.max_tokens, max_tokens_limit, "max_tokens"),
+        max_tokens=resolve_max_tokens(req.max_tokens, max_tokens_limit),
+        requested_max_tokens=req.max_tokens,
         stop=stop_list(req.stop_sequences, "stop_sequences"),
     )
     return InternalCall(protocol=PROTOCOL, model=req.model, stream=req.stream, sampling=sampling,

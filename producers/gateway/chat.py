@@ -25,6 +25,9 @@ class SamplingSpec:
     max_tokens: int = 256
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    # What the harness asked for (None: nothing); ``max_tokens`` is what it gets: at most the gateway's
+    # cap, and at most what the model's context leaves after the prompt (set when the prompt is known).
+    requested_max_tokens: int | None = None
     # Fields the harness sent that the upstream does not apply; kept for the record only.
     ignored: dict[str, Any] = field(default_factory=dict)
 
@@ -77,13 +80,13 @@ def tool_call_id(prefix: str, call_id: str, index: int) -> str:
     return f"{prefix}{event_id('tool_call', call_id, index)[:24]}"
 
 
-def resolve_max_tokens(requested: int | None, limit: int, param: str) -> int:
-    if requested is None:
-        return limit
-    if requested > limit:
-        raise bad_request(f"{param} is {requested}, above this gateway's limit of {limit}", param=param,
-                          code="max_tokens_exceeded")
-    return requested
+def resolve_max_tokens(requested: int | None, limit: int) -> int:
+    """The output budget before the prompt is known: the request's, cut to the gateway's cap.
+
+    Harnesses ask for what their vendor's model allows (Claude Code 64000 and more, Pi 16384); a gateway
+    in front of a smaller model serves them with what it has, as users expect, and the record keeps both
+    numbers. ``CallService.prepare`` cuts it further to the context the prompt leaves."""
+    return limit if requested is None else min(requested, limit)
 
 
 def stop_list(stop: str | list[str] | None, param: str = "stop", max_items: int = 16) -> list[str]:

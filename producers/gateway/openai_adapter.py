@@ -39,7 +39,7 @@ TokenText = Callable[[int], str]
 
 # ------------------------------------------------------------------------------------------- requests
 
-def _sampling(req: _SamplingFields, max_tokens: int | None, limit: int, param: str) -> SamplingSpec:
+def _sampling(req: _SamplingFields, max_tokens: int | None, limit: int) -> SamplingSpec:
     if req.n is not None and req.n != 1:
         raise bad_request("only n=1 is supported (one sampled output per call record)", param="n")
     ignored = {k: v for k, v in (("presence_penalty", req.presence_penalty),
@@ -48,7 +48,8 @@ def _sampling(req: _SamplingFields, max_tokens: int | None, limit: int, param: s
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=max(0, req.top_k or 0),
-        max_tokens=resolve_max_tokens(max_tokens, limit, param),
+        max_tokens=resolve_max_tokens(max_tokens, limit),
+        requested_max_tokens=max_tokens,
         seed=req.seed,
         stop=stop_list(req.stop),
         ignored=ignored,
@@ -92,7 +93,6 @@ def _message(msg: ChatMessage, index: int) -> Message:
 
 def chat_to_internal(req: ChatCompletionRequest, max_tokens_limit: int) -> InternalCall:
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     tools = None
     if req.tools and req.tool_choice != "none":
         tools = [{"type": "function", "function": {k: v for k, v in {
@@ -100,7 +100,7 @@ def chat_to_internal(req: ChatCompletionRequest, max_tokens_limit: int) -> Inter
             "parameters": t.function.parameters}.items() if v is not None}} for t in req.tools]
     return InternalCall(
         protocol=CHAT_PROTOCOL, model=req.model, stream=req.stream,
-        sampling=_sampling(req, requested, max_tokens_limit, param),
+        sampling=_sampling(req, requested, max_tokens_limit),
         messages=[_message(m, i) for i, m in enumerate(req.messages)], tools=tools,
         template_kwargs=dict(req.chat_template_kwargs or {}),
     )
@@ -119,7 +119,7 @@ def completion_to_internal(req: CompletionRequest, max_tokens_limit: int) -> Int
         prompt = prompt[0]
     call = InternalCall(protocol=COMPLETIONS_PROTOCOL, model=req.model, stream=req.stream,
                         sampling=_sampling(req, 16 if req.max_tokens is None else req.max_tokens,
-                                           max_tokens_limit, "max_tokens"))
+                                           max_tokens_limit))
     if isinstance(prompt, str):
         if not prompt:
             raise bad_request("prompt must not be empty", param="prompt")

@@ -136,7 +136,8 @@ def to_internal(req: ResponsesRequest, max_tokens_limit: int) -> InternalCall:
     sampling = SamplingSpec(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
-        max_tokens=resolve_max_tokens(req.max_output_tokens, max_tokens_limit, "max_output_tokens"),
+        max_tokens=resolve_max_tokens(req.max_output_tokens, max_tokens_limit),
+        requested_max_tokens=req.max_output_tokens,
         seed=req.seed,
     )
     return InternalCall(protocol=PROTOCOL, model=req.model, stream=req.stream, sampling=sampling,

@@ -135,10 +135,26 @@ class CallService:
             raise bad_request("the conversation has no messages", param="messages", code="empty_prompt")
         if not len(rendered.prompt_ids) and not passthrough:
             raise bad_request("the prompt renders to no tokens", code="empty_prompt")
+        if not passthrough:  # a pass-through prompt's length is known only to the upstream
+            self._fit_output(call, len(rendered.prompt_ids))
         index = identity.state.begin_call()
         return PreparedCall(identity, call, rendered, index,
                             make_call_id(identity.rollout_id, identity.attempt_id, index), received_at_us,
                             started, request_json, adapter_version, tool_call_prefix, passthrough)
+
+    def _fit_output(self, call: InternalCall, prompt_len: int) -> None:
+        """Cut the output budget to what the model's context leaves after the prompt; refuse (in the
+        caller's protocol, before the call gets an index) only when it leaves nothing."""
+        context = getattr(self.upstream, "max_model_len", None)
+        if not context:
+            return
+        room = int(context) - prompt_len
+        if room < 1:
+            raise GatewayError(400, f"This model's maximum context length is {context} tokens; the prompt has "
+                               f"{prompt_len}, which leaves no room for output", "invalid_request",
+                               param="messages" if call.messages is not None else "prompt",
+                               code="context_length_exceeded")
+        call.sampling.max_tokens = min(call.sampling.max_tokens, room)
 
     # -- the call --------------------------------------------------------------------------------
 
@@ -257,6 +273,8 @@ class CallService:
             adapter_version=f"{prep.adapter_version} gateway/{GATEWAY_VERSION}",
             parser_version=self.text.parser_version, engine=meta["engine"], upstream=meta["upstream"])
         extra: dict[str, Any] = {"stop_token_ids": list(self.text.stop_token_ids)}
+        if s.requested_max_tokens is not None and s.requested_max_tokens != s.max_tokens:
+            extra["requested_max_tokens"] = s.requested_max_tokens  # max_tokens is what was served
         if s.ignored:
             extra["ignored_by_upstream"] = s.ignored
         if meta.get("details"):

@@ -155,6 +155,7 @@ class VLLMUpstream:
         self._model = model
         self._policy_version = policy_version
         self._engines: dict[str, str] = {}
+        self.max_model_len: int | None = None
         headers = {"content-type": "application/json"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
@@ -194,6 +195,8 @@ class VLLMUpstream:
             if not served:
                 raise UpstreamError(f"vLLM at {self.servers[0]} serves no model", 502, "upstream_error")
             self._model = str(served[0]["id"])
+            # The context the gateway fits output budgets into (known once the models were listed).
+            self.max_model_len = served[0].get("max_model_len")
         return self._model
 
     async def engine(self, server: str | None = None) -> str:
