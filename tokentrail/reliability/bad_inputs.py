@@ -361,7 +361,7 @@ def env_cases() -> list[HttpCase]:
         c("events.too_many", "oversized payload", "1001 events in one request", f"{live}/events",
           _env(400, error_type="invalid_request"), {"events": [{"kind": "STEP"}] * 1001}),
         c("events.future_call", "bad event kind", "call_index of a call that does not exist yet",
-          f"{live}/events", _env(400, contains="does not exist yet"), {"kind": "TOOL_RESULT", "call_index": 99}),
+          f"{live}/events", _env(400, contains="does not exist yet"), {"kind": "TOOL_RESULT", "call_index": 10**6}),
         c("events.both_refs", "bad event kind", "call_id and call_index together", f"{live}/events",
           _env(400, contains="not both"), {"kind": "STEP", "call_id": "c", "call_index": 0}),
         c("events.negative_index", "bad event kind", "call_index -1", f"{live}/events",

@@ -32,8 +32,9 @@ def test_the_corpus_is_large_and_every_case_states_an_expectation() -> None:
     assert corpus_size() >= 100
     areas = {c.area for c in http_cases("m")}
     assert areas == {"openai", "anthropic", "env"}
-    for case in http_cases("m"):
-        assert case.expect.status >= 400 and case.what
+    for case in http_cases("m"):  # an error in the caller's protocol, or a harness's real shape now served
+        assert case.what and (case.expect.status >= 400 or case.expect.status == 200), case.id
+    assert sum(c.expect.status >= 400 for c in http_cases("m")) >= 100
     for case in topic_cases():
         assert (case.dead_letter is None) != (case.expect_incomplete is None), case.id
     security = security_cases("m")
