@@ -1,13 +1,13 @@
 """Committed encoded fixtures: one per writer schema version, read by every later version.
 
-``tokentrail schemas fixtures`` writes ``tests/fixtures/avro/<Name>-<fingerprint>.bin`` for each
-current schema that has none yet. Before changing a schema, copy its current .avsc into
-``schemas/history/`` (so old data keeps resolving), change it, then run the command again.
+``tokentrail schemas fixtures`` (tokentrail/commands/schemas.py) writes
+``tests/fixtures/avro/<Name>-<fingerprint>.bin`` for each current schema that has none yet. Before
+changing a schema, copy its current .avsc into ``schemas/history/`` (so old data keeps resolving),
+change it, then run the command again.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from schemas.codec import Codec, get_codec
@@ -30,18 +30,3 @@ def write_missing_fixtures(codec: Codec | None = None, directory: Path = FIXTURE
             path.write_bytes(codec.encode(name, example_record(entry.raw)))
             written.append(path)
     return written
-
-
-def _run(_args: argparse.Namespace) -> int:
-    written = write_missing_fixtures()
-    for path in written:
-        print(f"wrote {path}")
-    print(f"{len(written)} new fixture(s); commit them with the schema change")
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    schemas = sub.add_parser("schemas", help="the Avro contract: fixtures for compatibility tests")
-    schemas_sub = schemas.add_subparsers(dest="schemas_command", metavar="ACTION")
-    fixtures = schemas_sub.add_parser("fixtures", help="write encoded fixtures for new schema versions")
-    fixtures.set_defaults(func=_run)

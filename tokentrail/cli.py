@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("tokentrail.commands.sinks", "re-derive rewards, credit and samples under a new configuration"),
     "report": ("tokentrail.commands.sinks", "self-contained HTML report with plots"),
     "train": ("tokentrail.commands.train", "run the trainer on the samples topic"),
-    "schemas": ("schemas.fixtures", "the Avro contract: fixtures for compatibility tests"),
+    "schemas": ("tokentrail.commands.schemas", "the Avro contract: fixtures for compatibility tests"),
     "reliability": ("tokentrail.reliability.cli", "fault and bad-input suite; prints what was lost or duplicated"),
 }
 
