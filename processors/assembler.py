@@ -353,7 +353,8 @@ def _rollout_call(call: Record, prompt: Record) -> Record:
             "output_ids": call["output_ids"], "output_logprobs": call["output_logprobs"],
             "logprob_kind": call["logprob_kind"], "finish_reason": call.get("finish_reason", ""),
             "tokenizer_fingerprint": versions["tokenizer_fingerprint"],
-            "chat_template_fingerprint": versions["chat_template_fingerprint"]}
+            "chat_template_fingerprint": versions["chat_template_fingerprint"],
+            "scripted": bool(call.get("scripted", False))}
 
 
 def rollout_event_id(rollout_id: str, attempt_id: str, status: str, present_ids: list[str]) -> str:

@@ -69,8 +69,9 @@ def output_logprobs(call: Record) -> np.ndarray:
 
 
 def is_sampled(call: Record) -> bool:
-    """Calls whose output trains: successful ones. A failed call's partial output is never trained on."""
-    return call["status"] == "OK"
+    """Calls whose output trains: successful ones that the model sampled. A failed call's partial output,
+    and an output the engine was scripted to emit, are never trained on."""
+    return call["status"] == "OK" and not call.get("scripted", False)
 
 
 def sampled_token_count(rollout: Record) -> int:

@@ -34,7 +34,8 @@ def make_call(rollout_id: str, attempt_id: str, index: int, prompt: Sequence[int
               base: tuple[str, IdArray] | None = None, prompt_record: Record | None = None,
               policy_version: int = 0, status: str = "OK", text: str = "", received_at_us: int | None = None,
               total_ms: float = 5.0, response_json: str | None = None, request_json: str | None = None,
-              versions: Record | None = None, spliced_outputs: int = 0, timings: Record | None = None) -> Record:
+              versions: Record | None = None, spliced_outputs: int = 0, timings: Record | None = None,
+              scripted: bool = False) -> Record:
     """A CallRecord; ``base`` = (base call id, base prompt ‖ output) delta-encodes the prompt. ``versions``
     and ``timings`` replace those sub-records whole."""
     prompt_arr, output_arr = _ids(prompt), _ids(output)
@@ -64,6 +65,7 @@ def make_call(rollout_id: str, attempt_id: str, index: int, prompt: Sequence[int
         "request_json": orjson.dumps({"messages": [{"role": "user", "content": "..."}]}).decode()
         if request_json is None else request_json,
         "response_json": chat_response(text) if response_json is None else response_json,
+        "scripted": scripted,
     }
 
 

@@ -495,6 +495,15 @@ MIGRATIONS: tuple[Migration, ...] = (
             "Array(Tuple(UInt32, UInt32, UInt32)) CODEC(ZSTD(3)) AFTER request_shared_suffix",
         ],
     ),
+    Migration(
+        "0009_scripted_outputs",
+        "CallRecord.scripted and CompletedRollout calls[].scripted (schema v2 / v3)",
+        lambda db: [
+            f"ALTER TABLE {db}.calls ADD COLUMN IF NOT EXISTS scripted Bool DEFAULT false",
+            f"ALTER TABLE {db}.rollouts ADD COLUMN IF NOT EXISTS c_scripted Array(Bool) DEFAULT [] "
+            "AFTER c_chat_template_fingerprint",
+        ],
+    ),
 )
 
 

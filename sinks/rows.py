@@ -139,6 +139,7 @@ def call_row(rec: Record) -> Row:
         "request_copies": [],
         "request_length": len(rec["request_json"]),
         "request_sha256": text_digest(rec["request_json"]),
+        "scripted": rec.get("scripted", False),
     }
 
 
@@ -151,6 +152,7 @@ ROLLOUT_CALL_FIELDS = (
     "finish_reason",
     "tokenizer_fingerprint",
     "chat_template_fingerprint",
+    "scripted",
 )
 ROLLOUT_ENV_FIELDS = ("event_id", "event_index", "kind", "call_id", "name", "payload_json")
 PREFIX_LINK_FIELDS = ("from_call_index", "to_call_index", "is_prefix", "common_prefix_len", "expected_len")
@@ -322,7 +324,7 @@ def call_from_row(row: Row) -> Record:
         prefix_breaks=list(row["prefix_breaks"]),
     )
     rec["timings"] = {k: row[k] for k in ("received_at_us", "queue_ms", "first_token_ms", "total_ms")}
-    rec.update(request_json=row["request_json"], response_json=row["response_json"])
+    rec.update(request_json=row["request_json"], response_json=row["response_json"], scripted=row["scripted"])
     return rec
 
 
@@ -358,7 +360,9 @@ def rollout_from_row(row: Row, call_tokens: Callable[[str], CallTokens | None]) 
             or _sha(tokens.output_logprobs) != row["c_logprobs_sha256"][i]
         ):
             raise RowError(f"rollout {row['rollout_id']}: call {call_id} output differs from the call record")
-        call = {f: row[f"c_{f}"][i] for f in ROLLOUT_CALL_FIELDS}
+        call = {f: row[f"c_{f}"][i] for f in ROLLOUT_CALL_FIELDS if f != "scripted"}
+        scripted = row["c_scripted"]  # empty in rows stored before migration 0009: the schema's default
+        call["scripted"] = bool(scripted[i]) if scripted else False
         call.update(prompt=prompt, output_ids=tokens.output_ids, output_logprobs=tokens.output_logprobs)
         calls.append(
             {
@@ -375,6 +379,7 @@ def rollout_from_row(row: Row, call_tokens: Callable[[str], CallTokens | None]) 
                     "finish_reason",
                     "tokenizer_fingerprint",
                     "chat_template_fingerprint",
+                    "scripted",
                 )
             }
         )

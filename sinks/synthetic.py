@@ -380,6 +380,7 @@ def _rollout(
             "finish_reason": c["finish_reason"],
             "tokenizer_fingerprint": c["versions"]["tokenizer_fingerprint"],
             "chat_template_fingerprint": c["versions"]["chat_template_fingerprint"],
+            "scripted": c["scripted"],
         }
         for c in calls
     ]

@@ -487,6 +487,10 @@ ALTER TABLE tokentrail.calls ADD INDEX IF NOT EXISTS ix_prompt_sha256 prompt_sha
 
 ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS request_copies Array(Tuple(UInt32, UInt32, UInt32)) CODEC(ZSTD(3)) AFTER request_shared_suffix;
 
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS scripted Bool DEFAULT false;
+
+ALTER TABLE tokentrail.rollouts ADD COLUMN IF NOT EXISTS c_scripted Array(Bool) DEFAULT [] AFTER c_chat_template_fingerprint;
+
 CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
         FROM tokentrail.attempt_starts FINAL
         UNION ALL

@@ -5,9 +5,11 @@ Pure functions: inputs in, plain dicts out, matching schemas/*.avsc.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote_plus
 
 import orjson
 
@@ -19,31 +21,97 @@ if TYPE_CHECKING:
     from producers.delivery.quarantine import QuarantinedRecord
 
 REDACTED = "[redacted]"
-# Header and body field names whose values are credentials (compared lower-case, '-' and '_' alike).
-_SECRET_NAMES = {"authorization", "x_api_key", "api_key", "apikey", "proxy_authorization", "cookie",
-                 "set_cookie", "x_goog_api_key", "access_token", "secret", "password"}
+
+# What counts as a credential, by name (docs/operations.md, "Security"). Body fields and environment payloads
+# go by the words of a name (split at '-', '_', '.', spaces and camelCase), so that request fields that only
+# look alike keep their values: ``max_tokens``, ``token_ids``, ``top_logprobs``, ``signature`` (thinking).
+# A field is a credential when its name, with the separators taken out, contains one of these:
+_SECRET_FRAGMENTS = ("secret", "password", "passwd", "passphrase", "credential", "authorization", "cookie",
+                     "apikey", "privatekey", "sessionkey", "accesskey", "signingkey", "encryptionkey",
+                     "masterkey", "adminkey", "sshkey")
+# ... or one of its words is one of these ...
+_SECRET_WORDS = frozenset({"auth", "oauth", "authn", "authentication", "bearer", "jwt"})
+# ... or its last word ends in "token" (token, access_token, refreshToken, GITHUB_TOKEN, authtoken), unless
+# the token is one of a model's own kinds (bos_token, stop_token, max_token: vocabulary, not credentials).
+_TOKEN_KINDS = frozenset({"bos", "eos", "pad", "unk", "sep", "cls", "mask", "stop", "start", "end", "eot", "eom",
+                          "special", "max", "min", "num", "first", "last", "next", "prev", "image", "audio", "video",
+                          "vision", "tool", "think", "thinking", "reasoning"})
+# Headers and query parameters are matched more broadly, on a lower-case substring of the whole name: a
+# header or parameter named like any of these is a credential (x-auth-token, x-goog-api-key, ?key=, ?sig=).
+# No kept header is exempt: the SDK telemetry (x-stainless-*), protocol (anthropic-*, openai-*) and session
+# headers do not match, and a harmless header that did would only lose its value in the stored copy.
+_SECRET_NAME_PARTS = ("auth", "token", "key", "secret", "password", "passwd", "cookie", "credential",
+                      "signature")
+_QUERY_SECRET_NAMES = frozenset({"sig"})
 # Headers worth keeping with a request: protocol versions, betas, harness sessions, identity.
 _KEPT_HEADER_PREFIXES = ("anthropic-", "openai-", "x-", "user-agent", "content-type", "authorization")
+# Values nested deeper than this are left as they are: orjson writes at most 255 levels, so a value this
+# deep is never stored (the record that holds it cannot be built), and redaction never runs out of stack.
+_MAX_DEPTH = 300
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
 
-def _is_secret(name: str) -> bool:
-    return name.lower().replace("-", "_") in _SECRET_NAMES
+def _words(name: str) -> list[str]:
+    return [w.lower() for w in _WORD.findall(name)]
 
 
-def redact(value: Any) -> Any:
-    """Deep copy with every credential-named field replaced."""
+def is_secret_field(name: str) -> bool:
+    """Whether a body field or payload key of this name holds a credential (see the rule above)."""
+    words = _words(name)
+    if not words:
+        return False
+    flat = "".join(words)
+    if any(fragment in flat for fragment in _SECRET_FRAGMENTS) or not _SECRET_WORDS.isdisjoint(words):
+        return True
+    last = words[-1]
+    if not last.endswith("token"):
+        return False
+    kind = last[:-len("token")] or (words[-2] if len(words) > 1 else "")
+    return kind not in _TOKEN_KINDS
+
+
+def is_secret_header(name: str) -> bool:
+    """Whether a header (or query parameter) of this name holds a credential."""
+    lowered = name.lower()
+    return any(part in lowered for part in _SECRET_NAME_PARTS)
+
+
+def redact(value: Any, _depth: int = 0) -> Any:
+    """Deep copy with the value of every credential-named field (``is_secret_field``) replaced."""
+    if _depth > _MAX_DEPTH:
+        return value
     if isinstance(value, dict):
-        return {k: (REDACTED if _is_secret(str(k)) and v not in (None, "") else redact(v))
+        return {k: (REDACTED if v not in (None, "") and is_secret_field(str(k)) else redact(v, _depth + 1))
                 for k, v in value.items()}
     if isinstance(value, list):
-        return [redact(v) for v in value]
+        return [redact(v, _depth + 1) for v in value]
     return value
+
+
+def redact_query(query: str) -> str:
+    """The query string as sent, with the value of every credential-named parameter replaced; the other
+    parameters are kept byte for byte."""
+    if not query:
+        return query
+    parts = []
+    for part in query.split("&"):
+        name, eq, value = part.partition("=")
+        plain = unquote_plus(name)
+        if eq and value and (is_secret_header(plain) or plain.lower() in _QUERY_SECRET_NAMES):
+            part = f"{name}={REDACTED}"
+        parts.append(part)
+    return "&".join(parts)
+
+
+def redact_headers(headers: dict[str, str]) -> dict[str, str]:
+    return {k: (REDACTED if v and is_secret_header(k) else v) for k, v in headers.items()}
 
 
 def request_json(method: str, path: str, query: str, headers: dict[str, str], body: Any) -> str:
     """The harness request as sent (headers that matter, body as parsed), credentials redacted."""
     kept = {k.lower(): v for k, v in headers.items() if k.lower().startswith(_KEPT_HEADER_PREFIXES)}
-    doc = {"method": method, "path": path, "query": query, "headers": redact(kept), "body": redact(body)}
+    doc = {"method": method, "path": path, "query": redact_query(query), "headers": redact_headers(kept),
+           "body": redact(body)}
     return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS).decode()
 
 
@@ -86,7 +154,7 @@ def call_record(*, call_id: str, rollout_id: str, attempt_id: str, call_index: i
                 output_ids: list[int] | IdArray, output_logprobs: list[float], logprob_kind: str, finish_reason: str,
                 versions: Versions, sampling: dict[str, Any], prefix_mode: str, spliced_outputs: int,
                 prefix_breaks: list[str], received_at_us: int, queue_ms: float, first_token_ms: float,
-                total_ms: float, request: str, response: str) -> dict[str, Any]:
+                total_ms: float, request: str, response: str, scripted: bool = False) -> dict[str, Any]:
     return {
         "event_id": call_id, "call_id": call_id, "rollout_id": rollout_id, "attempt_id": attempt_id,
         "call_index": call_index, "session_id": session_id, "protocol": protocol, "streamed": streamed,
@@ -97,7 +165,7 @@ def call_record(*, call_id: str, rollout_id: str, attempt_id: str, call_index: i
         "prefix_breaks": list(prefix_breaks),
         "timings": {"received_at_us": received_at_us, "queue_ms": float(queue_ms),
                     "first_token_ms": float(first_token_ms), "total_ms": float(total_ms)},
-        "request_json": request, "response_json": response,
+        "request_json": request, "response_json": response, "scripted": scripted,
     }
 
 
@@ -106,8 +174,8 @@ def attempt_started(*, rollout_id: str, attempt_id: str, attempt_number: int, gr
                     metadata: dict[str, Any]) -> dict[str, Any]:
     return {"event_id": event_id("attempt_started", rollout_id, attempt_id), "rollout_id": rollout_id,
             "attempt_id": attempt_id, "group_id": group_id, "group_key": dict(group_key),
-            "expected_group_size": expected_group_size, "task_input_json": canonical_json(task_input),
-            "metadata_json": canonical_json(metadata), "attempt_number": attempt_number,
+            "expected_group_size": expected_group_size, "task_input_json": canonical_json(redact(task_input)),
+            "metadata_json": canonical_json(redact(metadata)), "attempt_number": attempt_number,
             "created_at_us": now_us()}
 
 
@@ -115,14 +183,14 @@ def env_step(*, event_id_: str, rollout_id: str, attempt_id: str, event_index: i
              call_id: str | None, name: str | None, payload: Any) -> dict[str, Any]:
     return {"event_id": event_id_, "rollout_id": rollout_id, "attempt_id": attempt_id,
             "event_index": event_index, "kind": kind, "call_id": call_id, "name": name,
-            "payload_json": canonical_json(payload), "created_at_us": now_us()}
+            "payload_json": canonical_json(redact(payload)), "created_at_us": now_us()}
 
 
 def attempt_finished(*, rollout_id: str, attempt_id: str, status: str, call_count: int, event_count: int,
                      final_artifacts: Any) -> dict[str, Any]:
     return {"event_id": event_id("attempt_finished", rollout_id, attempt_id), "rollout_id": rollout_id,
             "attempt_id": attempt_id, "status": status, "call_count": call_count, "event_count": event_count,
-            "final_artifacts_json": canonical_json(final_artifacts), "created_at_us": now_us()}
+            "final_artifacts_json": canonical_json(redact(final_artifacts)), "created_at_us": now_us()}
 
 
 def quarantined_call(record: dict[str, Any], where: QuarantinedRecord) -> dict[str, Any]:
