@@ -27,6 +27,10 @@ class KafkaSettings(BaseModel):
     max_message_bytes: int = 16 * 1024 * 1024
     compression: str = "zstd"
     partitions: int = 6
+    # min.insync.replicas of every topic (schemas/topics.py): how many replicas must have a write before
+    # an acks=all producer is told it is stored. 1 suits the single local broker; on a cluster set 2 with
+    # a replication factor of 3 (the broker's default.replication.factor), so one broker may fail.
+    min_insync_replicas: int = Field(default=1, ge=1)
     # Security pass-through: any librdkafka settings (e.g. sasl.mechanism, ssl.ca.location)
     # applied to every client this project creates; the faust app gets the same through
     # schemas.faust_security (PLAINTEXT, SSL, SASL_PLAINTEXT / SASL_SSL with PLAIN or SCRAM).

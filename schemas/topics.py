@@ -49,6 +49,8 @@ class TopicSpec:
             "retention.ms": str(self.retention_ms),
             "compression.type": kafka.compression,
             "max.message.bytes": str(kafka.max_message_bytes),
+            # acks=all waits for this many replicas (kafka.min_insync_replicas; 2 of 3 on a cluster).
+            "min.insync.replicas": str(kafka.min_insync_replicas),
             **self.extra_config,
         }
 
@@ -202,7 +204,9 @@ def ensure_topics(
     """Create missing topics; compare existing ones with their specs.
 
     Topic configs that differ are set when ``fix_configs`` is true. A partition count that differs
-    is only reported: adding partitions would move keys, splitting a rollout's history.
+    is only reported: adding partitions would move keys, splitting a rollout's history. So is a topic
+    with fewer replicas than ``kafka.min_insync_replicas`` (no acks=all write could succeed on it); its
+    ``min.insync.replicas`` is then left as it is, even with ``fix_configs``.
     """
     report = EnsureReport()
     present = list_topics(admin, timeout_s).topics
@@ -224,20 +228,27 @@ def ensure_topics(
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # lost a race: check it below
                     raise
     created = set(report.created)
+    shapes = _topic_shapes(admin, [spec.name for spec in specs], timeout_s)
     to_check = [spec for spec in specs if spec.name not in created]
-    if not to_check:
-        return report
     names = [spec.name for spec in to_check]
-    partitions = _partition_counts(admin, names, timeout_s)
-    configs_by_topic = describe_topic_configs(admin, names, timeout_s)
-    for spec in to_check:
+    configs_by_topic = describe_topic_configs(admin, names, timeout_s) if names else {}
+    for spec in specs:
+        partitions, replicas = shapes[spec.name]
+        too_few = replicas < kafka.min_insync_replicas
+        if too_few:
+            report.differences.append(TopicDifference(
+                spec.name, "replication factor", f">= {kafka.min_insync_replicas} (min.insync.replicas)",
+                str(replicas)))
+        if spec.name in created:
+            continue
         report.existing.append(spec.name)
-        differences = topic_differences(spec, kafka, partitions[spec.name], configs_by_topic[spec.name])
-        config_fixes = [d for d in differences if d.setting != "partitions"]
+        differences = topic_differences(spec, kafka, partitions, configs_by_topic[spec.name])
+        kept = {"partitions", "min.insync.replicas"} if too_few else {"partitions"}
+        config_fixes = [d for d in differences if d.setting not in kept]
         if fix_configs and config_fixes:
             _set_topic_configs(admin, spec.name, config_fixes, timeout_s)
             report.altered.extend(config_fixes)
-            differences = [d for d in differences if d.setting == "partitions"]
+            differences = [d for d in differences if d.setting in kept]
         report.differences.extend(differences)
     return report
 
@@ -246,13 +257,15 @@ def ensure_topics(
 # created (or changed) a moment ago may not show yet: lookups retry until their timeout.
 
 
-def _partition_counts(admin: AdminClient, names: list[str], timeout_s: float) -> dict[str, int]:
+def _topic_shapes(admin: AdminClient, names: list[str], timeout_s: float) -> dict[str, tuple[int, int]]:
+    """(partition count, fewest replicas of any partition) of each named topic."""
     deadline = time.monotonic() + timeout_s
     while True:
         present = list_topics(admin, timeout_s).topics
-        missing = [name for name in names if name not in present]
+        missing = [name for name in names if name not in present or not present[name].partitions]
         if not missing:
-            return {name: len(present[name].partitions) for name in names}
+            return {name: (len(present[name].partitions),
+                           min(len(p.replicas) for p in present[name].partitions.values())) for name in names}
         if time.monotonic() > deadline:
             raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"topics not found: {missing}"))
         time.sleep(0.2)

@@ -31,7 +31,7 @@ from producers.gateway.context import GatewayContext
 from producers.gateway.env_api import EnvApi
 from producers.gateway.errors import GatewayError, Protocol
 from producers.gateway.heap import serving_heap
-from producers.gateway.identity import CallIdentity, resolve_call
+from producers.gateway.identity import CallIdentity, check_any_key, resolve_call
 from producers.gateway.metrics import GatewayMetrics
 from producers.gateway.models_anthropic import CountTokensRequest, MessagesRequest
 from producers.gateway.models_openai import ChatCompletionRequest, CompletionRequest
@@ -66,7 +66,9 @@ class GatewayOptions:
     unattributed: str = "record"
     max_body_bytes: int = 8 * 1024 * 1024
     max_tokens_limit: int = 4096
+    # Set: every route but /health and /metrics needs a key (identity.py, docs/operations.md "Security").
     admin_key: str = ""
+    # Deprecated alias of keys on every route, for gateways without an admin key (see settings.py).
     require_auth: bool = False
 
     @classmethod
@@ -159,6 +161,12 @@ class Gateway:
 
     async def models(self, request: Request) -> Response:
         name = self.options.model_name
+        try:
+            check_any_key(request.headers, self.ctx.registry, require_auth=self.options.require_auth,
+                          admin_key=self.options.admin_key)
+        except GatewayError as exc:
+            protocol: Protocol = "anthropic" if "anthropic-version" in request.headers else "openai"
+            return OrjsonResponse(exc.body(protocol), status_code=exc.status)
         if "anthropic-version" in request.headers:
             entry = {"type": "model", "id": name, "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
             return OrjsonResponse({"data": [entry], "has_more": False, "first_id": name, "last_id": name})

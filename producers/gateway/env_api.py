@@ -16,7 +16,6 @@ attempt), and a batch whose delivery fails gives its indices back, so its retry 
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -30,7 +29,7 @@ from producers.gateway.attempts import AttemptState
 from producers.gateway.body import read_json, read_model, validate
 from producers.gateway.context import GatewayContext
 from producers.gateway.errors import GatewayError, bad_request
-from producers.gateway.identity import is_admin, presented_key
+from producers.gateway.identity import auth_required, check_attempt_key, is_admin, presented_key
 from schemas.ids import call_id as make_call_id
 from schemas.ids import env_event_id
 
@@ -115,22 +114,17 @@ class EnvApi:
     # -- auth --------------------------------------------------------------------------------------
 
     def _require_admin(self, request: Request) -> None:
+        """Starting rollouts and retries needs the admin key, once one is set."""
         if self.ctx.admin_key and not is_admin(presented_key(request.headers), self.ctx.admin_key):
             raise GatewayError(401, "the environment API needs the gateway admin key", "authentication",
                                code="invalid_api_key")
 
     def _require_attempt_key(self, request: Request, state: AttemptState) -> None:
-        """Events and finish accept the admin key or the attempt's own key."""
-        if not self.ctx.admin_key:
+        """Status, events and finish accept the admin key or the attempt's own key, once keys are on
+        (``admin_key``, or the deprecated ``require_auth``); keys compare as bytes (identity.keys_equal)."""
+        if not auth_required(self.ctx.admin_key, self.ctx.require_auth):
             return
-        key = presented_key(request.headers)
-        if key is not None and (hmac.compare_digest(key, state.api_key) or is_admin(key, self.ctx.admin_key)):
-            return
-        if key is not None and self.ctx.registry.by_api_key(key) is not None:
-            raise GatewayError(403, "this API key belongs to another rollout attempt", "permission",
-                               code="wrong_rollout")
-        raise GatewayError(401, "this attempt needs its own API key or the admin key", "authentication",
-                           code="invalid_api_key")
+        check_attempt_key(self.ctx.registry, state, presented_key(request.headers), self.ctx.admin_key)
 
     # -- routes ------------------------------------------------------------------------------------
 

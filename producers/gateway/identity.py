@@ -4,6 +4,11 @@ In order of precedence: the path prefix ``/rollouts/{rollout_id}/attempts/{attem
 ``X-Rollout-Id`` / ``X-Attempt-Id`` headers (attempt defaults to the rollout's latest), or a per-attempt
 API key minted by ``POST /v1/rollouts`` (``Authorization: Bearer`` or ``x-api-key``). Anything else is
 unattributed: recorded under rollout id "unattributed" or refused, as configured.
+
+Authentication (docs/operations.md, "Security"): with ``gateway.admin_key`` set (or the deprecated
+``gateway.require_auth``) every call needs a key: a call on an attempt (path or headers) the attempt's own
+key or the admin key, an unattributed call the admin key; a minted key identifies its attempt on its own.
+Keys are compared as UTF-8 bytes in constant time, so a key that is not ASCII is simply a wrong key.
 """
 
 from __future__ import annotations
@@ -52,8 +57,31 @@ def session_id_of(headers: Mapping[str, str]) -> str | None:
     return None
 
 
+def keys_equal(presented: str, expected: str) -> bool:
+    """Constant-time comparison of two keys as UTF-8 bytes (``hmac.compare_digest`` refuses str arguments
+    that are not ASCII; a header decoded as latin-1, or any other text, may hold anything)."""
+    return hmac.compare_digest(presented.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
+
+
 def is_admin(key: str | None, admin_key: str) -> bool:
-    return bool(admin_key) and key is not None and hmac.compare_digest(key, admin_key)
+    return bool(admin_key) and key is not None and keys_equal(key, admin_key)
+
+
+def auth_required(admin_key: str, require_auth: bool) -> bool:
+    """Keys are needed on every route once an admin key is set; ``require_auth`` is its deprecated alias
+    (without an admin key nothing can check who starts rollouts, so only the attempts' keys are needed)."""
+    return bool(admin_key) or require_auth
+
+
+def check_any_key(headers: Mapping[str, str], registry: AttemptRegistry, *, require_auth: bool,
+                  admin_key: str) -> None:
+    """Routes that belong to no attempt (listing models): any key this gateway issued, or the admin key."""
+    if not auth_required(admin_key, require_auth):
+        return
+    key = presented_key(headers)
+    if key is None or not (is_admin(key, admin_key) or registry.by_api_key(key) is not None):
+        raise GatewayError(401, "this gateway requires an API key (a rollout's key from POST /v1/rollouts, "
+                           "or the admin key)", "authentication", code="invalid_api_key")
 
 
 def resolve_call(path_params: Mapping[str, str], headers: Mapping[str, str], registry: AttemptRegistry, *,
@@ -77,9 +105,9 @@ def resolve_call(path_params: Mapping[str, str], headers: Mapping[str, str], reg
             raise GatewayError(401, "unknown or expired rollout API key", "authentication",
                                code="invalid_api_key")
         return CallIdentity(registry.get_active(*ids), "api_key", session)
-    if require_auth and not is_admin(key, admin_key):
-        raise GatewayError(401, "this gateway requires a rollout API key (from POST /v1/rollouts)",
-                           "authentication", code="invalid_api_key")
+    if auth_required(admin_key, require_auth) and not is_admin(key, admin_key):
+        raise GatewayError(401, "this gateway requires a rollout API key (from POST /v1/rollouts) or, for "
+                           "calls that name no rollout, the admin key", "authentication", code="invalid_api_key")
     if unattributed == "refuse":
         raise GatewayError(400, "no rollout identity: use the /rollouts/{rollout_id}/attempts/{attempt_id} "
                            "path prefix, the X-Rollout-Id header or a rollout API key",
@@ -89,13 +117,19 @@ def resolve_call(path_params: Mapping[str, str], headers: Mapping[str, str], reg
 
 def _check_auth(registry: AttemptRegistry, state: AttemptState, key: str | None, require_auth: bool,
                 admin_key: str) -> None:
-    if not require_auth:
+    if not auth_required(admin_key, require_auth):
         return
-    if key is not None and (hmac.compare_digest(key, state.api_key) or is_admin(key, admin_key)):
+    check_attempt_key(registry, state, key, admin_key)
+
+
+def check_attempt_key(registry: AttemptRegistry, state: AttemptState, key: str | None, admin_key: str) -> None:
+    """The attempt's own key or the admin key; another attempt's valid key is a 403 (isolation), anything
+    else a 401. Shared by model calls and the environment API."""
+    if key is not None and (keys_equal(key, state.api_key) or is_admin(key, admin_key)):
         return
     if key is not None and registry.by_api_key(key) is not None:
         # A valid key, but another attempt's: authenticated, not allowed here (isolation).
         raise GatewayError(403, "this API key belongs to another rollout attempt", "permission",
                            code="wrong_rollout")
-    raise GatewayError(401, "this gateway requires the attempt's API key (from POST /v1/rollouts)",
+    raise GatewayError(401, "this attempt needs its own API key (from POST /v1/rollouts) or the admin key",
                        "authentication", code="invalid_api_key")

@@ -37,7 +37,13 @@ class GatewaySettings(BaseModel):
     fast_ascii_tokenize: bool = True
     max_body_bytes: int = 8 * 1024 * 1024
     max_tokens_limit: int = 4096
+    # Authentication (docs/operations.md, "Security"). Set (TOKENTRAIL_GATEWAY__ADMIN_KEY): every route but
+    # /health and /metrics needs a key. Starting rollouts needs this admin key; model calls, events, finish
+    # and status need the attempt's own key (minted by POST /v1/rollouts) or this key; calls that name no
+    # rollout need this key. Empty: no keys, and `tokentrail gateway` listens on loopback only.
     admin_key: str = ""
+    # Deprecated: keys are on whenever admin_key is set. Alone (no admin key) it still turns on the attempts'
+    # keys for model calls and the attempt routes, but starting rollouts stays open.
     require_auth: bool = False
     delivery_timeout_s: float = 5.0
 

@@ -165,12 +165,16 @@ def test_admin_key_and_required_rollout_keys(start_gateway) -> None:
         anonymous = openai.OpenAI(base_url=gw.openai_base_url, api_key="sk-someone", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             anonymous.chat.completions.create(model=MODEL, messages=USER, max_tokens=2)
-        assert [m.id for m in anonymous.models.list()] == [MODEL]  # listing models needs no rollout
-        assert [m.id for m in anthropic.Anthropic(base_url=gw.url, api_key="x").models.list()] == [MODEL]
+        with pytest.raises(openai.AuthenticationError):  # every route but /health and /metrics needs a key
+            anonymous.models.list()
+        as_admin = openai.OpenAI(base_url=gw.openai_base_url, api_key="admin-secret", max_retries=0)
+        assert [m.id for m in as_admin.models.list()] == [MODEL]  # listing models needs a key, no rollout
+        assert [m.id for m in anthropic.Anthropic(base_url=gw.url, api_key="admin-secret").models.list()] == [MODEL]
 
         with Rollout(gw.url, admin_key="admin-secret") as rollout:
             by_key = anthropic.Anthropic(base_url=gw.url, api_key=rollout.api_key, max_retries=0)
             assert by_key.messages.create(model=MODEL, max_tokens=2, messages=USER).usage.output_tokens >= 1
+            assert [m.id for m in by_key.models.list()] == [MODEL]  # a rollout's key lists models too
             wrong = openai.OpenAI(base_url=rollout.openai_base_url, api_key="sk-other", max_retries=0)
             with pytest.raises(openai.AuthenticationError):
                 wrong.chat.completions.create(model=MODEL, messages=USER, max_tokens=2)
