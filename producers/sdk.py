@@ -40,10 +40,12 @@ class _RolloutBase:
     def __init__(self, gateway_url: str, *, task_input: Any = None, group_id: str | None = None,
                  group_key: dict[str, str] | None = None, expected_group_size: int | None = None,
                  metadata: dict[str, Any] | None = None, rollout_id: str | None = None,
-                 admin_key: str | None = None) -> None:
+                 admin_key: str | None = None, script: list[str] | None = None) -> None:
         self.gateway_url = gateway_url.rstrip("/")
         self._start_body: dict[str, Any] = {"task_input": task_input, "group_key": dict(group_key or {}),
                                             "metadata": dict(metadata or {})}
+        if script is not None:  # tests: the engine emits these completions in order (see env_api)
+            self._start_body["script"] = list(script)
         if group_id is not None:
             self._start_body["group_id"] = group_id
         if expected_group_size is not None:

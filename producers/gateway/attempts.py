@@ -85,6 +85,8 @@ class AttemptState:
     outputs: OrderedDict[int, SampledOutput] = field(default_factory=OrderedDict)
     max_outputs: int = 4096
     in_flight: int = 0
+    # Scripted completions still to emit, one per call (POST /v1/rollouts ``script``; tests only).
+    script: deque[str] = field(default_factory=deque)
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -190,7 +192,8 @@ class AttemptRegistry:
                            "finish it first", code="attempt_in_progress")
         number = previous.latest_number + 1 if previous else 1
         state = AttemptState(rollout_id=rid, attempt_id=uuid.uuid4().hex, attempt_number=number,
-                             api_key=API_KEY_PREFIX + secrets.token_urlsafe(24))
+                             api_key=API_KEY_PREFIX + secrets.token_urlsafe(24),
+                             script=deque(start.get("script") or ()))
         self._evict_idle()
         self._active[state.key] = state
         before = RolloutInfo(previous.latest_attempt_id, previous.latest_number, previous.start) \

@@ -48,6 +48,9 @@ class RolloutStart(_Strict):
     group_key: dict[str, str] = Field(default_factory=dict)
     expected_group_size: int | None = Field(default=None, ge=1)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # Tests only: completions the engine emits in order, one per model call of each attempt, instead of
+    # sampling (the embedded engine; each record says ``scripted``, and nothing trains on it).
+    script: list[str] | None = Field(default=None, max_length=1000)
 
 
 class AttemptRetry(_Strict):

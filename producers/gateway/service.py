@@ -66,6 +66,8 @@ class PreparedCall:
     tool_call_prefix: str
     # Pass-through: the upstream renders the conversation; ``rendered`` holds its prompt once it ran.
     passthrough: bool = False
+    # Scripted: the ids the engine emits instead of sampling (the attempt's next scripted completion).
+    forced_ids: tuple[int, ...] | None = None
 
 
 ResponseBuilder = Callable[[CallOutcome], dict[str, Any]]
@@ -137,10 +139,17 @@ class CallService:
             raise bad_request("the prompt renders to no tokens", code="empty_prompt")
         if not passthrough:  # a pass-through prompt's length is known only to the upstream
             self._fit_output(call, len(rendered.prompt_ids))
+        if identity.state.script and passthrough:
+            raise bad_request("a scripted rollout needs the gateway to render prompts (prefix_mode splice or "
+                              "retokenize)", code="script_unsupported")
         index = identity.state.begin_call()
+        forced = None
+        if identity.state.script:  # taken with the index, so the n-th call gets the n-th completion
+            text = identity.state.script.popleft()
+            forced = (*self.text.encode_text(text), self.text.stop_token_ids[0])
         return PreparedCall(identity, call, rendered, index,
                             make_call_id(identity.rollout_id, identity.attempt_id, index), received_at_us,
-                            started, request_json, adapter_version, tool_call_prefix, passthrough)
+                            started, request_json, adapter_version, tool_call_prefix, passthrough, forced)
 
     def _fit_output(self, call: InternalCall, prompt_len: int) -> None:
         """Cut the output budget to what the model's context leaves after the prompt; refuse (in the
@@ -182,7 +191,7 @@ class CallService:
             return cast(ChatUpstream, self.upstream).generate_chat_stream(chat)
         return self.upstream.generate_stream(GenerateRequest(
             prompt_ids=prep.rendered.prompt_ids, sampling=sampling, request_id=prep.call_id,
-            rollout_id=prep.identity.rollout_id))
+            rollout_id=prep.identity.rollout_id, forced_ids=prep.forced_ids))
 
     async def _run(self, prep: PreparedCall, respond: ResponseBuilder,
                    error_body: ErrorBody, on_text: TextListener | None,
@@ -296,7 +305,8 @@ class CallService:
             received_at_us=prep.received_at_us, queue_ms=generated.queue_ms,
             first_token_ms=generated.first_token_ms,
             total_ms=(time.perf_counter() - prep.started) * 1000,
-            request=prep.request_json, response=orjson.dumps(response).decode())
+            request=prep.request_json, response=orjson.dumps(response).decode(),
+            scripted=prep.forced_ids is not None)
 
     async def _record_failure(self, prep: PreparedCall, error: GatewayError, body: dict[str, Any],
                               generated: Generated, finish_reason: str = "error") -> None:

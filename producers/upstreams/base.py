@@ -38,6 +38,10 @@ class GenerateRequest:
     request_id: str
     # Routing key: every call of a rollout goes to the same upstream replica (prefix-cache locality).
     rollout_id: str = ""
+    # Scripted output: emit exactly these ids (up to max_tokens) instead of sampling, each with the model's
+    # own logprob (RAW: before temperature, top-k and top-p); a test's way to make a harness take a path.
+    # Only an upstream with ``supports_forced_output`` can; others refuse it (400).
+    forced_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

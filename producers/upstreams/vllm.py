@@ -221,6 +221,9 @@ class VLLMUpstream:
 
     async def completion_body(self, request: GenerateRequest, stream: bool) -> dict[str, Any]:
         """The ``/v1/completions`` request for exact token-in generation."""
+        if request.forced_ids is not None:
+            raise UpstreamError("scripted outputs need the embedded engine: vLLM samples every token", 400,
+                                "invalid_request_error")
         body: dict[str, Any] = {
             "model": await self.model(),
             "prompt": request.prompt_ids,

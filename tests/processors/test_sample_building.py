@@ -78,6 +78,17 @@ def test_split_gives_one_sample_per_successful_call() -> None:
         assert len(s["reward_ids"]) == 1 and len(s["score_ids"]) == 1
 
 
+def test_a_scripted_output_is_never_trained_on() -> None:
+    """A call whose output the engine was scripted to emit (a test driving a harness) gives no sample and
+    no loss weight; the rollout's sampled calls train as before."""
+    r = _rollout("r1")
+    r["calls"][1]["scripted"] = True
+    samples = samples_for([r], SampleConfig())
+    trained = {seg["call_id"] for s in samples for seg in s["segments"] if seg["source"] == "OUTPUT"}
+    assert trained == {r["calls"][0]["call_id"], r["calls"][2]["call_id"]}
+    assert len(samples) == 2
+
+
 def test_merge_when_the_prefix_holds() -> None:
     r = _rollout("r1", n=4)
     (merged,) = samples_for([r], SampleConfig(merge=True))

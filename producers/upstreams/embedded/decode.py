@@ -28,6 +28,8 @@ class DecodeRow:
     on_token: Callable[[list[int], list[float]], bool] = lambda _ids, _lps: True
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
+    # Scripted: these ids are emitted instead of samples, with their RAW logprobs; done when they run out.
+    forced: Sequence[int] | None = None
     finish_reason: str = ""  # "stop" | "length" | "cancelled" once done
     first_token_at: float = 0.0
 
@@ -66,7 +68,14 @@ def decode_batch(model: torch.nn.Module, rows: Sequence[DecodeRow], pad_id: int,
     while True:
         processed = processed_logits(logits, params)
         tokens = sample_rows(processed, params, generators)
+        scripted = [i for i, r in enumerate(rows) if r.forced is not None and not r.done]
+        for i in scripted:
+            tokens[i] = int(rows[i].forced[len(rows[i].output_ids)])  # type: ignore[index]
         logprobs = token_logprobs(logits, processed, tokens, kind)
+        if scripted:  # the model's own distribution: a scripted token may lie outside top-k / top-p
+            raw = token_logprobs(logits, processed, tokens, "RAW")
+            for i in scripted:
+                logprobs[i] = raw[i]
         now = time.perf_counter()
         for i, row in enumerate(rows):
             if row.done:
@@ -79,7 +88,7 @@ def decode_batch(model: torch.nn.Module, rows: Sequence[DecodeRow], pad_id: int,
                 row.first_token_at = now
             if not row.on_token([token], [logprob]):
                 row.finish_reason = "cancelled"
-            elif token in row.stop_ids:
+            elif token in row.stop_ids or (row.forced is not None and len(row.output_ids) >= len(row.forced)):
                 row.finish_reason = "stop"
             elif len(row.output_ids) >= row.max_tokens or lengths[i] >= max_positions:
                 row.finish_reason = "length"

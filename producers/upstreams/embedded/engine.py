@@ -59,6 +59,8 @@ class _Swap:
 class EmbeddedEngine:
     """``Upstream`` implementation over a local causal LM directory (see ``models.reference.build``)."""
 
+    supports_forced_output = True  # GenerateRequest.forced_ids: scripted outputs for tests
+
     def __init__(self, model_dir: Path, *, name: str = "embedded", logprob_kind: LogprobKind = "PROCESSED",
                  threads: int | None = 1, max_batch: int = 16, batch_window_ms: float = 2.0,
                  policy_version: int = 0) -> None:
@@ -229,6 +231,11 @@ class EmbeddedEngine:
             raise UpstreamError(
                 f"This model's maximum context length is {self.max_model_len} tokens; the prompt has "
                 f"{len(ids)} and max_tokens is {sampling.max_tokens}", 400, "invalid_request_error")
+        if request.forced_ids is not None:
+            bad = _first_out_of_vocabulary(list(request.forced_ids), self.vocab_size)
+            if not request.forced_ids or bad is not None:
+                raise UpstreamError(f"the scripted output is empty or holds an id outside the vocabulary ({bad})",
+                                    400, "invalid_request_error")
         if sampling.temperature < 0 or not 0 < sampling.top_p <= 1 or sampling.top_k < 0:
             raise UpstreamError("temperature must be >= 0, top_p in (0, 1], top_k >= 0", 400,
                                 "invalid_request_error")
@@ -301,7 +308,8 @@ class EmbeddedEngine:
                 queue_ms=(started - job.enqueued_at) * 1000.0,
                 first_token_ms=(row.first_token_at - job.enqueued_at) * 1000.0,
                 total_ms=(finished - job.enqueued_at) * 1000.0,
-                extra={"seed": job.seed, "batch_size": len(jobs), "torch": torch.__version__},
+                extra={"seed": job.seed, "batch_size": len(jobs), "torch": torch.__version__,
+                       **({"scripted": True} if job.request.forced_ids is not None else {})},
             ))
 
     def _row(self, job: _Job) -> DecodeRow:
@@ -321,6 +329,7 @@ class EmbeddedEngine:
             stop_ids=self.eos_token_ids | frozenset(sampling.stop_token_ids),
             seed=job.seed,
             on_token=on_token,
+            forced=job.request.forced_ids,
         )
 
 
