@@ -95,7 +95,6 @@ def test_anthropic_system_blocks_tools_and_results_become_chat_messages() -> Non
             },
             "tools.0.type",
         ),
-        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 101}, "max_tokens"),
     ],
 )
 def test_anthropic_unsupported_input_is_refused_with_the_offending_param(body: dict, param: str) -> None:
@@ -104,6 +103,12 @@ def test_anthropic_unsupported_input_is_refused_with_the_offending_param(body: d
     assert info.value.status == 400
     assert info.value.param == param
     assert info.value.anthropic_body()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_budget_over_the_gateway_cap_is_served_with_the_cap_and_the_request_kept() -> None:
+    call = anthropic_adapter.to_internal(_anthropic({"messages": [{"role": "user", "content": "x"}],
+                                                     "max_tokens": 101}), 100)
+    assert (call.sampling.max_tokens, call.sampling.requested_max_tokens) == (100, 101)
 
 
 def test_openai_messages_are_normalised() -> None:
