@@ -163,7 +163,7 @@ def full_samples(client: object, messages: list[tuple[str, bytes]]) -> None:
 
 FULL_TABLES = ("calls_full", "calls_full_bytes")
 # Columns of the calls table added after the released 0001 design (calls_full_bytes lacks them).
-RELEASED_LATER = (*CHECK_COLUMNS, "prompt_shared_call_id")
+RELEASED_LATER = (*CHECK_COLUMNS, "prompt_shared_call_id", "scripted")
 # The full-prompt copies store every request body whole (calls_full keeps its length and sha256, as the
 # same design; the released 0001 design has neither).
 
