@@ -108,11 +108,14 @@ def redact_headers(headers: dict[str, str]) -> dict[str, str]:
 
 
 def request_json(method: str, path: str, query: str, headers: dict[str, str], body: Any) -> str:
-    """The harness request as sent (headers that matter, body as parsed), credentials redacted."""
-    kept = {k.lower(): v for k, v in headers.items() if k.lower().startswith(_KEPT_HEADER_PREFIXES)}
+    """The harness request as sent (headers that matter, body as parsed), credentials redacted.
+
+    The body keeps the harness's key order: chat templates render tool schemas with ``tojson``, which
+    keeps it too, so the recorded request re-renders to exactly the prompt the gateway recorded."""
+    kept = {k.lower(): v for k, v in sorted(headers.items()) if k.lower().startswith(_KEPT_HEADER_PREFIXES)}
     doc = {"method": method, "path": path, "query": redact_query(query), "headers": redact_headers(kept),
            "body": redact(body)}
-    return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS).decode()
+    return orjson.dumps(doc).decode()
 
 
 def canonical_json(value: Any) -> str:

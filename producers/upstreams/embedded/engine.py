@@ -301,7 +301,8 @@ class EmbeddedEngine:
                 output_ids=row.output_ids,
                 output_logprobs=row.output_logprobs,
                 finish_reason=row.finish_reason,
-                logprob_kind=self.logprob_kind,
+                # Scripted tokens carry the model's RAW logprobs (see decode.py), whatever the engine's kind.
+                logprob_kind="RAW" if job.request.forced_ids is not None else self.logprob_kind,
                 policy_version=version,
                 engine=self.engine,
                 upstream=f"{self.name}:{self.model_dir.name}",

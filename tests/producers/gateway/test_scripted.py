@@ -44,5 +44,5 @@ def test_a_scripted_rollout_drives_tool_calls_with_the_models_own_logprobs(
     for call, prompt, script in zip(calls[:2], prompts_of(calls)[:2], [TOOL_CALL, ANSWER], strict=True):
         ids, logprobs = output_of(call)
         assert text_side.decode(ids.tolist()) == script + "<|im_end|>" or text_side.decode(ids.tolist()) == script
-        raw = dict(call, logprob_kind="RAW")  # scripted tokens carry the model's RAW logprobs
-        np.testing.assert_allclose(logprobs, engine_logprobs(reference_model, raw, prompt), rtol=1e-4, atol=1e-4)
+        assert call["logprob_kind"] == "RAW"  # scripted tokens carry the model's RAW logprobs
+        np.testing.assert_allclose(logprobs, engine_logprobs(reference_model, call, prompt), rtol=1e-4, atol=1e-4)
