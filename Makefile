@@ -61,6 +61,8 @@ NPM_CI := npm ci --prefer-offline --no-audit --no-fund
 
 .PHONY: setup-harnesses
 setup-harnesses: $(HARNESS_STAMPS)
+	@# strace: the harness tests trace every harness to prove that nothing leaves the machine.
+	@command -v strace >/dev/null || { apt-get update -qq && apt-get install -y -qq strace >/dev/null; }
 
 $(HARNESSES)/node_modules/.installed: $(HARNESSES)/package.json $(HARNESSES)/package-lock.json
 	@command -v npm >/dev/null || { echo "setup-harnesses needs Node 20+ and npm on PATH" >&2; exit 1; }

@@ -22,6 +22,8 @@ STRACE = shutil.which("strace") is not None
 
 @pytest.mark.parametrize("run", ["claude", "codex", "pi", "openclaw"])
 def test_harness_completes_a_tool_turn_offline(run: str, tmp_path: Path) -> None:
+    # The proof that nothing leaves the machine needs strace (make setup-harnesses installs it).
+    assert STRACE, "strace is missing: run `make setup-harnesses` (it installs Debian's strace)"
     summary = capture(RUNS[run], "tool", out_dir=tmp_path, use_strace=STRACE, timeout=600)
     stem = f"{run}-tool"
     log = (tmp_path / f"{stem}.out.txt").read_text()
