@@ -52,6 +52,7 @@ the standard library and needs no readable copy of this repository inside the sa
 from __future__ import annotations
 
 import builtins
+import contextlib
 import hashlib
 import hmac
 import json
@@ -553,9 +554,16 @@ def _mounts(libc: Any, cfg: dict[str, Any]) -> None:
     flags = MS_NOSUID | MS_NODEV
     _mount(libc, "tmpfs", stage, "tmpfs", flags, f"size={size},mode=1777")
     covers: dict[str, list[str]] = {}
+    in_scratch: list[tuple[str, str]] = []  # (aside, path): interpreter dirs under /tmp & co, put back below
     for path in _interpreter_dirs():
-        if any(_under(path, d) for d in SCRATCH_DIRS + HIDDEN_DIRS):
+        if any(_under(path, d) for d in HIDDEN_DIRS):
             raise RuntimeError(f"the interpreter lives under {path}, which the sandbox replaces")
+        if any(_under(path, d) for d in SCRATCH_DIRS):  # e.g. a checkout (and its venv) under /tmp
+            aside = os.path.join(stage, f".interpreter{len(in_scratch)}")
+            os.mkdir(aside, 0o755)
+            _mount(libc, path, aside, None, MS_BIND | MS_REC, None)
+            in_scratch.append((os.path.basename(aside), path))
+            continue
         blocked = _blocked_ancestor(path)
         if blocked:
             if blocked == "/" or _under(stage, blocked):
@@ -576,8 +584,14 @@ def _mounts(libc: Any, cfg: dict[str, Any]) -> None:
     first = True
     for d in SCRATCH_DIRS:
         if os.path.isdir(d) and not os.path.islink(d):
-            _mount(libc, stage if first else SCRATCH_DIRS[0], d, None, MS_BIND, None)
+            # Recursive for the stage: interpreter dirs set aside in it come along, to be moved into place.
+            _mount(libc, stage if first else SCRATCH_DIRS[0], d, None, MS_BIND | (MS_REC if first else 0), None)
             first = False
+    for name, path in in_scratch:  # the stage is /tmp now: move each interpreter dir to its own path in it
+        os.makedirs(path, 0o755, exist_ok=True)
+        _mount(libc, os.path.join(SCRATCH_DIRS[0], name), path, None, MS_MOVE, None)
+        with contextlib.suppress(OSError):  # the stage's own copy may stay busy: an empty dir, harmless
+            os.rmdir(os.path.join(SCRATCH_DIRS[0], name))
     for d in HIDDEN_DIRS:
         if os.path.isdir(d) and not os.path.islink(d):
             _mount(libc, "tmpfs", d, "tmpfs", flags | MS_NOEXEC, "size=1m,mode=0755")

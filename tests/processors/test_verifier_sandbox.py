@@ -294,3 +294,13 @@ def test_without_namespaces_the_verifier_fails_closed_unless_allowed() -> None:
         out = raw(allowed)
         assert out["all_passed"] and out["sandbox"] == "limits-only"
     assert_still_works()
+
+
+def test_an_interpreter_under_tmp_is_put_back_into_the_sandbox(tmp_path: Path) -> None:
+    """The sandbox replaces /tmp with its own tmpfs; an interpreter (a checkout's venv) living under /tmp must
+    still be there inside it. CI's clone under /tmp found this: every sandboxed run was an ERROR."""
+    venv = tmp_path / "venv"  # pytest's tmp_path is under /tmp
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    out = raw(score(UT, rollout("good", SOLUTION, GOOD_TASK), python=str(venv / "bin" / "python")))
+    assert out["all_passed"] and out["passed"] == 2 and out["sandbox"] != "limits-only", out
+    assert_still_works()
