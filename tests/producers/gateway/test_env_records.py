@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 
 from producers.sdk import Rollout
 from tokentrail.settings import Settings
@@ -89,3 +90,9 @@ def test_a_call_still_uploading_when_its_attempt_finishes_is_refused(
     assert late.status_code == 409 and late.json()["error"]["code"] == "attempt_finished"
     assert finished["call_count"] == 0
     assert after.status_code == 201
+    # What came after the refusal reached Kafka: the first attempt's start and finish, the next one's start;
+    # and the refused call left no record.
+    env = {r["event_id"] for _, r in read_records(tokentrail_settings, topics["env_topic"], 3)}
+    assert {finished["event_id"], after.json()["event_id"]} <= env
+    with pytest.raises(AssertionError, match="found 0"):
+        read_records(tokentrail_settings, topics["calls_topic"], 1, timeout_s=5)
