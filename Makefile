@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 JARS   := deploy/kafka/lib/.fetched
 UV_VERSION := 0.13.9
 
-.PHONY: setup demo test lint bench clean-var setup-vllm
+.PHONY: setup demo test lint bench clean-var setup-vllm setup-bench-litellm
 
 setup: $(STAMP) $(JARS)
 
@@ -30,6 +30,15 @@ $(JARS): deploy/kafka/pom.xml
 # cache, which .venv filled), a no-op once installed.
 setup-vllm:
 	bash deploy/vllm/install.sh
+
+# LiteLLM's proxy in its own environment .venv-litellm, pinned by bench/litellm-requirements.txt, for
+# bench.gateway's side-by-side figures only (the main venv never gets it); a no-op once installed.
+setup-bench-litellm: .venv-litellm/.installed
+
+.venv-litellm/.installed: bench/litellm-requirements.txt | $(STAMP)  # uv comes with the main venv
+	$(PYTHON) -m venv .venv-litellm
+	UV_SYSTEM_CERTS=1 $(BIN)/uv pip install --python .venv-litellm/bin/python -r bench/litellm-requirements.txt
+	touch $@
 
 # Sets everything up, then runs the main job: Kafka, embedded ClickHouse, gateway on the embedded
 # engine, processors, sink and trainer, with an agent workload trained online; ends with the audit.
