@@ -35,9 +35,10 @@ setup-vllm:
 # bench.gateway's side-by-side figures only (the main venv never gets it); a no-op once installed.
 setup-bench-litellm: .venv-litellm/.installed
 
-.venv-litellm/.installed: bench/litellm-requirements.txt | $(STAMP)  # uv comes with the main venv
+.venv-litellm/.installed: bench/litellm-requirements.txt
 	$(PYTHON) -m venv .venv-litellm
-	UV_SYSTEM_CERTS=1 $(BIN)/uv pip install --python .venv-litellm/bin/python -r bench/litellm-requirements.txt
+	.venv-litellm/bin/pip install --quiet --disable-pip-version-check --no-cache-dir 'uv==$(UV_VERSION)'
+	UV_SYSTEM_CERTS=1 .venv-litellm/bin/uv pip install --python .venv-litellm/bin/python -r bench/litellm-requirements.txt
 	touch $@
 
 # Sets everything up, then runs the main job: Kafka, embedded ClickHouse, gateway on the embedded
