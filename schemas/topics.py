@@ -97,9 +97,15 @@ DEAD_LETTER = TopicSpec(
     "tokentrail.dead-letter", "key of the failed record", ("DeadLetter",), 365 * DAY_MS,
     "Records a stage could not process, with the source position and the reason.",
 )
+FEEDBACK = TopicSpec(
+    "tokentrail.feedback", "target_id", ("Feedback",), FOREVER,
+    "Outside signals about a response, call, session or rollout (source of truth); the feedback join "
+    "resolves each to its rollouts.",
+)
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     CALLS, ENV, ROLLOUTS, GROUPS, SCORES, REWARDS, CREDITS, SAMPLES, TRAINER_STEPS, DEAD_LETTER,
+    FEEDBACK,
 )
 BY_NAME: dict[str, TopicSpec] = {spec.name: spec for spec in ALL_TOPICS}
 
@@ -114,6 +120,7 @@ CREDITS_TOPIC = CREDITS.name
 SAMPLES_TOPIC = SAMPLES.name
 TRAINER_STEPS_TOPIC = TRAINER_STEPS.name
 DEAD_LETTER_TOPIC = DEAD_LETTER.name
+FEEDBACK_TOPIC = FEEDBACK.name
 
 
 def topic(name: str) -> TopicSpec:
