@@ -360,7 +360,35 @@ TABLES: tuple[Table, ...] = (
     ),
 )
 
-TABLE_NAMES: tuple[str, ...] = tuple(t.name for t in TABLES)
+# Tables added after 0001, each created by its own migration below.
+FEEDBACK_TABLE = Table(
+    "feedback",
+    f"""
+    event_id String,
+    source {LC},
+    source_feedback_id Nullable(String),
+    target_kind {LC},
+    target_id String,
+    call_id Nullable(String),
+    kind {LC},
+    binary Nullable(Bool),
+    rating Nullable(Float64),
+    rating_min Float64,
+    rating_max Float64,
+    outcome Nullable(String),
+    edit_distance Nullable(Float64),
+    task_success Nullable(Bool),
+    details_json String,
+    text Nullable(String) CODEC(ZSTD(3)),
+    supersedes Nullable(String),
+    event_time_us Int64,
+    created_at_us Int64""",
+    "target_kind, target_id, event_id",
+    time_column="event_time_us",  # the feedback's own time: every copy lands in the same partition
+    indexes=("INDEX ix_call_id call_id TYPE bloom_filter GRANULARITY 4",),
+)
+
+TABLE_NAMES: tuple[str, ...] = (*(t.name for t in TABLES), FEEDBACK_TABLE.name)
 
 # Helper views. Every view reads FINAL, so a person or a dashboard never sees a duplicate.
 VIEWS: dict[str, str] = {
@@ -503,6 +531,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             f"ALTER TABLE {db}.rollouts ADD COLUMN IF NOT EXISTS c_scripted Array(Bool) DEFAULT [] "
             "AFTER c_chat_template_fingerprint",
         ],
+    ),
+    Migration(
+        "0011_feedback",
+        "feedback: outside signals about responses, calls, sessions and rollouts (issue 21)",
+        lambda db: [FEEDBACK_TABLE.create_sql(db)],
     ),
 )
 

@@ -39,6 +39,7 @@ TABLE_OF: dict[str, str] = {
     "Sample": "samples",
     "TrainerStep": "trainer_steps",
     "DeadLetter": "dead_letters",
+    "Feedback": "feedback",
 }
 RECORD_OF: dict[str, str] = {table: name for name, table in TABLE_OF.items()}
 

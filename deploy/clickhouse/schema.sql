@@ -491,6 +491,39 @@ ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS scripted Bool DEFAULT fals
 
 ALTER TABLE tokentrail.rollouts ADD COLUMN IF NOT EXISTS c_scripted Array(Bool) DEFAULT [] AFTER c_chat_template_fingerprint;
 
+CREATE TABLE IF NOT EXISTS tokentrail.feedback (
+    event_id String,
+    source LowCardinality(String),
+    source_feedback_id Nullable(String),
+    target_kind LowCardinality(String),
+    target_id String,
+    call_id Nullable(String),
+    kind LowCardinality(String),
+    binary Nullable(Bool),
+    rating Nullable(Float64),
+    rating_min Float64,
+    rating_max Float64,
+    outcome Nullable(String),
+    edit_distance Nullable(Float64),
+    task_success Nullable(Bool),
+    details_json String,
+    text Nullable(String) CODEC(ZSTD(3)),
+    supersedes Nullable(String),
+    event_time_us Int64,
+    created_at_us Int64,
+    event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro(event_time_us),
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6),
+    INDEX ix_call_id call_id TYPE bloom_filter GRANULARITY 4
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (target_kind, target_id, event_id)
+SETTINGS non_replicated_deduplication_window = 10000;
+
 CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
         FROM tokentrail.attempt_starts FINAL
         UNION ALL
