@@ -14,6 +14,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from models.settings import ModelSettings
+from processors.release.settings import ReleaseSettings
 from processors.stream.settings import ProcessorSettings
 from producers.gateway.settings import GatewaySettings
 from schemas.kafka_config import KafkaSettings
@@ -23,7 +24,7 @@ from trainer_consumer.settings import TrainerSettings
 
 __all__ = [
     "REPO_ROOT", "VAR_DIR", "ClickHouseSettings", "GatewaySettings", "KafkaSettings", "ModelSettings",
-    "ProcessorSettings", "Settings", "TrainerSettings", "get_settings",
+    "ProcessorSettings", "ReleaseSettings", "Settings", "TrainerSettings", "get_settings",
 ]
 
 
@@ -37,6 +38,7 @@ class Settings(BaseSettings):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     processors: ProcessorSettings = Field(default_factory=ProcessorSettings)
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
+    release: ReleaseSettings = Field(default_factory=ReleaseSettings)
 
 
 @lru_cache(maxsize=1)
