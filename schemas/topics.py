@@ -102,10 +102,19 @@ FEEDBACK = TopicSpec(
     "Outside signals about a response, call, session or rollout (source of truth); the feedback join "
     "resolves each to its rollouts.",
 )
+# Keyed by the release track (the served model name), on one partition: every reader (gateways, the
+# controller, `tokentrail release status`) folds all decisions in one total order, so a decision's
+# sequence number alone tells whether it was the next one. A few records a day; kept forever for audit.
+RELEASE_DECISIONS = TopicSpec(
+    "tokentrail.release-decisions", "model", ("ReleaseDecision",), FOREVER,
+    "Which policy versions serve which share of sessions: the release controller's and operators' "
+    "decisions (start, ramp, promote, rollback, pin), in order.",
+    partitions=1,
+)
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     CALLS, ENV, ROLLOUTS, GROUPS, SCORES, REWARDS, CREDITS, SAMPLES, TRAINER_STEPS, DEAD_LETTER,
-    FEEDBACK,
+    FEEDBACK, RELEASE_DECISIONS,
 )
 BY_NAME: dict[str, TopicSpec] = {spec.name: spec for spec in ALL_TOPICS}
 
@@ -121,6 +130,7 @@ SAMPLES_TOPIC = SAMPLES.name
 TRAINER_STEPS_TOPIC = TRAINER_STEPS.name
 DEAD_LETTER_TOPIC = DEAD_LETTER.name
 FEEDBACK_TOPIC = FEEDBACK.name
+RELEASE_DECISIONS_TOPIC = RELEASE_DECISIONS.name
 
 
 def topic(name: str) -> TopicSpec:

@@ -388,7 +388,45 @@ FEEDBACK_TABLE = Table(
     indexes=("INDEX ix_call_id call_id TYPE bloom_filter GRANULARITY 4",),
 )
 
-TABLE_NAMES: tuple[str, ...] = (*(t.name for t in TABLES), FEEDBACK_TABLE.name)
+RELEASE_DECISIONS_TABLE = Table(
+    "release_decisions",
+    f"""
+    event_id String,
+    model {LC},
+    sequence Int64,
+    release_id String,
+    action {LC},
+    source {LC},
+    operator Nullable(String),
+    serving_version Int64,
+    candidate_version Nullable(Int64),
+    candidate_fraction Float64,
+    stage Int32,
+    pinned_json String,
+    plan_id {LC},
+    plan_json {TEXT},
+    rule {LC},
+    reason String,
+    alpha Nullable(Float64),
+    interval_low Nullable(Float64),
+    interval_high Nullable(Float64),
+    serving_rewards Int64,
+    serving_reward_mean Nullable(Float64),
+    serving_reward_var Nullable(Float64),
+    serving_calls Int64,
+    serving_errors Int64,
+    serving_latency_ms_mean Nullable(Float64),
+    candidate_rewards Int64,
+    candidate_reward_mean Nullable(Float64),
+    candidate_reward_var Nullable(Float64),
+    candidate_calls Int64,
+    candidate_errors Int64,
+    candidate_latency_ms_mean Nullable(Float64),
+    created_at_us Int64""",
+    "model, sequence, event_id",
+)
+
+TABLE_NAMES: tuple[str, ...] = (*(t.name for t in TABLES), FEEDBACK_TABLE.name, RELEASE_DECISIONS_TABLE.name)
 
 # Helper views. Every view reads FINAL, so a person or a dashboard never sees a duplicate.
 VIEWS: dict[str, str] = {
@@ -531,6 +569,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             f"ALTER TABLE {db}.rollouts ADD COLUMN IF NOT EXISTS c_scripted Array(Bool) DEFAULT [] "
             "AFTER c_chat_template_fingerprint",
         ],
+    ),
+    Migration(
+        "0010_release_decisions",
+        "release_decisions: which policy versions serve which share of traffic, and why (issue 22)",
+        lambda db: [RELEASE_DECISIONS_TABLE.create_sql(db)],
     ),
     Migration(
         "0011_feedback",

@@ -40,6 +40,7 @@ TABLE_OF: dict[str, str] = {
     "TrainerStep": "trainer_steps",
     "DeadLetter": "dead_letters",
     "Feedback": "feedback",
+    "ReleaseDecision": "release_decisions",
 }
 RECORD_OF: dict[str, str] = {table: name for name, table in TABLE_OF.items()}
 

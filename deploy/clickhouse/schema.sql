@@ -491,6 +491,51 @@ ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS scripted Bool DEFAULT fals
 
 ALTER TABLE tokentrail.rollouts ADD COLUMN IF NOT EXISTS c_scripted Array(Bool) DEFAULT [] AFTER c_chat_template_fingerprint;
 
+CREATE TABLE IF NOT EXISTS tokentrail.release_decisions (
+    event_id String,
+    model LowCardinality(String),
+    sequence Int64,
+    release_id String,
+    action LowCardinality(String),
+    source LowCardinality(String),
+    operator Nullable(String),
+    serving_version Int64,
+    candidate_version Nullable(Int64),
+    candidate_fraction Float64,
+    stage Int32,
+    pinned_json String,
+    plan_id LowCardinality(String),
+    plan_json String CODEC(ZSTD(3)),
+    rule LowCardinality(String),
+    reason String,
+    alpha Nullable(Float64),
+    interval_low Nullable(Float64),
+    interval_high Nullable(Float64),
+    serving_rewards Int64,
+    serving_reward_mean Nullable(Float64),
+    serving_reward_var Nullable(Float64),
+    serving_calls Int64,
+    serving_errors Int64,
+    serving_latency_ms_mean Nullable(Float64),
+    candidate_rewards Int64,
+    candidate_reward_mean Nullable(Float64),
+    candidate_reward_var Nullable(Float64),
+    candidate_calls Int64,
+    candidate_errors Int64,
+    candidate_latency_ms_mean Nullable(Float64),
+    created_at_us Int64,
+    event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro(created_at_us),
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6)
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (model, sequence, event_id)
+SETTINGS non_replicated_deduplication_window = 10000;
+
 CREATE TABLE IF NOT EXISTS tokentrail.feedback (
     event_id String,
     source LowCardinality(String),

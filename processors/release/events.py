@@ -114,28 +114,34 @@ def state_after(record: Record) -> ReleaseState:
 
 @dataclass
 class DecisionLog:
-    """Every model's state, folded from the decisions in topic order; ``stale`` lists decisions that lost
-    a race (their sequence was not the model's next number)."""
+    """Every model's state, folded from the decisions in topic order. ``stale`` lists decisions that lost
+    a race (their sequence was not the model's next number), ``rejected`` malformed ones with the reason;
+    neither changes any state, and folding goes on past them."""
 
     states: dict[str, ReleaseState]
     applied: list[Record]
     stale: list[Record]
+    rejected: list[tuple[Record, str]]
 
     @classmethod
     def fold(cls, records: Iterable[Record]) -> DecisionLog:
-        log = cls({}, [], [])
+        log = cls({}, [], [], [])
         for record in records:
             log.add(record)
         return log
 
     def add(self, record: Record) -> bool:
-        """Fold one decision; False when it is stale."""
+        """Fold one decision; False when it is stale or malformed."""
         model = record.get("model")
         current = self.states.get(model) if isinstance(model, str) else None
         expected = current.sequence if current is not None else 0
         if record.get("sequence") != expected:
             self.stale.append(record)
             return False
-        self.states[record["model"]] = state_after(record)
+        try:
+            self.states[record["model"]] = state_after(record)
+        except InvalidEvent as exc:
+            self.rejected.append((record, str(exc)))
+            return False
         self.applied.append(record)
         return True

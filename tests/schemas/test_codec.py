@@ -28,7 +28,7 @@ SCHEMA_NAMES = sorted(CODEC.store.current)
 EXPECTED_EVENTS = {
     "CallRecord", "AttemptStarted", "EnvStep", "AttemptFinished", "CompletedRollout", "RolloutGroup",
     "Score", "Reward", "Credit", "Sample", "TrainerStep", "DeadLetter",
-    "Feedback",
+    "Feedback", "ReleaseDecision",
 }
 
 
