@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from prometheus_client import Gauge
 from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -24,7 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from producers.gateway import anthropic_adapter, openai_adapter, records, responses_adapter
-from producers.gateway.attempts import AttemptRegistry
+from producers.gateway.attempts import DEFAULT_MAX_BYTES, AttemptRegistry
 from producers.gateway.body import read_model
 from producers.gateway.chat import CallOutcome, InternalCall, SamplingSpec
 from producers.gateway.context import GatewayContext
@@ -32,11 +33,13 @@ from producers.gateway.env_api import EnvApi
 from producers.gateway.errors import GatewayError, Protocol
 from producers.gateway.heap import serving_heap
 from producers.gateway.identity import CallIdentity, check_any_key, resolve_call
+from producers.gateway.keys import resolve_secret
 from producers.gateway.metrics import GatewayMetrics
 from producers.gateway.models_anthropic import CountTokensRequest, MessagesRequest
 from producers.gateway.models_openai import ChatCompletionRequest, CompletionRequest
 from producers.gateway.models_responses import ResponsesRequest
 from producers.gateway.ports import TextEvent, TextSide
+from producers.gateway.recovery import KafkaRecoverySource, RecoveryReport, recover
 from producers.gateway.service import CallService, ErrorBody, PreparedCall, ResponseBuilder
 from producers.gateway.settings import GatewayStackSettings
 from producers.gateway.sse import SSE_HEADERS
@@ -70,13 +73,27 @@ class GatewayOptions:
     admin_key: str = ""
     # Deprecated alias of keys on every route, for gateways without an admin key (see settings.py).
     require_auth: bool = False
+    # The attempt registry's memory budget and idle timeout (attempts.py).
+    registry_max_bytes: int = DEFAULT_MAX_BYTES
+    attempt_idle_timeout_s: float = 6 * 3600.0
+    # The attempts' keys derive from this secret (keys.py); empty: from admin_key, else a file in
+    # ``key_secret_dir`` (the spool's folder).
+    key_secret: str = ""
+    key_secret_dir: Path | None = None
 
     @classmethod
     def from_settings(cls, settings: GatewayStackSettings) -> GatewayOptions:
         g = settings.gateway
         return cls(model_name=settings.model.name, model_aliases=dict(g.model_aliases),
                    prefix_mode=g.prefix_mode, unattributed=g.unattributed, max_body_bytes=g.max_body_bytes,
-                   max_tokens_limit=g.max_tokens_limit, admin_key=g.admin_key, require_auth=g.require_auth)
+                   max_tokens_limit=g.max_tokens_limit, admin_key=g.admin_key, require_auth=g.require_auth,
+                   registry_max_bytes=g.registry_max_bytes, attempt_idle_timeout_s=g.attempt_idle_timeout_s,
+                   key_secret=g.key_secret, key_secret_dir=g.spool_dir)
+
+    def make_registry(self) -> AttemptRegistry:
+        secret = resolve_secret(self.key_secret, self.admin_key, self.key_secret_dir)
+        return AttemptRegistry(max_bytes=self.registry_max_bytes, idle_ttl_s=self.attempt_idle_timeout_s,
+                               key_secret=secret)
 
 
 @dataclass(frozen=True)
@@ -113,7 +130,7 @@ class Gateway:
                              f"not {options.unattributed!r}")
         self.options, self.upstream, self.publisher, self.text = options, upstream, publisher, text
         self.metrics = metrics or GatewayMetrics()
-        self.ctx = GatewayContext(registry=registry or AttemptRegistry(), publisher=publisher,
+        self.ctx = GatewayContext(registry=registry or options.make_registry(), publisher=publisher,
                                   codec=codec or get_codec(), metrics=self.metrics,
                                   admin_key=options.admin_key, require_auth=options.require_auth,
                                   unattributed=options.unattributed, max_body_bytes=options.max_body_bytes,
@@ -123,9 +140,28 @@ class Gateway:
         self.env_api = EnvApi(self.ctx)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.metrics.watch_attempts(lambda: self.ctx.registry.counts()["active"])
+        self._watch_registry_memory()
+        self.recovery: RecoveryReport | None = None
         if hasattr(publisher, "spool_depth"):
             self.metrics.watch_spool(lambda: float(publisher.spool_depth))
         self.fingerprint = f"tt-{text.tokenizer_fingerprint[:8]}-{text.chat_template_fingerprint[:8]}"
+
+    def _watch_registry_memory(self) -> None:
+        registry, r = self.ctx.registry, self.metrics.registry
+        Gauge("tokentrail_gateway_registry_bytes", "Bytes the attempt registry keeps (prompts, outputs, "
+              "starts, tombstones), counted against gateway.registry_max_bytes", registry=r
+              ).set_function(lambda: float(registry.bytes_used))
+        Gauge("tokentrail_gateway_registry_max_bytes", "The attempt registry's memory budget",
+              registry=r).set_function(lambda: float(registry.max_bytes))
+        Gauge("tokentrail_gateway_registry_shed_bytes", "Bytes given back under memory pressure (ever)",
+              registry=r).set_function(lambda: float(registry.shed_bytes))
+        Gauge("tokentrail_gateway_expired_attempts", "Unfinished attempts dropped after being idle (ever)",
+              registry=r).set_function(lambda: float(registry.expired_count))
+
+    async def recover(self, source: KafkaRecoverySource, progress: Callable[[str], None]) -> RecoveryReport:
+        """Rebuild open attempts from Kafka before serving (recovery.py)."""
+        self.recovery = await recover(self.ctx.registry, self.publisher, source, progress)
+        return self.recovery
 
     # -- routes ----------------------------------------------------------------------------------
 
@@ -149,7 +185,10 @@ class Gateway:
     async def health(self, request: Request) -> Response:
         body: dict[str, Any] = {"status": "ok", "model": self.options.model_name,
                                 "upstream": self.upstream.name, "attempts": self.ctx.registry.counts(),
+                                "registry_memory": self.ctx.registry.memory(),
                                 "calls_in_flight": len(self._tasks)}
+        if self.recovery is not None:
+            body["recovery"] = self.recovery.as_dict()
         if hasattr(self.publisher, "stats"):
             stats = self.publisher.stats()
             body["sink"] = {"spool_depth": stats.spool_depth, "kafka_reachable": stats.kafka_reachable,
@@ -411,13 +450,16 @@ def _error_protocol(path: str) -> Protocol:
 def create_app(settings: GatewayStackSettings, upstream: Upstream, publisher: Any, renderer: TextSide, *,
                options: GatewayOptions | None = None, registry: AttemptRegistry | None = None,
                topics: dict[str, str] | None = None, manage_publisher: bool = True,
-               close_upstream: bool = False, policy_dir: Path | None = None) -> Starlette:
+               close_upstream: bool = False, policy_dir: Path | None = None,
+               recovery: KafkaRecoverySource | None = None,
+               progress: Callable[[str], None] = log.info) -> Starlette:
     """The ASGI app. ``renderer`` is the model's text side (see ports.TextSide / text_side.py).
 
     With ``manage_publisher`` the app starts the publisher (``await publisher.start()``) when it starts serving and
     closes it on shutdown, after calls in flight are recorded; ``close_upstream`` closes the upstream too.
     ``topics`` overrides topic names (``calls_topic``, ``env_topic``), e.g. per test. With ``policy_dir``
     an upstream that can (the embedded engine) loads each new policy version the trainer publishes there.
+    With ``recovery`` the open attempts are rebuilt from Kafka once the publisher runs, before serving.
     """
     gateway = Gateway(options or GatewayOptions.from_settings(settings), upstream, publisher, renderer,
                       registry=registry, topics=topics)
@@ -426,6 +468,8 @@ def create_app(settings: GatewayStackSettings, upstream: Upstream, publisher: An
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if manage_publisher and hasattr(publisher, "start"):
             await publisher.start()
+        if recovery is not None:
+            await gateway.recover(recovery, progress)
         follow = getattr(upstream, "follow_policies", None)
         if policy_dir is not None and follow is not None:
             from models.policy_store import PolicyStore

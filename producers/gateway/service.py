@@ -312,8 +312,8 @@ class CallService:
                               generated: Generated, finish_reason: str = "error") -> None:
         meta = await self._meta(generated)
         record = self._record(prep, generated, meta, error=error, response=body, finish_reason=finish_reason)
-        if await self.ctx.deliver(self.ctx.calls_topic, prep.identity.rollout_id, "CallRecord", record):
-            prep.identity.state.remember(_delivered(prep, generated), None)
+        # A failed call keeps nothing: the harness never saw its output, so no later prompt builds on it.
+        await self.ctx.deliver(self.ctx.calls_topic, prep.identity.rollout_id, "CallRecord", record)
         self._observe(prep, generated, "ERROR")
 
     def _observe(self, prep: PreparedCall, generated: Generated, status: str) -> None:

@@ -46,6 +46,23 @@ class GatewaySettings(BaseModel):
     # keys for model calls and the attempt routes, but starting rollouts stays open.
     require_auth: bool = False
     delivery_timeout_s: float = 5.0
+    # Memory the attempt registry may keep (kept prompts and outputs for delta encoding and splicing,
+    # starts, tombstones), in bytes; over it the least recently used idle state is shed (attempts.py).
+    registry_max_bytes: int = Field(default=512 * 1024 * 1024, ge=1024 * 1024)
+    # An unfinished attempt with no call or event for this long is abandoned: its state and key are
+    # dropped and later calls on it get a 410 (attempt_expired).
+    attempt_idle_timeout_s: float = Field(default=6 * 3600.0, gt=0)
+    # The attempts' API keys are an HMAC of their ids under this secret, so a restarted gateway or another
+    # replica recognizes them (keys.py). Empty: derived from admin_key, else a random secret kept in
+    # <spool_dir>/attempt-key-secret. Replicas behind one load balancer need the same secret.
+    key_secret: str = ""
+    # Rebuild unfinished attempts from Kafka on start (recovery.py): a restarted or redeployed gateway
+    # keeps serving the harnesses mid-session. The look-back bounds how far back their starts are read.
+    recover_on_start: bool = True
+    recovery_lookback_s: float = Field(default=6 * 3600.0, gt=0)
+    # How long start-up may spend on it (draining the spool first, then reading); past it nothing is
+    # rebuilt and calls on earlier attempts get a 404, as before.
+    recovery_timeout_s: float = Field(default=120.0, gt=0)
 
 
 class GatewayStackSettings(Protocol):

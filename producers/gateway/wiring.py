@@ -54,4 +54,21 @@ def build_app(settings: GatewayStackSettings, *, upstream: Any = None, publisher
     upstream = upstream if upstream is not None else make_upstream(settings, progress)
     publisher = publisher if publisher is not None else CallPublisher.from_settings(settings.kafka, settings.gateway)
     create_kwargs.setdefault("close_upstream", True)
+    create_kwargs.setdefault("recovery", make_recovery_source(settings, create_kwargs.get("topics")))
+    create_kwargs.setdefault("progress", progress)
     return create_app(settings, upstream, publisher, text, policy_dir=policy_dir, **create_kwargs)
+
+
+def make_recovery_source(settings: GatewayStackSettings, topics: dict[str, str] | None = None) -> Any:
+    """What a starting gateway reads to rebuild its open attempts (recovery.py); None when turned off."""
+    from producers.gateway.recovery import KafkaRecoverySource
+    from schemas.kafka_config import consumer_config
+    from schemas.topics import CALLS_TOPIC, ENV_TOPIC
+
+    g = settings.gateway
+    if not g.recover_on_start:
+        return None
+    topics = topics or {}
+    return KafkaRecoverySource(consumer_config(settings.kafka, "tokentrail-gateway-recovery"),
+                               topics.get("calls_topic", CALLS_TOPIC), topics.get("env_topic", ENV_TOPIC),
+                               g.recovery_lookback_s, g.recovery_timeout_s)

@@ -1,0 +1,67 @@
+"""The attempts' API keys: derived from a secret and the attempt's ids, so a restarted gateway (or another
+replica sharing the secret) recognizes the keys minted before, without any key ever leaving the gateway.
+
+``key = "tt-" + base64url(HMAC-SHA256(secret, "rollout_id/attempt_id"))``: unguessable without the secret,
+and recomputable from ids that are on Kafka anyway. The secret, in order: ``gateway.key_secret``; else one
+derived from ``gateway.admin_key`` (replicas that share the admin key share it); else a random secret kept
+in a file beside the spool (0600), so a restart on the same host keeps it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+API_KEY_PREFIX = "tt-"
+SECRET_FILE_NAME = "attempt-key-secret"
+_ADMIN_DERIVATION = b"tokentrail attempt keys v1"
+
+
+def derive_api_key(secret: bytes, rollout_id: str, attempt_id: str) -> str:
+    digest = hmac.new(secret, f"{rollout_id}/{attempt_id}".encode(), hashlib.sha256).digest()
+    return API_KEY_PREFIX + base64.urlsafe_b64encode(digest[:24]).decode().rstrip("=")
+
+
+def random_secret() -> bytes:
+    return secrets.token_bytes(32)
+
+
+def secret_from_admin_key(admin_key: str) -> bytes:
+    return hmac.new(admin_key.encode("utf-8", "surrogatepass"), _ADMIN_DERIVATION, hashlib.sha256).digest()
+
+
+def load_or_create_secret_file(path: Path) -> bytes:
+    """The secret kept in ``path``; a new random one written there (0600, atomically) if there is none."""
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(random_secret().hex())
+        fh.flush()
+        os.fsync(fh.fileno())
+    try:
+        os.link(tmp, path)  # first writer wins; a concurrent starter reads the winner's secret
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return bytes.fromhex(path.read_text().strip())
+
+
+def resolve_secret(key_secret: str, admin_key: str, secret_dir: Path | None) -> bytes:
+    """The secret keys are derived from (see the module docstring for the order)."""
+    if key_secret:
+        return hashlib.sha256(key_secret.encode("utf-8", "surrogatepass")).digest()
+    if admin_key:
+        return secret_from_admin_key(admin_key)
+    if secret_dir is not None:
+        return load_or_create_secret_file(secret_dir / SECRET_FILE_NAME)
+    return random_secret()
