@@ -31,6 +31,7 @@ from producers.gateway.chat import CallOutcome, InternalCall, SamplingSpec
 from producers.gateway.context import GatewayContext
 from producers.gateway.env_api import EnvApi
 from producers.gateway.errors import GatewayError, Protocol
+from producers.gateway.feedback_api import FeedbackApi
 from producers.gateway.heap import serving_heap
 from producers.gateway.identity import CallIdentity, check_any_key, resolve_call
 from producers.gateway.keys import resolve_secret
@@ -176,7 +177,7 @@ class Gateway:
         ]
         routes = [Route("/health", self.health, methods=["GET"]),
                   Route("/metrics", self.metrics_endpoint, methods=["GET"]),
-                  *self.env_api.routes()]
+                  *self.env_api.routes(), *FeedbackApi(self.ctx).routes()]
         for path, endpoint, methods in model_routes:
             routes.append(Route(path, endpoint, methods=methods))
             routes.append(Route(ATTEMPT_PREFIX + path, endpoint, methods=methods))

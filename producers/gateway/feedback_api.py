@@ -1,0 +1,137 @@
+"""``POST /v1/feedback``: outside signals about a response, call, session or rollout, as Feedback events.
+
+The body names one target (``{"response_id": "chatcmpl-..."}``, ``call_id``, ``session_id`` or
+``rollout_id``), the kind and its value; the Feedback event is built and encoded before anything else
+happens, so bad feedback is a 4xx in the OpenAI error shape with nothing stored, and good feedback is
+on Kafka (or the spool) before the 201. The gateway keeps no feedback state: the feedback join
+(processors/feedback/) decides what each event is worth. Once ``gateway.admin_key`` is set, posting
+feedback needs it, as starting rollouts does.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from producers.gateway.body import read_model
+from producers.gateway.context import GatewayContext
+from producers.gateway.errors import GatewayError, bad_request
+from producers.gateway.identity import is_admin, presented_key
+from producers.gateway.records import now_us
+from schemas.feedback import FeedbackError, FeedbackValue, build_feedback
+from schemas.topics import FEEDBACK_TOPIC
+
+# Event times ahead of the gateway's clock by more than this are refused: they would move the join's
+# watermark forward and close other rollouts' windows early.
+MAX_CLOCK_SKEW_S = 300.0
+TARGET_FIELDS = {"response_id": "RESPONSE", "call_id": "CALL", "session_id": "SESSION", "rollout_id": "ROLLOUT"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FeedbackTarget(_Strict):
+    response_id: str | None = None
+    call_id: str | None = None
+    session_id: str | None = None
+    rollout_id: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> FeedbackTarget:
+        named = [name for name in TARGET_FIELDS if getattr(self, name) is not None]
+        if len(named) != 1:
+            raise ValueError(f"name exactly one of {', '.join(TARGET_FIELDS)} (got {len(named)})")
+        return self
+
+    def kind_and_id(self) -> tuple[str, str]:
+        name = next(name for name in TARGET_FIELDS if getattr(self, name) is not None)
+        return TARGET_FIELDS[name], getattr(self, name)
+
+
+class FeedbackBody(_Strict):
+    target: FeedbackTarget
+    kind: Literal["BINARY", "RATING", "OUTCOME", "TASK_OUTCOME", "TEXT"]
+    binary: bool | None = None
+    rating: float | None = None
+    rating_scale: tuple[float, float] = (0.0, 1.0)  # [min, max] of the rating
+    outcome: Literal["ACCEPTED", "EDITED", "REJECTED"] | None = None
+    edit_distance: float | None = None
+    task_success: bool | None = None
+    details: dict[str, Any] | None = None
+    text: str | None = None
+    source: str = Field(default="api", min_length=1, max_length=200)
+    id: str | None = Field(default=None, min_length=1, max_length=200)  # the sender's own feedback id
+    supersedes: str | None = None
+    event_time: float | None = None  # unix seconds; default: when the gateway received it
+
+    @field_validator("kind", "outcome", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("binary", "task_success", mode="before")
+    @classmethod
+    def _strict_bool(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, bool):
+            raise ValueError("must be true or false")
+        return value
+
+
+def _error(exc: GatewayError) -> JSONResponse:
+    return JSONResponse(exc.openai_body(), status_code=exc.status)
+
+
+def feedback_record(body: FeedbackBody, arrived_at_us: int) -> dict[str, Any]:
+    """The Feedback event for a validated body; a FeedbackError or a bad event time is a 400."""
+    if body.event_time is not None:
+        if not math.isfinite(body.event_time) or body.event_time <= 0:
+            raise bad_request("event_time must be a positive number of unix seconds", param="event_time")
+        if body.event_time * 1e6 > arrived_at_us + MAX_CLOCK_SKEW_S * 1e6:
+            raise bad_request(f"event_time is more than {MAX_CLOCK_SKEW_S:g} s ahead of the gateway's clock",
+                              param="event_time")
+    event_time_us = arrived_at_us if body.event_time is None else round(body.event_time * 1e6)
+    target_kind, target_id = body.target.kind_and_id()
+    value = FeedbackValue(binary=body.binary, rating=body.rating, rating_min=body.rating_scale[0],
+                          rating_max=body.rating_scale[1], outcome=body.outcome, edit_distance=body.edit_distance,
+                          task_success=body.task_success, details=body.details, text=body.text)
+    try:
+        return build_feedback(source=body.source, target_kind=target_kind, target_id=target_id, kind=body.kind,
+                              value=value, event_time_us=event_time_us, created_at_us=arrived_at_us,
+                              source_feedback_id=body.id, supersedes=body.supersedes)
+    except FeedbackError as exc:
+        param = {"target": "target", "event_time": "event_time", "rating_min": "rating_scale"}.get(
+            exc.param or "", exc.param)
+        raise bad_request(str(exc), param=param, code="invalid_feedback") from exc
+
+
+class FeedbackApi:
+    def __init__(self, ctx: GatewayContext, topic: str = FEEDBACK_TOPIC) -> None:
+        self.ctx, self.topic = ctx, topic
+
+    def routes(self) -> list[Route]:
+        return [Route("/v1/feedback", self.post_feedback, methods=["POST"])]
+
+    def _require_admin(self, request: Request) -> None:
+        if self.ctx.admin_key and not is_admin(presented_key(request.headers), self.ctx.admin_key):
+            raise GatewayError(401, "posting feedback needs the gateway admin key", "authentication",
+                               code="invalid_api_key")
+
+    async def post_feedback(self, request: Request) -> JSONResponse:
+        try:
+            self._require_admin(request)
+            body, _ = await read_model(request, FeedbackBody, self.ctx.max_body_bytes)
+            record = feedback_record(body, now_us())
+            key = record["target_id"]
+            value = self.ctx.encode("Feedback", record, key)  # refused here if it cannot be stored
+            await self.ctx.deliver(self.topic, key, "Feedback", record, value)
+        except GatewayError as exc:
+            return _error(exc)
+        return JSONResponse({"event_id": record["event_id"], "target_kind": record["target_kind"],
+                             "target_id": record["target_id"], "call_id": record["call_id"],
+                             "kind": record["kind"], "event_time_us": record["event_time_us"]}, status_code=201)
