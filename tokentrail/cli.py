@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("tokentrail.commands.train", "run the trainer on the samples topic"),
     "schemas": ("tokentrail.commands.schemas", "the Avro contract: fixtures for compatibility tests"),
     "reliability": ("tokentrail.reliability.cli", "fault and bad-input suite; prints what was lost or duplicated"),
+    "release": ("tokentrail.commands.release", "safe policy release: status | start | promote | rollback | pin"),
 }
 
 
