@@ -1,0 +1,74 @@
+"""``POST /v1/feedback`` through the real gateway and the real broker: bad feedback is a clear 4xx in the
+OpenAI error shape and stores nothing; good feedback after it, on the response id a real ``openai`` SDK
+call received, reaches Kafka as the Feedback event naming that call."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import httpx
+
+from producers.sdk import Rollout
+from schemas.topics import FEEDBACK_TOPIC
+from tokentrail.settings import Settings
+
+from .helpers import read_records
+
+ADMIN = "feedback-admin-key"
+MODEL = "tokentrail-tiny"
+
+
+def refused(gw_url: str, body: object, *, key: str | None = ADMIN, status: int = 400) -> dict:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    reply = httpx.post(f"{gw_url}/v1/feedback", json=body, headers=headers, timeout=30)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]  # the OpenAI shape
+    return error
+
+
+def test_bad_feedback_is_refused_and_good_feedback_reaches_kafka(
+        start_gateway, topics: dict[str, str], tokentrail_settings: Settings) -> None:
+    source = f"test-{uuid.uuid4().hex[:8]}"  # this run's feedback, among earlier runs' on the topic
+    with start_gateway(admin_key=ADMIN) as gw, Rollout(gw.url, admin_key=ADMIN) as rollout:
+        reply = rollout.openai_client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert reply.id.startswith("chatcmpl-")
+
+        thumbs_up = {"target": {"response_id": reply.id}, "kind": "binary", "binary": True, "source": source}
+        assert refused(gw.url, thumbs_up, key=None, status=401)["type"] == "authentication_error"
+        assert refused(gw.url, thumbs_up, key=rollout.api_key, status=401)["code"] == "invalid_api_key"
+        assert "exactly one" in refused(gw.url, dict(thumbs_up, target={"response_id": reply.id,
+                                                                         "session_id": "s"}))["message"]
+        assert refused(gw.url, dict(thumbs_up, target={"response_id": "gen-123"}))["param"] == "target"
+        assert refused(gw.url, dict(thumbs_up, kind="rating"))["param"] == "rating"
+        assert "outside its scale" in refused(gw.url, {**thumbs_up, "kind": "rating", "binary": None,
+                                                       "rating": 7, "rating_scale": [1, 5]})["message"]
+        assert refused(gw.url, {**thumbs_up, "kind": "outcome", "binary": None,
+                                "outcome": "edited"})["param"] == "edit_distance"
+        assert refused(gw.url, dict(thumbs_up, binary="yes"))["param"] == "binary"
+        assert refused(gw.url, dict(thumbs_up, kind="praise"))["param"] == "kind"
+        assert refused(gw.url, dict(thumbs_up, event_time=time.time() + 3600))["param"] == "event_time"
+        assert refused(gw.url, dict(thumbs_up, unknown_field=1))["param"] == "unknown_field"
+
+        good = httpx.post(f"{gw.url}/v1/feedback", json=thumbs_up, headers={"Authorization": f"Bearer {ADMIN}"})
+        assert good.status_code == 201, good.text
+        edited = {"target": {"rollout_id": rollout.rollout_id}, "kind": "OUTCOME", "outcome": "edited",
+                  "edit_distance": 0.25, "details": {"lines_kept": 30}, "source": source, "id": "review-1",
+                  "event_time": time.time() - 5}
+        second = httpx.post(f"{gw.url}/v1/feedback", json=edited, headers={"Authorization": f"Bearer {ADMIN}"})
+        assert second.status_code == 201, second.text
+
+    [(_, call)] = read_records(tokentrail_settings, topics["calls_topic"], 1)
+    stored = {r["event_id"]: r for _, r in read_records(tokentrail_settings, FEEDBACK_TOPIC, 2,
+                                                         where={"source": source})}
+    assert set(stored) == {good.json()["event_id"], second.json()["event_id"]}  # the refused ones left nothing
+    up = stored[good.json()["event_id"]]
+    assert (up["target_kind"], up["target_id"], up["call_id"]) == ("RESPONSE", reply.id, call["call_id"])
+    assert up["kind"] == "BINARY" and up["binary"] is True
+    review = stored[second.json()["event_id"]]
+    assert (review["target_kind"], review["target_id"], review["call_id"]) == ("ROLLOUT", rollout.rollout_id, None)
+    assert (review["outcome"], review["edit_distance"], review["details_json"]) == ("EDITED", 0.25,
+                                                                                   '{"lines_kept":30}')
+    assert review["source_feedback_id"] == "review-1" and review["event_time_us"] < review["created_at_us"]
