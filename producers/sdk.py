@@ -205,3 +205,19 @@ class AsyncRollout(_RolloutBase):
                                   {"error": repr(exc)} if exc is not None else None)
         finally:
             await self.aclose()
+
+
+def send_feedback(gateway_url: str, target: dict[str, str], kind: str, *, admin_key: str | None = None,
+                  client: httpx.Client | None = None, timeout_s: float = 30.0, **fields: Any) -> dict[str, Any]:
+    """``POST /v1/feedback`` (producers/gateway/feedback_api.py): ``target`` names one of ``response_id``,
+    ``call_id``, ``session_id``, ``rollout_id``; ``fields`` carry the kind's value (``binary``, ``rating`` with
+    ``rating_scale``, ``outcome`` with ``edit_distance``, ``task_success`` with ``details``, ``text``) and
+    ``source``, ``id``, ``supersedes``, ``event_time``. Returns the stored event's id; a refusal raises
+    RolloutError with the gateway's answer."""
+    url = f"{gateway_url.rstrip('/')}/v1/feedback"
+    body = {"target": dict(target), "kind": kind, **fields}
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+    if client is not None:
+        return _checked(client.post(url, json=body, headers=headers))
+    with httpx.Client(timeout=timeout_s) as http:
+        return _checked(http.post(url, json=body, headers=headers))

@@ -1,6 +1,6 @@
 """``POST /v1/feedback`` through the real gateway and the real broker: bad feedback is a clear 4xx in the
 OpenAI error shape and stores nothing; good feedback after it, on the response id a real ``openai`` SDK
-call received, reaches Kafka as the Feedback event naming that call."""
+call received, reaches Kafka as the Feedback event naming that call; so does feedback sent with the SDK call."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import time
 import uuid
 
 import httpx
+import pytest
 
-from producers.sdk import Rollout
+from producers.sdk import Rollout, RolloutError, send_feedback
 from schemas.topics import FEEDBACK_TOPIC
 from tokentrail.settings import Settings
 
@@ -54,20 +55,21 @@ def test_bad_feedback_is_refused_and_good_feedback_reaches_kafka(
 
         good = httpx.post(f"{gw.url}/v1/feedback", json=thumbs_up, headers={"Authorization": f"Bearer {ADMIN}"})
         assert good.status_code == 201, good.text
-        edited = {"target": {"rollout_id": rollout.rollout_id}, "kind": "OUTCOME", "outcome": "edited",
-                  "edit_distance": 0.25, "details": {"lines_kept": 30}, "source": source, "id": "review-1",
-                  "event_time": time.time() - 5}
-        second = httpx.post(f"{gw.url}/v1/feedback", json=edited, headers={"Authorization": f"Bearer {ADMIN}"})
-        assert second.status_code == 201, second.text
+        with pytest.raises(RolloutError) as no_key:  # the SDK call raises with the gateway's answer
+            send_feedback(gw.url, {"rollout_id": rollout.rollout_id}, "TEXT", text="nice")
+        assert no_key.value.status == 401
+        second = send_feedback(gw.url, {"rollout_id": rollout.rollout_id}, "OUTCOME", admin_key=ADMIN,
+                               outcome="edited", edit_distance=0.25, details={"lines_kept": 30}, source=source,
+                               id="review-1", event_time=time.time() - 5)
 
     [(_, call)] = read_records(tokentrail_settings, topics["calls_topic"], 1)
     stored = {r["event_id"]: r for _, r in read_records(tokentrail_settings, FEEDBACK_TOPIC, 2,
                                                          where={"source": source})}
-    assert set(stored) == {good.json()["event_id"], second.json()["event_id"]}  # the refused ones left nothing
+    assert set(stored) == {good.json()["event_id"], second["event_id"]}  # the refused ones left nothing
     up = stored[good.json()["event_id"]]
     assert (up["target_kind"], up["target_id"], up["call_id"]) == ("RESPONSE", reply.id, call["call_id"])
     assert up["kind"] == "BINARY" and up["binary"] is True
-    review = stored[second.json()["event_id"]]
+    review = stored[second["event_id"]]
     assert (review["target_kind"], review["target_id"], review["call_id"]) == ("ROLLOUT", rollout.rollout_id, None)
     assert (review["outcome"], review["edit_distance"], review["details_json"]) == ("EDITED", 0.25,
                                                                                    '{"lines_kept":30}')
