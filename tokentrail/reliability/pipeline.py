@@ -341,10 +341,36 @@ def delete_topics(settings: Settings, prefixes: Iterable[str]) -> None:
 
 
 def worker_log_tail(path: Path, lines: int) -> str:
-    """The last ``lines`` lines of a worker log, without faust's box-drawn partition tables (they crowd
-    out the events that explain a failure)."""
+    """The first errors of a worker log, then its last ``lines`` lines, without faust's box-drawn
+    partition tables (they crowd out the events that explain a failure).
+
+    A crashed worker ends in a long cascade of cancelled agents; the error that started it comes
+    first, so it leads."""
     if not path.exists():
         return "(no worker log)"
     text = [line for line in path.read_text(errors="replace").splitlines()
             if not line.lstrip().startswith(("|", "+", "\u3003"))]
-    return "\n".join(text[-lines:])
+    causes = first_errors(text)
+    tail = "\n".join(text[-lines:])
+    return f"first errors:\n{causes}\nlast lines:\n{tail}" if causes else tail
+
+
+def first_errors(lines: list[str], blocks: int = 3, block_lines: int = 25) -> str:
+    """The first ``blocks`` ERROR / CRITICAL entries of a log with the traceback lines after each,
+    leaving out cancellations (what a crash does to every other task, not its cause)."""
+    found: list[str] = []
+    i = 0
+    while i < len(lines) and len(found) < blocks:
+        line = lines[i]
+        if ("[ERROR]" in line or "[CRITICAL]" in line) and "CancelledError" not in line \
+                and "We experienced a crash" not in line:
+            block = [line]
+            j = i + 1
+            while j < len(lines) and not lines[j].startswith("[") and len(block) < block_lines:
+                block.append(lines[j])
+                j += 1
+            found.append("\n".join(block))
+            i = j
+        else:
+            i += 1
+    return "\n".join(found)
