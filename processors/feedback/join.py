@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from processors.dead_letters import dead_letter
-from processors.feedback.combine import combine
+from processors.feedback.combine import combine, event_order
 from processors.feedback.config import FeedbackRewardConfig
 from schemas.ids import event_id
 
@@ -211,16 +211,18 @@ class FeedbackJoin:
                 del index[key]
 
     def _reward(self, window: _Open) -> FeedbackReward:
-        admitted = list(window.admitted.values())
+        return self.reward_of(window.ref, list(window.admitted.values()))
+
+    def reward_of(self, ref: RolloutRef, admitted: list[Record]) -> FeedbackReward:
+        """A rollout's reward from the feedback admitted to its window (the config's rules)."""
         combined = combine(admitted, self.cfg)
         value, defaulted = combined.value, False
         if value is None and self.cfg.missing == "default":
             value, defaulted = self.cfg.default, True
-        ref = window.ref
         return FeedbackReward(
             ref.rollout_event_id, ref.rollout_id, ref.attempt_id, ref.group_id, self.config_id, value, defaulted,
-            tuple(f["event_id"] for f in sorted(admitted, key=lambda f: (f["event_time_us"], f["event_id"]))),
-            combined.used_ids, combined.superseded_ids, window.window_end_us)
+            tuple(f["event_id"] for f in sorted(admitted, key=event_order)), combined.used_ids,
+            combined.superseded_ids, ref.closed_at_us + self.cfg.window_us)
 
 
 def _unmatched_reason(feedback: Record, match_wait_s: float) -> str:

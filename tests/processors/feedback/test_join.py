@@ -20,6 +20,7 @@ from processors.feedback.join import (
     rollout_ref,
     unmatched_dead_letter,
 )
+from processors.feedback.replay import event_time_rewards
 from schemas.builders import make_call
 from schemas.codec import get_codec
 from schemas.feedback import FeedbackValue
@@ -220,3 +221,18 @@ def test_combine_is_independent_of_input_order() -> None:
     for rule in ("latest", "mean", "first_terminal", "weighted"):
         cfg = config(combine=rule, weights={"BINARY": 1.0})
         assert combine(items, cfg) == combine(list(reversed(items)), cfg)
+
+
+def test_replay_admits_the_late_feedback_and_differs_exactly_there() -> None:
+    cfg = config(combine="mean")
+    refs = [rollout(0, 0), rollout(1, 0)]
+    up0, up1, late_down = thumbs(1, True, 1), feedback("CALL", "c1-0", "BINARY", 1, n=2), thumbs(2, False, 3)
+    join = FeedbackJoin(cfg)
+    out = join.add_rollout(refs[0]) + join.add_rollout(refs[1]) + join.add_feedback(up0) + join.add_feedback(up1)
+    out += join.tick(T0 + 100 * S) + join.add_feedback(late_down)  # in its window by event time, arrived late
+    live = {r.rollout_event_id: r for r in rewards_of(out)}
+    assert LateFeedback(late_down["event_id"], "ev-r0", "after_close") in out
+    replayed = {r.rollout_event_id: r for r in event_time_rewards(refs, [up0, up1, late_down], cfg)}
+    assert replayed["ev-r1"] == live["ev-r1"]  # no late feedback there: the same reward
+    assert (live["ev-r0"].reward, replayed["ev-r0"].reward) == (1.0, 0.5)
+    assert set(replayed["ev-r0"].used_ids) - set(live["ev-r0"].used_ids) == {late_down["event_id"]}

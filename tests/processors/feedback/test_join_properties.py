@@ -1,6 +1,7 @@
 """Property tests of the feedback join: for any arrival order of rollouts, feedback and ticks, what the
 incremental join emits equals a batch computation over the same events with the same watermarks; and
-where arrival disorder stays within the watermark lag, every order gives the event-time rewards."""
+where arrival disorder stays within the watermark lag, every order gives the rewards replay derives
+from event time alone (processors/feedback/replay.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from processors.feedback.join import (
     UnmatchedFeedback,
     target_key,
 )
+from processors.feedback.replay import event_time_rewards
 
 from .scenarios import T0, Input, S, event_time, scenarios
 
@@ -144,15 +146,6 @@ def test_stream_equals_batch_for_any_arrival_order(scenario: list[Input], cfg: F
     assert run_stream(cfg, arrivals) == run_batch(cfg, arrivals)
 
 
-def event_time_rewards(cfg: FeedbackRewardConfig, scenario: list[Input]) -> dict[str, FeedbackReward]:
-    """What replay derives: every feedback naming a rollout within its kind's wait, arrival ignored."""
-    refs = [v for k, v in scenario if k == "rollout"]
-    found = [v for k, v in scenario if k == "feedback"]
-    return {ref.rollout_event_id: expected_reward(cfg, ref, [
-        f for f in found if target_key(f) in ref.target_keys()
-        and f["event_time_us"] <= ref.closed_at_us + cfg.wait_us(f["kind"])]) for ref in refs}
-
-
 @PROPERTY
 @given(scenario=scenarios(), cfg=configs, order=st.randoms(use_true_random=False))
 def test_disorder_within_the_lag_gives_the_event_time_rewards_in_any_order(
@@ -164,5 +157,7 @@ def test_disorder_within_the_lag_gives_the_event_time_rewards_in_any_order(
     order.shuffle(arrivals)  # type: ignore[attr-defined]
     arrivals.append(("tick", T0 + 10_000 * S))
     emitted = run_stream(roomy, arrivals)
-    assert {rid: reward for rid, (_, reward) in emitted.rewards.items()} == event_time_rewards(roomy, scenario)
+    replayed = event_time_rewards([v for k, v in scenario if k == "rollout"],
+                                  [v for k, v in scenario if k == "feedback"], roomy)
+    assert {rid: reward for rid, (_, reward) in emitted.rewards.items()} == {r.rollout_event_id: r for r in replayed}
     assert not any(reason == "after_close" for _, _, reason in emitted.late)
