@@ -1,0 +1,128 @@
+"""The release controller processor's core, pure: CallRecords, Rewards and ReleaseDecisions in, decisions out.
+
+Feed it every record in the order it was read; it returns the ReleaseDecision records to write.
+
+- Calls: each names its rollout, model (the release track) and policy version, so they fill a bounded
+  map rollout id -> (model, version) that rewards are attributed by (a rollout's calls exist before its
+  reward can); each is also a call observation (status, ``timings.total_ms``). Scripted calls (outputs
+  the engine was given, not sampled) are not observations of the policy and are skipped.
+- Rewards: ``raw_reward``, the combined metric before group normalization (the normalized ``reward`` has
+  mean zero within each group and says nothing about versions), of the rollout's version. A reward
+  filtered for a score error has no meaningful value and is skipped.
+- Decisions: the topic is the truth. A decision (the controller's own or an operator's) changes the
+  state only when it is read back, through the same fold every reader uses (``DecisionLog``); until its
+  own decision on a model is read back the controller makes no other decision on it. A ramp or pin read
+  back keeps the totals counted so far; a start, promotion or rollback starts from zero.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from dataclasses import replace
+from typing import Any
+
+from processors.release.arms import ArmStats, CallObservation, RewardObservation
+from processors.release.controller import CONTROLLER, ReleaseState, decide, fold_call, fold_reward
+from processors.release.events import DecisionLog, decision_record
+
+Record = dict[str, Any]
+
+DEFAULT_MAX_ROLLOUTS = 200_000  # rollouts whose version is remembered (oldest forgotten first)
+MIXED = -1  # the version of a rollout whose calls were served by different versions
+
+
+class ReleaseFeed:
+    def __init__(self, max_rollouts: int = DEFAULT_MAX_ROLLOUTS) -> None:
+        self.log = DecisionLog.fold([])
+        self.states: dict[str, ReleaseState] = {}  # the log's states plus the totals counted since
+        self.rollouts: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self.max_rollouts = max_rollouts
+        self.pending: dict[str, str] = {}  # model -> event id of our decision not read back yet
+        self.skipped: Counter[str] = Counter()  # inputs that are not observations, by reason
+        self.counts: Counter[str] = Counter()  # calls, rewards and decisions folded
+
+    # ---- inputs -----------------------------------------------------------------------------------
+
+    def on_decision(self, record: Record) -> None:
+        model = record.get("model")
+        if isinstance(model, str) and self.pending.get(model) == record.get("event_id"):
+            del self.pending[model]
+        if not self.log.add(record):
+            self.skipped["stale or malformed decision"] += 1
+            return
+        self.counts["decisions"] += 1
+        folded, old = self.log.states[record["model"]], self.states.get(record["model"])
+        if record["action"] in ("ramp", "pin") and old is not None and old.release_id == folded.release_id:
+            # Keep what was counted since; an operator's ramp starts its stage at today's count.
+            start = folded.stage_start_rewards if record["source"] == CONTROLLER else old.candidate.rewards
+            folded = replace(folded, serving=old.serving, candidate=old.candidate,
+                             stage_start_rewards=start if record["action"] == "ramp" else old.stage_start_rewards)
+        elif record["action"] in ("ramp", "pin"):  # no totals counted here yet: count afresh
+            folded = replace(folded, serving=ArmStats(), candidate=ArmStats())
+        self.states[record["model"]] = folded
+
+    def on_call(self, record: Record) -> list[Record]:
+        if record.get("scripted"):
+            self.skipped["scripted call"] += 1
+            return []
+        versions, timings = record["versions"], record["timings"]
+        model, version = versions["model"], int(versions["policy_version"])
+        self._remember(record["rollout_id"], model, version)
+        self.counts["calls"] += 1
+        state = self.states.get(model)
+        if state is None:
+            return []
+        obs = CallObservation(version, ok=record["status"] == "OK", latency_ms=max(float(timings["total_ms"]), 0.0))
+        self.states[model] = fold_call(state, obs)
+        return self._decide(model, int(timings["received_at_us"]))
+
+    def on_reward(self, record: Record) -> list[Record]:
+        reason = record.get("filter_reason") or ""
+        if record.get("filtered") and reason.startswith("score_error"):
+            self.skipped["reward filtered for a score error"] += 1
+            return []
+        known = self.rollouts.get(record["rollout_id"])
+        if known is None:
+            self.skipped["reward of a rollout with no call seen"] += 1
+            return []
+        model, version = known
+        if version == MIXED:
+            self.skipped["reward of a rollout served by several versions"] += 1
+            return []
+        self.counts["rewards"] += 1
+        state = self.states.get(model)
+        if state is None:
+            return []
+        self.states[model] = fold_reward(state, RewardObservation(version, float(record["raw_reward"])))
+        return self._decide(model, int(record["created_at_us"]))
+
+    # ---- deciding ---------------------------------------------------------------------------------
+
+    def _remember(self, rollout_id: str, model: str, version: int) -> None:
+        known = self.rollouts.get(rollout_id)
+        if known is not None and known[1] != version:
+            version = MIXED  # its reward cannot be attributed to one version
+        self.rollouts[rollout_id] = (model, version)
+        self.rollouts.move_to_end(rollout_id)
+        while len(self.rollouts) > self.max_rollouts:
+            self.rollouts.popitem(last=False)
+
+    def _decide(self, model: str, at_us: int) -> list[Record]:
+        if model in self.pending:
+            return []
+        state = self.states[model]
+        decision = decide(state)
+        if decision.action == "hold":
+            return []
+        record, _ = decision_record(state, decision, created_at_us=at_us)
+        self.pending[model] = record["event_id"]
+        return [record]
+
+    def release_starts_us(self) -> dict[str, int]:
+        """When each model's current release started (from the start decision read back): where a restarted
+        controller re-reads calls and rewards from."""
+        starts: dict[str, int] = {}
+        for record in self.log.applied:
+            if record["action"] == "start":
+                starts[record["model"]] = record["created_at_us"]
+        return {m: t for m, t in starts.items() if self.states[m].candidate_version is not None}

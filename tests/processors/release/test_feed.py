@@ -1,0 +1,125 @@
+"""The controller processor's core: calls and rewards in, decisions out, applied only when read back."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from processors.release.controller import initial_state, manual_decision, start_decision
+from processors.release.events import Record, decision_record
+from processors.release.feed import ReleaseFeed
+from processors.release.plan import load_plan
+from schemas.builders import make_call
+
+PLAN = load_plan({"ramp": [0.2, 0.5], "guard_rails": {"min_samples_per_arm": 30, "min_samples_per_stage": 30,
+                                                      "min_calls_per_arm": 30}})
+MODEL = "tiny"  # the model make_call records
+
+
+def _start() -> Record:
+    state = initial_state(MODEL, PLAN, serving_version=4)
+    record, _ = decision_record(state, start_decision(state, 5, "ops", plan=PLAN), created_at_us=1)
+    return record
+
+
+def _rollout(i: int, version: int, reward: float, **call: object) -> tuple[Record, Record]:
+    rid = f"r{i}"
+    c = make_call(rid, "a0", 0, [1, 2, 3], [4, 5], policy_version=version, **call)  # type: ignore[arg-type]
+    reward_record = {"rollout_id": rid, "raw_reward": reward, "reward": 0.0, "filtered": False,
+                     "filter_reason": None, "created_at_us": 10_000 + i}
+    return c, reward_record
+
+
+def _traffic(n: int, p_serving: float, p_candidate: float, seed: int, offset: int = 0) -> list[tuple[Record, Record]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(offset, offset + n):
+        version = 5 if i % 2 else 4
+        p = p_candidate if version == 5 else p_serving
+        out.append(_rollout(i, version, float(rng.random() < p)))
+    return out
+
+
+def _feed(feed: ReleaseFeed, traffic: list[tuple[Record, Record]]) -> list[Record]:
+    written = []
+    for call, reward in traffic:
+        written += feed.on_call(call)
+        written += feed.on_reward(reward)
+    return written
+
+
+def test_a_better_candidate_is_ramped_then_promoted_each_decision_applied_when_read_back() -> None:
+    feed = ReleaseFeed()
+    feed.on_decision(_start())
+    written = _feed(feed, _traffic(200, 0.3, 0.85, seed=1))
+    assert [r["action"] for r in written] == ["ramp"]  # one decision, then it waits to read it back
+    ramp = written[0]
+    assert (ramp["source"], ramp["rule"], ramp["sequence"]) == ("controller", "stage_samples", 1)
+    assert feed.states[MODEL].stage == 0 and MODEL in feed.pending
+    counted = feed.states[MODEL].candidate.rewards
+    feed.on_decision(ramp)
+    state = feed.states[MODEL]
+    assert (state.stage, state.candidate.rewards, state.stage_start_rewards) == (1, counted, ramp["candidate_rewards"])
+    written = _feed(feed, _traffic(2, 0.3, 0.85, seed=2, offset=200))
+    assert [r["action"] for r in written] == ["promote"] and written[0]["interval_low"] > 0
+    feed.on_decision(written[0])
+    assert (feed.states[MODEL].serving_version, feed.states[MODEL].candidate_version) == (5, None)
+    assert not feed.pending and feed.counts["decisions"] == 3
+    assert _feed(feed, _traffic(50, 0.3, 0.85, seed=3, offset=300)) == []  # no release: nothing to decide
+
+
+def test_an_operators_decision_first_on_the_topic_wins_over_the_controllers() -> None:
+    feed = ReleaseFeed()
+    start = _start()
+    feed.on_decision(start)
+    [ramp] = _feed(feed, _traffic(200, 0.5, 0.5, seed=4))
+    before = initial_state(MODEL, PLAN, 4)
+    _, after_start = decision_record(before, start_decision(before, 5, "ops", plan=PLAN), created_at_us=1)
+    rollback, _ = decision_record(after_start, manual_decision(after_start, "rollback", "ops"), created_at_us=2)
+    feed.on_decision(rollback)
+    feed.on_decision(ramp)  # ours, read back after the operator's: stale
+    assert feed.states[MODEL].candidate_version is None and not feed.pending
+    assert feed.skipped["stale or malformed decision"] == 1
+
+
+def test_inputs_that_are_no_observation_are_skipped_by_reason() -> None:
+    feed = ReleaseFeed()
+    feed.on_decision(_start())
+    scripted, _ = _rollout(1, 5, 1.0, scripted=True)
+    assert feed.on_call(scripted) == []
+    call, reward = _rollout(2, 5, 1.0)
+    feed.on_call(call)
+    assert feed.on_reward({**reward, "filtered": True, "filter_reason": "score_error: TIMEOUT"}) == []
+    assert feed.on_reward({**reward, "rollout_id": "never-seen"}) == []
+    feed.on_call(make_call("r2", "a0", 1, [1, 2, 3], [4], policy_version=4))  # the same rollout on serving
+    assert feed.on_reward(reward) == []
+    assert feed.skipped == {"scripted call": 1, "reward filtered for a score error": 1,
+                            "reward of a rollout with no call seen": 1,
+                            "reward of a rollout served by several versions": 1}
+    assert feed.states[MODEL].candidate.rewards == 0 and feed.states[MODEL].candidate.calls == 1
+
+
+def test_a_restarted_controller_resumes_from_the_topics() -> None:
+    """Folding the decisions, then re-reading calls and rewards from the release's start, gives the state
+    the running controller had."""
+    running = ReleaseFeed()
+    start = _start()
+    running.on_decision(start)
+    first = _traffic(200, 0.5, 0.55, seed=5)
+    [ramp] = _feed(running, first)
+    running.on_decision(ramp)
+    later = _traffic(40, 0.5, 0.55, seed=6, offset=200)
+    assert _feed(running, later) == []
+
+    restarted = ReleaseFeed()
+    for record in (start, ramp):
+        restarted.on_decision(record)
+    assert restarted.release_starts_us() == {MODEL: start["created_at_us"]}
+    assert _feed(restarted, first + later) == []
+    assert restarted.states[MODEL] == running.states[MODEL]
+
+
+def test_the_rollout_map_is_bounded() -> None:
+    feed = ReleaseFeed(max_rollouts=10)
+    for call, _ in _traffic(25, 0.5, 0.5, seed=7):
+        feed.on_call(call)
+    assert list(feed.rollouts) == [f"r{i}" for i in range(15, 25)]
