@@ -1,80 +1,77 @@
-"""Gateway overhead: the same chat requests sent straight to a model server and through the gateway.
+"""Gateway cost on the real path: the gateway in front of a vLLM-speaking server over HTTP, side by side
+with LiteLLM and a thin pass-through proxy in front of the same server, with the same requests.
 
-Two servers run in processes of their own, on the same HTTP stack (uvicorn + Starlette):
+Processes of their own, all on this machine:
 
-* **direct**: answers ``POST /v1/chat/completions`` at once with a fixed completion, as an
-  infinitely fast model server would (it parses the request; it does not tokenize);
-* **gateway**: the real tokentrail gateway app with an in-process upstream that answers at once. It
-  renders and tokenizes the conversation, records the call (Avro) and returns only after the record
-  is acknowledged by the local Kafka broker (acks=all, the production sink with its spool).
+* **upstream** (``bench/fake_vllm.py``): an instant server speaking vLLM 0.32's exact wire format (chat with
+  ``return_token_ids``, completions with token-id prompts, streamed and not, logprobs). It answers at
+  once, so what a front adds over calling it directly is the front's own cost. Calling it directly is
+  the baseline (**direct**).
+* **gateway**: the real tokentrail gateway (``producers.gateway.wiring.build_app``, the vLLM upstream client
+  of ``producers/upstreams/vllm.py``) in ``--prefix-mode`` (default ``splice``): it renders and tokenizes
+  the conversation, sends the ids to the upstream, records the call (Avro) and answers only after the
+  record is acknowledged by the local Kafka broker (acks=all, with its spool).
+* **thin**: ``bench/thin_proxy.py``, httpx relaying bytes and parsing nothing (a floor for any proxy).
+* **litellm**: LiteLLM's proxy (one worker) from ``.venv-litellm`` (``make setup-bench-litellm``), the
+  upstream as a ``hosted_vllm`` model. Without it its figures are null and a line says how to install it.
+* **in-process** (secondary line, ``--inprocess-calls``): the gateway with an in-process upstream that
+  answers at once (the figure this bench used to report; it cannot see the HTTP client path).
 
-Workloads (``--workload``), all with a first user message of about ``--prompt-tokens`` tokens (4k):
+Workloads (``--workload``; chat requests with a first user message of about ``--prompt-tokens`` tokens):
 
 * ``agent`` (default): what agent harnesses send. Every rollout is a conversation of ``--turns`` calls;
-  call k repeats the whole history (the earlier assistant answers and tool results of about
-  ``--turn-tokens`` tokens each) and adds one turn, so each call's prompt extends the previous call's.
-  Every conversation differs from its first word on, so only a rollout's own earlier calls can be reused.
-  ``--group-size G`` makes G consecutive conversations share their task message, as the rollouts of a
-  GRPO group do (each then gets tool results of its own): their first calls reuse the group's tokens.
-* ``distinct``: every call a single-turn conversation of its own; nothing tokenized before can be
-  reused (the gateway's worst case).
-* ``same``: every call the same single-turn conversation, as the rollouts of one group send it (best case).
+  call k repeats the whole history (earlier answers and tool results of about ``--turn-tokens`` tokens)
+  and adds one turn. Every conversation differs from its first word on. ``--group-size G`` makes G
+  consecutive conversations share their task message, as the rollouts of a GRPO group do.
+* ``distinct``: every call a single-turn conversation of its own (the gateway's worst case).
+* ``same``: every call the same single-turn conversation (best case).
 
-``--prefix-mode`` sets the gateway's mode (default ``splice``). With ``upstream`` (pass-through) the
-gateway neither renders nor tokenizes: the in-process upstream plays a model server that renders for
-free and reports prompt ids as long as the conversation's text would give. ``--no-fast-ascii`` makes
-the gateway tokenize with the tokenizer itself instead of the exact ASCII fast path
-(``producers/ascii_encoder.py``): the same ids, for comparing the cost.
+After the main workload, ``--extra-calls`` calls each of the ``distinct`` and the streamed (``stream: true``)
+agent workloads are measured at concurrency 1 (``distinct_*`` and ``stream_*`` figures).
 
-Rollouts are started before timing. At concurrency 1 the two servers are called
-alternately, so both see the same machine state; ``added_*`` is gateway minus direct.
-``cpu_ms_per_call`` is the gateway process's CPU time (all its threads: HTTP, rendering, encoding,
-librdkafka) per call at concurrency 1. Where it goes: ``direct_cpu_ms_per_call`` is the direct
-server's CPU per call in the same phase (the HTTP stack both share, so a floor under any gateway on
-it; ``cpu_ratio_vs_direct`` compares the two), ``render_cpu_ms_per_call`` the gateway's own measure
-of rendering and tokenizing (its ``tokentrail_gateway_render_seconds`` metric) and
-``delivery_wait_ms_c1`` the mean wait for the Kafka acknowledgement. ``calls_per_s_c64`` is the
-throughput of one gateway process with 64 calls in flight, and ``direct_calls_per_s_c64`` the same
-client against the direct server (the ceiling the client and machine allow). The client runs on the
-same machine; by default it is a minimal keep-alive HTTP/1.1 client (``--client raw``: prebuilt
-requests, httptools parsing), because httpx costs several ms of CPU per call and would cap
-throughput at c64 far below the servers' own (``--client httpx`` measures with it).
+At concurrency 1 the targets are called in turn for each request (rotating which goes first), so all
+see the same machine state; ``added_*`` is a target minus direct. ``*cpu_ms_per_call`` is a process's CPU
+(all threads and child processes, from /proc) per call at concurrency 1. ``*calls_per_s_c64``: the
+throughput with 64 calls in flight, one target after the other. ``rss_growth_fraction``: the gateway's RSS
+after its concurrency-64 calls over its RSS after the first tenth of them, minus one (``rss_mib_*``
+checkpoints at every tenth). The client is a minimal keep-alive HTTP/1.1 client (bench/http_client.py).
 
-    python -m bench.gateway [--calls N] [--c64-calls N] [--prompt-tokens T] [--output-tokens K]
-                            [--workload agent|distinct|same] [--turns N] [--turn-tokens T] [--group-size G]
-                            [--prefix-mode splice|retokenize|upstream] [--no-fast-ascii] [--client raw|httpx]
+    python -m bench.gateway [--calls N] [--c64-calls N] [--workload agent|distinct|same] [--targets ...]
+                            [--prefix-mode splice|retokenize|upstream] [--upstream http|inprocess] ...
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
 import orjson
 
+from bench import litellm_proxy
 from bench.common import emit
+from bench.http_client import Poster, RawClient, concurrently, percentile, timed_call
+from bench.processes import cpu_seconds, free_port, rss_mib, stop, wait_healthy
 from producers.upstreams.base import ChatGenerateRequest, GenerateRequest, GenerateResult, TokenChunk
 
 OUTPUT_TEXT = "The answer is forty-two, and here is why it holds in every case we tried."
 MODEL = "bench"
+CHAT = "/v1/chat/completions"
+ALL_TARGETS = ("gateway", "thin", "litellm")
 
 
-# ---------------------------------------------------------------- the two servers
+# ---------------------------------------------------------------- the in-process upstream (secondary line)
 
 
 class FastUpstream:
@@ -132,82 +129,44 @@ def _output_ids(text: Any, count: int) -> list[int]:
     return ids[:count]
 
 
-def direct_app(output_text: str, completion_tokens: int) -> Any:
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import Response
-    from starlette.routing import Route
-
-    async def chat(request: Request) -> Response:
-        body = orjson.loads(await request.body())
-        answer = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model", MODEL),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": output_text},
-                         "finish_reason": "stop", "logprobs": None}],
-            "usage": {"prompt_tokens": 0, "completion_tokens": completion_tokens,
-                      "total_tokens": completion_tokens},
-        }
-        return Response(orjson.dumps(answer), media_type="application/json")
-
-    async def health(request: Request) -> Response:
-        return Response(b'{"status":"ok"}', media_type="application/json")
-
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
-                             Route("/health", health, methods=["GET"])])
-
-
 def gateway_app(spool_dir: str, calls_topic: str, env_topic: str, output_tokens: int,
-                prefix_mode: str = "splice", fast_ascii: bool = True) -> Any:
+                prefix_mode: str = "splice", fast_ascii: bool = True, upstream_url: str = "") -> Any:
+    """The standard gateway app; over HTTP to ``upstream_url`` (the real vLLM client), else in-process."""
     from producers.delivery import CallPublisher
     from producers.gateway.wiring import build_app
     from tokentrail.settings import get_settings
 
     settings = get_settings()
+    gateway = {"spool_dir": Path(spool_dir), "prefix_mode": prefix_mode, "fast_ascii_tokenize": fast_ascii}
+    if upstream_url:
+        gateway |= {"upstream": upstream_url, "vllm_model": MODEL}
     settings = settings.model_copy(update={
         "model": settings.model.model_copy(update={"name": MODEL}),
-        "gateway": settings.gateway.model_copy(update={"spool_dir": Path(spool_dir), "prefix_mode": prefix_mode,
-                                                       "fast_ascii_tokenize": fast_ascii}),
+        "gateway": settings.gateway.model_copy(update=gateway),
     })
     text = _text_side(fast_ascii)
-    sample = text.render_text([{"role": "user", "content": _prompt(text, 512)}], None)
-    chars_per_token = len(sample) / len(text.encode_text(sample))
+    upstream = None
+    if not upstream_url:
+        sample = text.render_text([{"role": "user", "content": _prompt(text, 512)}], None)
+        chars_per_token = len(sample) / len(text.encode_text(sample))
+        upstream = FastUpstream(_output_ids(text, output_tokens), text.vocab_size, chars_per_token)
     return build_app(
-        settings, upstream=FastUpstream(_output_ids(text, output_tokens), text.vocab_size, chars_per_token),
-        publisher=CallPublisher.from_settings(settings.kafka, settings.gateway), text=text,
-        topics={"calls_topic": calls_topic, "env_topic": env_topic}, progress=lambda _: None,
+        settings, upstream=upstream, publisher=CallPublisher.from_settings(settings.kafka, settings.gateway),
+        text=text, topics={"calls_topic": calls_topic, "env_topic": env_topic}, progress=lambda _: None,
     )
 
 
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    if args.serve == "direct":
-        text = _text_side()
-        app = direct_app(text.decode(_output_ids(text, args.output_tokens)), args.output_tokens)
-    else:
-        app = gateway_app(args.spool_dir, args.calls_topic, args.env_topic, args.output_tokens, args.prefix_mode,
-                          not args.no_fast_ascii)
+    app = gateway_app(args.spool_dir, args.calls_topic, args.env_topic, args.output_tokens, args.prefix_mode,
+                      not args.no_fast_ascii, args.upstream_url or "")
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
                 timeout_keep_alive=120)  # the client keeps its connections; no race with idle closes
     return 0
 
 
-# ---------------------------------------------------------------- the client side
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _cpu_seconds(pid: int) -> float:
-    """user + system CPU of a process (all threads) from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+# ---------------------------------------------------------------- requests
 
 
 def _prompt(text: Any, tokens: int) -> str:
@@ -226,20 +185,42 @@ def _prompt(text: Any, tokens: int) -> str:
     return content
 
 
-async def _wait_healthy(
-    client: httpx.AsyncClient, url: str, proc: subprocess.Popen[bytes], what: str
-) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the {what} server exited ({proc.returncode})")
-        try:
-            if (await client.get(f"{url}/health")).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        await asyncio.sleep(0.2)
-    raise RuntimeError(f"the {what} server did not become healthy")
+def _words(rng: random.Random, count: int) -> str:
+    vocabulary = ["result", "found", "line", "file", "error", "value", "returns", "match", "path", "ok",
+                  "status", "count", "test", "passed", "module", "config", "key", "index"]
+    return " ".join(rng.choice(vocabulary) for _ in range(count))
+
+
+def conversations(workload: str, calls: int, turns: int, first: str, answer: str, turn_tokens: int,
+                  max_tokens: int, seed: int, group_size: int = 1, stream: bool = False) -> list[list[bytes]]:
+    """Request bodies, grouped by conversation (one rollout each), at least ``calls`` calls in all. In
+    the agent workload, ``group_size`` consecutive conversations share their first message (a group).
+    ``stream``: the requests ask for a streamed answer."""
+    rng = random.Random(seed)
+
+    def body(messages: list[dict[str, str]]) -> bytes:
+        request: dict[str, Any] = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 1.0}
+        if stream:
+            request["stream"] = True
+        return orjson.dumps(request)
+
+    if workload == "same":
+        return [[body([{"role": "user", "content": first}])] for _ in range(calls)]
+    if workload == "distinct":
+        return [[body([{"role": "user", "content": f"case-{seed}-{n}-{uuid.uuid4().hex[:6]} {first}"}])]
+                for n in range(calls)]
+    out = []
+    for n in range(-(-calls // turns)):
+        if n % group_size == 0:
+            task = f"task-{seed}-{n}-{uuid.uuid4().hex[:6]} {first}"
+        messages = [{"role": "user", "content": task}]
+        bodies = [body(messages)]
+        for _ in range(turns - 1):
+            messages = [*messages, {"role": "assistant", "content": answer},
+                        {"role": "user", "content": _words(rng, turn_tokens)}]
+            bodies.append(body(messages))
+        out.append(bodies)
+    return out
 
 
 async def _histogram_sums(client: httpx.AsyncClient, url: str) -> dict[str, float]:
@@ -274,137 +255,81 @@ async def _start_rollouts(client: httpx.AsyncClient, url: str, count: int) -> li
     return bases
 
 
-class _RawConnection:
-    """One keep-alive HTTP/1.1 connection that POSTs JSON and reads one response at a time."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str) -> None:
-        self.reader, self.writer, self.host = reader, writer, host
-
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        import httptools
-
-        head = (f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
-                f"content-length: {len(body)}\r\n\r\n").encode()
-        self.writer.write(head + body)
-        chunks: list[bytes] = []
-        complete: list[bool] = []
-
-        class Events:
-            def on_body(self, data: bytes) -> None:
-                chunks.append(data)
-
-            def on_message_complete(self) -> None:
-                complete.append(True)
-
-        parser = httptools.HttpResponseParser(Events())
-        while not complete:
-            data = await self.reader.read(1 << 16)
-            if not data:
-                raise ConnectionError("the server closed the connection")
-            parser.feed_data(data)
-        return parser.get_status_code(), b"".join(chunks)
+# ---------------------------------------------------------------- the targets
 
 
-class RawClient:
-    """Pools of raw keep-alive connections per server; timed calls only (setup uses httpx)."""
+@dataclass
+class Target:
+    """A server the same requests go to; a gateway has one URL per rollout (its conversations' paths)."""
 
-    def __init__(self) -> None:
-        self._idle: dict[str, list[_RawConnection]] = {}
-        self._all: list[_RawConnection] = []
+    name: str
+    proc: subprocess.Popen[bytes]
+    url: str
+    health: str = "/health"
+    gateway: bool = False
+    cpu_s: float = 0.0
+    latencies: dict[str, list[float]] = field(default_factory=dict)
 
-    async def post(self, url: str, body: bytes) -> tuple[int, bytes]:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        idle = self._idle.setdefault(netloc, [])
-        if idle:
-            conn = idle.pop()
-        else:
-            reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
-            conn = _RawConnection(reader, writer, netloc)
-            self._all.append(conn)
-        status, data = await conn.post(parts.path, body)
-        idle.append(conn)
-        return status, data
-
-    async def close(self) -> None:
-        for conn in self._all:
-            conn.writer.close()
+    async def urls(self, client: httpx.AsyncClient, conversations: int) -> list[str]:
+        """One chat URL per conversation (not timed: a gateway's rollouts are started here)."""
+        if not self.gateway:
+            return [self.url + CHAT] * conversations
+        return [self.url + base + CHAT for base in await _start_rollouts(client, self.url, conversations)]
 
 
-Poster = Callable[[str, bytes], Any]
+async def _c1(client: httpx.AsyncClient, post: Poster, targets: list[Target],
+              convs: list[list[bytes]], label: str) -> dict[str, tuple[list[float], float]]:
+    """Every request to every target in turn (which goes first rotates); latencies and CPU ms per call."""
+    urls = {t.name: await t.urls(client, len(convs)) for t in targets}
+    latencies: dict[str, list[float]] = {t.name: [] for t in targets}
+    before = {t.name: cpu_seconds(t.proc.pid) for t in targets}
+    total, i = sum(len(c) for c in convs), 0
+    for n, conv in enumerate(convs):
+        for body in conv:
+            for k in range(len(targets)):
+                target = targets[(i + k) % len(targets)]
+                latencies[target.name].append(await timed_call(post, urls[target.name][n], body))
+            i += 1
+            if i % max(1, total // 5) == 0:
+                print(f"  {label}: {i}/{total}", flush=True)
+    return {t.name: (latencies[t.name], (cpu_seconds(t.proc.pid) - before[t.name]) / max(total, 1) * 1000)
+            for t in targets}
 
 
-def _poster(kind: str, client: httpx.AsyncClient, raw: RawClient) -> Poster:
-    async def with_httpx(url: str, body: bytes) -> tuple[int, bytes]:
-        response = await client.post(url, content=body, headers={"content-type": "application/json"})
-        return response.status_code, response.content
-
-    return raw.post if kind == "raw" else with_httpx
-
-
-async def _call(post: Poster, url: str, body: bytes) -> float:
-    began = time.perf_counter()
-    status, data = await post(url, body)
-    elapsed = time.perf_counter() - began
-    if status != 200:
-        raise RuntimeError(f"{url}: HTTP {status}: {data[:300]!r}")
-    return elapsed
+@dataclass
+class C64:
+    calls_per_s: float
+    p50_ms: float
+    p99_ms: float
+    cpu_ms_per_call: float
+    rss_mib: list[float]  # after each tenth of the calls
 
 
-async def _concurrently(post: Poster, conversations: list[list[tuple[str, bytes]]],
-                        workers: int) -> tuple[list[float], float]:
-    """Run every conversation (its calls in order, as one harness would) from ``workers`` concurrent
-    workers; latencies of every call and wall seconds."""
-    queue = list(conversations)
-    latencies: list[float] = []
+async def _c64(client: httpx.AsyncClient, post: Poster, target: Target, convs: list[list[bytes]]) -> C64:
+    urls = await target.urls(client, len(convs))
+    total = sum(len(c) for c in convs)
+    checkpoints = {max(1, total * k // 10) for k in range(1, 11)}
+    rss: list[float] = []
 
-    async def worker() -> None:
-        while queue:
-            for url, body in queue.pop():
-                latencies.append(await _call(post, url, body))
+    def on_done(done: int) -> None:
+        if done in checkpoints:
+            rss.append(rss_mib(target.proc.pid))
+            if done % max(1, total // 5) == 0 or done == total:
+                print(f"  {target.name} c64: {done}/{total}, RSS {rss[-1]:,.0f} MiB", flush=True)
 
-    began = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(workers)))
-    return latencies, time.perf_counter() - began
-
-
-def _words(rng: random.Random, count: int) -> str:
-    vocabulary = ["result", "found", "line", "file", "error", "value", "returns", "match", "path", "ok",
-                  "status", "count", "test", "passed", "module", "config", "key", "index"]
-    return " ".join(rng.choice(vocabulary) for _ in range(count))
+    cpu_before = cpu_seconds(target.proc.pid)
+    latencies, wall = await concurrently(post, [[(urls[n], b) for b in c] for n, c in enumerate(convs)], 64,
+                                         on_done)
+    cpu = cpu_seconds(target.proc.pid) - cpu_before
+    return C64(total / wall, statistics.median(latencies) * 1000, percentile(latencies, 0.99) * 1000,
+               cpu / total * 1000, rss)
 
 
-def conversations(workload: str, calls: int, turns: int, first: str, answer: str, turn_tokens: int,
-                  max_tokens: int, seed: int, group_size: int = 1) -> list[list[bytes]]:
-    """Request bodies, grouped by conversation (one rollout each), at least ``calls`` calls in all. In
-    the agent workload, ``group_size`` consecutive conversations share their first message (a group)."""
-    rng = random.Random(seed)
-
-    def body(messages: list[dict[str, str]]) -> bytes:
-        return orjson.dumps({"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 1.0})
-
-    if workload == "same":
-        return [[body([{"role": "user", "content": first}])] for _ in range(calls)]
-    if workload == "distinct":
-        return [[body([{"role": "user", "content": f"case-{seed}-{n}-{uuid.uuid4().hex[:6]} {first}"}])]
-                for n in range(calls)]
-    out = []
-    for n in range(-(-calls // turns)):
-        if n % group_size == 0:
-            task = f"task-{seed}-{n}-{uuid.uuid4().hex[:6]} {first}"
-        messages = [{"role": "user", "content": task}]
-        bodies = [body(messages)]
-        for _ in range(turns - 1):
-            messages = [*messages, {"role": "assistant", "content": answer},
-                        {"role": "user", "content": _words(rng, turn_tokens)}]
-            bodies.append(body(messages))
-        out.append(bodies)
-    return out
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+# ---------------------------------------------------------------- the run
 
 
 async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -430,133 +355,183 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     content = _prompt(text, args.prompt_tokens)
     prompt_len = len(text.render_chat([{"role": "user", "content": content}], None,
                                       prefix_mode="retokenize", prior=[]).prompt_ids)
-    answer = text.decode(_output_ids(text, args.output_tokens))
-    turns = args.turns if args.workload == "agent" else 1
+    output_ids = _output_ids(text, args.output_tokens)
+    answer = text.decode(output_ids)
 
-    def phase(calls: int, seed: int) -> list[list[bytes]]:
-        return conversations(args.workload, calls, turns, content, answer, args.turn_tokens, args.output_tokens,
-                             seed, args.group_size)
+    def phase(workload: str, calls: int, seed: int, stream: bool = False) -> list[list[bytes]]:
+        turns = args.turns if workload == "agent" else 1
+        return conversations(workload, calls, turns, content, answer, args.turn_tokens, args.output_tokens,
+                             seed, args.group_size, stream)
 
-    warmup, timed, c64 = phase(args.warmup, 1), phase(args.calls, 2), phase(args.c64_calls, 3)
-    total = sum(len(c) for c in warmup + timed + c64)
-    n_c1, n_c64 = sum(len(c) for c in timed), sum(len(c) for c in c64)
+    warmup, timed, c64 = phase(args.workload, args.warmup, 1), phase(args.workload, args.calls, 2), \
+        phase(args.workload, args.c64_calls, 3)
+    extras = {"distinct": phase("distinct", args.extra_calls, 4),
+              "stream": phase("agent", args.extra_calls, 5, stream=True)} if args.extra_calls else {}
+    n_c1 = sum(len(c) for c in timed)
     longest = max(len(b) for c in timed for b in c)
-    print(f"workload {args.workload}: first prompt {prompt_len} tokens, {turns} call(s) per conversation "
-          f"(largest body {longest} bytes of JSON); output: {args.output_tokens} tokens; client: {args.client}",
+    print(f"workload {args.workload}: first prompt {prompt_len} tokens (largest body {longest} bytes of JSON); "
+          f"output {args.output_tokens} tokens; gateway prefix mode {args.prefix_mode}, upstream {args.upstream}",
           flush=True)
 
-    spool = tempfile.mkdtemp(prefix="bench-gateway-spool-")
-    direct_port, gateway_port = _free_port(), _free_port()
-    common = [sys.executable, "-m", "bench.gateway", "--output-tokens", str(args.output_tokens)]
-    direct = subprocess.Popen([*common, "--serve", "direct", "--port", str(direct_port)])
-    gateway = subprocess.Popen([*common, "--serve", "gateway", "--port", str(gateway_port), "--prefix-mode",
-                                args.prefix_mode, *(["--no-fast-ascii"] if args.no_fast_ascii else []),
-                                "--spool-dir", spool, "--calls-topic", calls_topic, "--env-topic", env_topic])
-    direct_url, gateway_url = f"http://127.0.0.1:{direct_port}", f"http://127.0.0.1:{gateway_port}"
-    limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    targets: dict[str, Target] = {}
+
+    def spawn(name: str, argv: list[str], health: str = "/health", gateway: bool = False) -> Target:
+        port = free_port()
+        proc = subprocess.Popen([a.replace("{port}", str(port)) for a in argv])
+        procs.append(proc)
+        targets[name] = Target(name, proc, f"http://127.0.0.1:{port}", health, gateway)
+        return targets[name]
+
+    python = sys.executable
+    upstream = spawn("direct", [python, "-m", "bench.fake_vllm", "--port", "{port}", "--model", MODEL,
+                                "--max-model-len", str(args.max_model_len), "--vocab-size", str(text.vocab_size),
+                                "--output", orjson.dumps({"ids": output_ids,
+                                                          "pieces": [text.decode([i]) for i in output_ids]}).decode()])
+    serve_gateway = [python, "-m", "bench.gateway", "--output-tokens", str(args.output_tokens), "--serve",
+                     "--port", "{port}", "--prefix-mode", args.prefix_mode, "--calls-topic", calls_topic,
+                     "--env-topic", env_topic, *(["--no-fast-ascii"] if args.no_fast_ascii else [])]
+    wanted = args.targets.split(",")
+    if "gateway" in wanted:
+        spawn("gateway", [*serve_gateway, "--spool-dir", str(workdir / "spool"),
+                          *(["--upstream-url", upstream.url] if args.upstream == "http" else [])], gateway=True)
+    if "thin" in wanted:
+        spawn("thin", [python, "-m", "bench.thin_proxy", "--port", "{port}", "--upstream", upstream.url])
+    litellm_missing = "litellm" in wanted and not litellm_proxy.available()
+    if "litellm" in wanted and not litellm_missing:
+        port = free_port()
+        proc = litellm_proxy.start(port, upstream.url, MODEL, workdir)
+        procs.append(proc)
+        targets["litellm"] = Target("litellm", proc, f"http://127.0.0.1:{port}", litellm_proxy.HEALTH_PATH)
+    if litellm_missing:
+        print(f"{litellm_proxy.INSTALL_HINT}; its figures are null", flush=True)
+    inprocess = None
+    if args.inprocess_calls and args.upstream == "http" and "gateway" in wanted:
+        inprocess = spawn("inprocess", [*serve_gateway, "--spool-dir", str(workdir / "spool-inprocess")],
+                          gateway=True)
+
     figures: dict[str, Any] = {}
     raw = RawClient()
+    post: Poster = raw.post
+    gateway_calls = 0
     try:
-        async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-            post = _poster(args.client, client, raw)
-            await _wait_healthy(client, direct_url, direct, "direct")
-            await _wait_healthy(client, gateway_url, gateway, "gateway")
-            n_rollouts = len(warmup) + len(timed) + len(c64)
-            print(f"starting {n_rollouts} rollouts ...", flush=True)
-            bases = await _start_rollouts(client, gateway_url, n_rollouts)
-            chat = "/v1/chat/completions"
-            gateway_urls = [gateway_url + base + chat for base in bases]
-            direct_chat = direct_url + chat
+        async with httpx.AsyncClient(timeout=60) as client:
+            for target in targets.values():
+                await wait_healthy(client, target.url + target.health, target.proc, target.name)
+            front = [t for name, t in targets.items() if name != "inprocess"]
+            print(f"targets: {', '.join(t.name for t in front)} (+ in-process gateway)" if inprocess else
+                  f"targets: {', '.join(t.name for t in front)}", flush=True)
 
             print(f"warm-up: {sum(len(c) for c in warmup)} calls each ...", flush=True)
-            for n, conversation in enumerate(warmup):
-                for body in conversation:
-                    await _call(post, direct_chat, body)
-                    await _call(post, gateway_urls[n], body)
+            await _c1(client, post, [*front, *([inprocess] if inprocess else [])], warmup, "warm-up")
+            print(f"concurrency 1: {n_c1} calls each, in turn ...", flush=True)
+            gateway_before = await _histogram_sums(client, targets["gateway"].url) if "gateway" in targets else {}
+            main = await _c1(client, post, front, timed, "c1")
+            gateway_after = await _histogram_sums(client, targets["gateway"].url) if "gateway" in targets else {}
 
-            print(f"concurrency 1: {n_c1} calls each, alternating ...", flush=True)
-            direct_s: list[float] = []
-            gateway_s: list[float] = []
-            cpu_before, direct_cpu_before = _cpu_seconds(gateway.pid), _cpu_seconds(direct.pid)
-            sums_before = await _histogram_sums(client, gateway_url)
-            i = 0
-            for n, conversation in enumerate(timed, start=len(warmup)):
-                for body in conversation:
-                    if i % 2:
-                        direct_s.append(await _call(post, direct_chat, body))
-                        gateway_s.append(await _call(post, gateway_urls[n], body))
-                    else:
-                        gateway_s.append(await _call(post, gateway_urls[n], body))
-                        direct_s.append(await _call(post, direct_chat, body))
-                    i += 1
-                    if i % max(1, n_c1 // 5) == 0:
-                        print(f"  {i}/{n_c1}", flush=True)
-            cpu_c1 = _cpu_seconds(gateway.pid) - cpu_before
-            direct_cpu_c1 = _cpu_seconds(direct.pid) - direct_cpu_before
-            sums_c1 = await _histogram_sums(client, gateway_url)
+            c64_results: dict[str, C64] = {}
+            for target in front:
+                print(f"concurrency 64: {target.name}, {sum(len(c) for c in c64)} calls ...", flush=True)
+                c64_results[target.name] = await _c64(client, post, target, c64)
 
-            print(f"concurrency 64: {n_c64} calls each ({len(c64)} conversations), gateway then direct ...",
-                  flush=True)
-            first = len(warmup) + len(timed)
-            cpu_before = _cpu_seconds(gateway.pid)
-            c64_latencies, c64_s = await _concurrently(
-                post, [[(gateway_urls[first + k], b) for b in c] for k, c in enumerate(c64)], 64)
-            cpu_c64 = _cpu_seconds(gateway.pid) - cpu_before
-            _, direct_c64_s = await _concurrently(post, [[(direct_chat, b) for b in c] for c in c64], 64)
+            extra_results = {}
+            for label, convs in extras.items():
+                print(f"{label}: {sum(len(c) for c in convs)} calls each at concurrency 1 ...", flush=True)
+                extra_results[label] = await _c1(client, post, front, convs, label)
 
-            health = (await client.get(f"{gateway_url}/health")).json()
-        sink = health.get("sink", {})
+            inprocess_result = None
+            if inprocess is not None:
+                convs = phase(args.workload, args.inprocess_calls, 6)
+                print(f"in-process gateway: {sum(len(c) for c in convs)} calls at concurrency 1 ...", flush=True)
+                inprocess_result = await _c1(client, post, [upstream, inprocess], convs, "in-process")
 
-        # Durable delivery included: every call's record is on the calls topic.
+            upstream_counts = (await client.get(f"{upstream.url}/bench/counts")).json()
+            sinks = {}
+            for name in ("gateway", "inprocess"):
+                if name in targets:
+                    sinks[name] = (await client.get(f"{targets[name].url}/health")).json().get("sink", {})
+        gateway_calls = sum(sum(len(c) for c in p) for p in (warmup, timed, c64, *extras.values())) \
+            if "gateway" in targets else 0
+        gateway_calls += sum(sum(len(c) for c in p) for p in (warmup, phase(args.workload, args.inprocess_calls, 6))) \
+            if inprocess is not None else 0
+
         consumer = Consumer(consumer_config(settings.kafka, f"bench-{tag}"))
         metadata = admin.list_topics(calls_topic, timeout=30).topics[calls_topic]
         on_kafka = sum(consumer.get_watermark_offsets(TopicPartition(calls_topic, p), timeout=30)[1]
                        for p in metadata.partitions)
         consumer.close()
 
-        direct_p50, gateway_p50 = statistics.median(direct_s), statistics.median(gateway_s)
-        paired = [g - d for g, d in zip(gateway_s, direct_s, strict=True)]
+        direct_s = main["direct"][0]
+        direct_p50 = statistics.median(direct_s)
+
+        def c1_figures(result: dict[str, tuple[list[float], float]], name: str, prefix: str) -> dict[str, Any]:
+            if name not in result:
+                return {f"{prefix}added_p50_ms_c1": None, f"{prefix}cpu_ms_per_call": None}
+            lat, cpu = result[name]
+            base = statistics.median(result["direct"][0])
+            return {f"{prefix}added_p50_ms_c1": (statistics.median(lat) - base) * 1000,
+                    f"{prefix}added_p99_ms_c1": (percentile(lat, 0.99) - percentile(result["direct"][0], 0.99)) * 1000,
+                    f"{prefix}cpu_ms_per_call": cpu}
+
+        gw, thin, lite = (c64_results.get(n) for n in ("gateway", "thin", "litellm"))
         figures = {
+            "path": "http" if args.upstream == "http" else "in-process",
             "prompt_tokens": prompt_len,
             "direct_p50_ms_c1": direct_p50 * 1000,
-            "gateway_p50_ms_c1": gateway_p50 * 1000,
-            "direct_p99_ms_c1": _percentile(direct_s, 0.99) * 1000,
-            "gateway_p99_ms_c1": _percentile(gateway_s, 0.99) * 1000,
-            "added_p50_ms_c1": (gateway_p50 - direct_p50) * 1000,
-            "added_p99_ms_c1": (_percentile(gateway_s, 0.99) - _percentile(direct_s, 0.99)) * 1000,
-            "added_paired_p50_ms_c1": statistics.median(paired) * 1000,
-            "cpu_ms_per_call": cpu_c1 / n_c1 * 1000,
-            # The direct server on the same HTTP stack (uvicorn + Starlette, JSON in and out): a floor
-            # under any gateway on this stack; the rest is the gateway's own work.
-            "direct_cpu_ms_per_call": direct_cpu_c1 / n_c1 * 1000,
-            "cpu_ratio_vs_direct": cpu_c1 / max(direct_cpu_c1, 1e-9),
-            "render_cpu_ms_per_call": _mean_ms(sums_before, sums_c1, "tokentrail_gateway_render_seconds"),
-            "delivery_wait_ms_c1": _mean_ms(sums_before, sums_c1, "tokentrail_gateway_delivery_seconds"),
-            "cpu_ms_per_call_c64": cpu_c64 / n_c64 * 1000,
-            "calls_per_s_c64": n_c64 / c64_s,
-            "direct_calls_per_s_c64": n_c64 / direct_c64_s,
-            "gateway_p50_ms_c64": statistics.median(c64_latencies) * 1000,
-            "gateway_p99_ms_c64": _percentile(c64_latencies, 0.99) * 1000,
-            "records_on_kafka": on_kafka,
-            "gateway_calls": total,
-            "workload": args.workload,
-            "prefix_mode": args.prefix_mode,
-            "fast_ascii_tokenize": not args.no_fast_ascii,
-            "turns_per_conversation": turns,
+            **c1_figures(main, "gateway", ""),
+            "calls_per_s_c64": gw.calls_per_s if gw else None,
+            "gateway_p50_ms_c64": gw.p50_ms if gw else None,
+            "gateway_p99_ms_c64": gw.p99_ms if gw else None,
+            "cpu_ms_per_call_c64": gw.cpu_ms_per_call if gw else None,
+            **c1_figures(main, "litellm", "litellm_"),
+            "litellm_calls_per_s_c64": lite.calls_per_s if lite else None,
+            **c1_figures(main, "thin", "thin_"),
+            "thin_calls_per_s_c64": thin.calls_per_s if thin else None,
+            "direct_cpu_ms_per_call": main["direct"][1],
+            "direct_calls_per_s_c64": c64_results["direct"].calls_per_s,
+        }
+        figures |= {
+            "cpu_vs_litellm": _ratio(figures["cpu_ms_per_call"], figures["litellm_cpu_ms_per_call"]),
+            "added_p50_vs_litellm": _ratio(figures["added_p50_ms_c1"], figures["litellm_added_p50_ms_c1"]),
+            "throughput_vs_litellm": _ratio(figures["calls_per_s_c64"], figures["litellm_calls_per_s_c64"]),
+            "throughput_vs_thin": _ratio(figures["calls_per_s_c64"], figures["thin_calls_per_s_c64"]),
+            "cpu_vs_thin": _ratio(figures["cpu_ms_per_call"], figures["thin_cpu_ms_per_call"]),
+        }
+        if gw and gw.rss_mib:
+            figures |= {"rss_growth_fraction": gw.rss_mib[-1] / gw.rss_mib[0] - 1,
+                        "rss_mib_first_tenth_c64": gw.rss_mib[0], "rss_mib_end": gw.rss_mib[-1]}
+        else:
+            figures["rss_growth_fraction"] = None
+        for name in ("thin", "litellm"):
+            if name in c64_results and c64_results[name].rss_mib:
+                figures[f"{name}_rss_mib_end"] = c64_results[name].rss_mib[-1]
+        for label, result in extra_results.items():
+            figures |= c1_figures(result, "gateway", f"{label}_")
+            figures |= c1_figures(result, "litellm", f"{label}_litellm_")
+            figures |= c1_figures(result, "thin", f"{label}_thin_")
+        if inprocess_result is not None:
+            figures |= c1_figures(inprocess_result, "inprocess", "inprocess_")
+        if gateway_after:
+            figures |= {
+                "render_cpu_ms_per_call": _mean_ms(gateway_before, gateway_after, "tokentrail_gateway_render_seconds"),
+                "delivery_wait_ms_c1": _mean_ms(gateway_before, gateway_after, "tokentrail_gateway_delivery_seconds"),
+            }
+        figures |= {
+            # The real path: the gateway's token-in calls reached the upstream over HTTP.
+            "upstream_completions_requests": upstream_counts.get("/v1/completions", 0),
+            "upstream_chat_requests": upstream_counts.get(CHAT, 0),
+            "records_on_kafka": on_kafka, "gateway_calls": gateway_calls, "workload": args.workload,
+            "prefix_mode": args.prefix_mode, "fast_ascii_tokenize": not args.no_fast_ascii,
+            "turns_per_conversation": args.turns if args.workload == "agent" else 1,
             "group_size": args.group_size if args.workload == "agent" else 1,
-            "spool_depth_at_end": sink.get("spool_depth", -1),
-            "delivery_errors": sink.get("delivery_errors", -1),
+            "litellm_version": litellm_proxy.VERSION if "litellm" in targets else None,
+            "spool_depth_at_end": max((s.get("spool_depth", -1) for s in sinks.values()), default=-1),
+            "delivery_errors": sum(s.get("delivery_errors", 0) for s in sinks.values()),
         }
     finally:
         await raw.close()
-        for proc in (direct, gateway):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in (direct, gateway):
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(procs)
         for future in admin.delete_topics([calls_topic, env_topic], operation_timeout=30).values():
             try:
                 future.result(timeout=60)
@@ -565,35 +540,58 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     return figures
 
 
+def _summary(f: dict[str, Any]) -> None:
+    """The side-by-side table a person reads first."""
+    def show(value: Any, fmt: str = ",.1f") -> str:
+        return "n/a" if value is None else format(value, fmt)
+
+    print(f"\n{'target':<10} {'added p50 ms c1':>16} {'CPU ms/call c1':>15} {'calls/s c64':>12}")
+    for name, prefix in (("tokentrail", ""), ("thin", "thin_"), ("litellm", "litellm_")):
+        print(f"{name:<10} {show(f.get(prefix + 'added_p50_ms_c1')):>16} {show(f.get(prefix + 'cpu_ms_per_call')):>15} "
+              f"{show(f.get(prefix + 'calls_per_s_c64')):>12}")
+    print(f"tokentrail vs LiteLLM: CPU x{show(f.get('cpu_vs_litellm'), '.2f')}, added p50 "
+          f"x{show(f.get('added_p50_vs_litellm'), '.2f')}, throughput x{show(f.get('throughput_vs_litellm'), '.2f')}; "
+          f"vs thin: throughput x{show(f.get('throughput_vs_thin'), '.2f')}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.gateway",
-        description="Latency, CPU and throughput the gateway adds over a direct call to a model server, "
-                    "with durable Kafka delivery of every call record.")
-    parser.add_argument("--calls", type=int, default=400, help="timed calls per server at concurrency 1")
-    parser.add_argument("--c64-calls", type=int, default=3000, help="gateway calls at concurrency 64")
-    parser.add_argument("--warmup", type=int, default=50, help="untimed calls per server first")
+        description="Latency, CPU, throughput and memory the gateway adds in front of a vLLM-speaking server over "
+                    "HTTP (durable Kafka delivery of every call record included), side by side with LiteLLM and a "
+                    "thin pass-through proxy.")
+    parser.add_argument("--calls", type=int, default=400, help="timed calls per target at concurrency 1")
+    parser.add_argument("--c64-calls", type=int, default=3000, help="calls per target at concurrency 64")
+    parser.add_argument("--warmup", type=int, default=50, help="untimed calls per target first")
+    parser.add_argument("--extra-calls", type=int, default=100,
+                        help="calls of each extra workload (distinct, streamed) at concurrency 1; 0: none")
+    parser.add_argument("--inprocess-calls", type=int, default=100,
+                        help="calls through a second gateway with an in-process upstream (secondary line); 0: none")
+    parser.add_argument("--targets", default=",".join(ALL_TARGETS),
+                        help="comma-separated fronts to measure beside direct: gateway, thin, litellm")
     parser.add_argument("--prompt-tokens", type=int, default=4096, help="rendered prompt length")
     parser.add_argument("--output-tokens", type=int, default=16, help="sampled tokens per call")
+    parser.add_argument("--max-model-len", type=int, default=32768, help="the upstream model's context")
     parser.add_argument("--workload", choices=["agent", "distinct", "same"], default="agent",
                         help="agent: multi-turn conversations, each call extending the previous one (default); "
                         "distinct: a new single-turn conversation per call; same: one conversation for all")
     parser.add_argument("--turns", type=int, default=8, help="calls per conversation in the agent workload")
     parser.add_argument("--group-size", type=int, default=1,
-                        help="agent workload: conversations per group sharing their task prompt, as the rollouts "
-                        "of a GRPO group do (default 1: every conversation differs from its first word)")
+                        help="agent workload: conversations per group sharing their task prompt")
     parser.add_argument("--turn-tokens", type=int, default=128,
                         help="words of tool result added per turn in the agent workload")
     parser.add_argument("--prefix-mode", choices=["splice", "retokenize", "upstream"], default="splice",
                         help="the gateway's prefix mode (default splice; upstream: pass-through, the upstream "
-                        "renders, here a model server that renders for free)")
+                        "renders)")
+    parser.add_argument("--upstream", choices=["http", "inprocess"], default="http",
+                        help="http: the gateway talks to the fake vLLM over HTTP (the real path, default); "
+                        "inprocess: the gateway's upstream answers in its own process")
     parser.add_argument("--no-fast-ascii", action="store_true",
                         help="tokenize with the tokenizer itself, not the exact ASCII fast path (for comparison)")
-    parser.add_argument("--client", choices=["raw", "httpx"], default="raw",
-                        help="HTTP client of the timed calls (raw: minimal keep-alive HTTP/1.1)")
-    # Internal: run one of the two servers (the benchmark starts them as subprocesses).
-    parser.add_argument("--serve", choices=["direct", "gateway"], help=argparse.SUPPRESS)
+    # Internal: run a gateway (the benchmark starts it as a subprocess).
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--upstream-url", help=argparse.SUPPRESS)
     parser.add_argument("--spool-dir", help=argparse.SUPPRESS)
     parser.add_argument("--calls-topic", help=argparse.SUPPRESS)
     parser.add_argument("--env-topic", help=argparse.SUPPRESS)
@@ -604,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     if figures["records_on_kafka"] < figures["gateway_calls"]:
         print(f"WARNING: only {figures['records_on_kafka']} of {figures['gateway_calls']} call records "
               "are on Kafka", file=sys.stderr)
+    _summary(figures)
     emit(figures)
     return 0
 
