@@ -4,8 +4,10 @@ Feed it every record in the order it was read; it returns the ReleaseDecision re
 
 - Calls: each names its rollout, model (the release track) and policy version, so they fill a bounded
   map rollout id -> (model, version) that rewards are attributed by (a rollout's calls exist before its
-  reward can); each is also a call observation (status, ``timings.total_ms``). Scripted calls (outputs
-  the engine was given, not sampled) are not observations of the policy and are skipped.
+  reward can; a reward read before its rollout's calls, as when the two topics are read together after a
+  restart, waits for them in a bounded buffer); each is also a call observation (status,
+  ``timings.total_ms``). Scripted calls (outputs the engine was given, not sampled) are not observations
+  of the policy and are skipped.
 - Rewards: ``raw_reward``, the combined metric before group normalization (the normalized ``reward`` has
   mean zero within each group and says nothing about versions), of the rollout's version. A reward
   filtered for a score error has no meaningful value and is skipped.
@@ -28,15 +30,18 @@ from processors.release.events import DecisionLog, decision_record
 Record = dict[str, Any]
 
 DEFAULT_MAX_ROLLOUTS = 200_000  # rollouts whose version is remembered (oldest forgotten first)
+DEFAULT_MAX_WAITING = 20_000  # rewards waiting for their rollout's calls (oldest given up first)
 MIXED = -1  # the version of a rollout whose calls were served by different versions
 
 
 class ReleaseFeed:
-    def __init__(self, max_rollouts: int = DEFAULT_MAX_ROLLOUTS) -> None:
+    def __init__(self, max_rollouts: int = DEFAULT_MAX_ROLLOUTS, max_waiting: int = DEFAULT_MAX_WAITING) -> None:
         self.log = DecisionLog.fold([])
         self.states: dict[str, ReleaseState] = {}  # the log's states plus the totals counted since
         self.rollouts: OrderedDict[str, tuple[str, int]] = OrderedDict()
         self.max_rollouts = max_rollouts
+        self.waiting: OrderedDict[str, list[Record]] = OrderedDict()  # rollout id -> rewards read before its calls
+        self.max_waiting = max_waiting
         self.pending: dict[str, str] = {}  # model -> event id of our decision not read back yet
         self.skipped: Counter[str] = Counter()  # inputs that are not observations, by reason
         self.counts: Counter[str] = Counter()  # calls, rewards and decisions folded
@@ -69,12 +74,15 @@ class ReleaseFeed:
         model, version = versions["model"], int(versions["policy_version"])
         self._remember(record["rollout_id"], model, version)
         self.counts["calls"] += 1
+        out: list[Record] = []
         state = self.states.get(model)
-        if state is None:
-            return []
-        obs = CallObservation(version, ok=record["status"] == "OK", latency_ms=max(float(timings["total_ms"]), 0.0))
-        self.states[model] = fold_call(state, obs)
-        return self._decide(model, int(timings["received_at_us"]))
+        if state is not None:
+            latency_ms = max(float(timings["total_ms"]), 0.0)
+            self.states[model] = fold_call(state, CallObservation(version, record["status"] == "OK", latency_ms))
+            out = self._decide(model, int(timings["received_at_us"]))
+        for reward in self.waiting.pop(record["rollout_id"], []):
+            out += self.on_reward(reward)
+        return out
 
     def on_reward(self, record: Record) -> list[Record]:
         reason = record.get("filter_reason") or ""
@@ -83,7 +91,10 @@ class ReleaseFeed:
             return []
         known = self.rollouts.get(record["rollout_id"])
         if known is None:
-            self.skipped["reward of a rollout with no call seen"] += 1
+            self.waiting.setdefault(record["rollout_id"], []).append(record)
+            while len(self.waiting) > self.max_waiting:
+                _, given_up = self.waiting.popitem(last=False)
+                self.skipped["reward of a rollout with no call seen"] += len(given_up)
             return []
         model, version = known
         if version == MIXED:

@@ -90,10 +90,10 @@ def test_inputs_that_are_no_observation_are_skipped_by_reason() -> None:
     feed.on_call(call)
     assert feed.on_reward({**reward, "filtered": True, "filter_reason": "score_error: TIMEOUT"}) == []
     assert feed.on_reward({**reward, "rollout_id": "never-seen"}) == []
+    assert list(feed.waiting) == ["never-seen"]  # waits for its calls
     feed.on_call(make_call("r2", "a0", 1, [1, 2, 3], [4], policy_version=4))  # the same rollout on serving
     assert feed.on_reward(reward) == []
     assert feed.skipped == {"scripted call": 1, "reward filtered for a score error": 1,
-                            "reward of a rollout with no call seen": 1,
                             "reward of a rollout served by several versions": 1}
     assert feed.states[MODEL].candidate.rewards == 0 and feed.states[MODEL].candidate.calls == 1
 
@@ -118,8 +118,26 @@ def test_a_restarted_controller_resumes_from_the_topics() -> None:
     assert restarted.states[MODEL] == running.states[MODEL]
 
 
-def test_the_rollout_map_is_bounded() -> None:
-    feed = ReleaseFeed(max_rollouts=10)
+def test_rewards_read_before_their_calls_wait_for_them() -> None:
+    traffic = _traffic(200, 0.3, 0.85, seed=1)
+    in_order = ReleaseFeed()
+    in_order.on_decision(_start())
+    expected = _feed(in_order, traffic)
+    rewards_first = ReleaseFeed()
+    rewards_first.on_decision(_start())
+    assert [d for _, reward in traffic for d in rewards_first.on_reward(reward)] == []
+    written = [d for call, _ in traffic for d in rewards_first.on_call(call)]
+    assert [r["action"] for r in written] == [r["action"] for r in expected] == ["ramp"]
+    assert rewards_first.states[MODEL].candidate.rewards == in_order.states[MODEL].candidate.rewards
+    assert not rewards_first.waiting
+
+
+def test_the_rollout_map_and_the_waiting_rewards_are_bounded() -> None:
+    feed = ReleaseFeed(max_rollouts=10, max_waiting=5)
     for call, _ in _traffic(25, 0.5, 0.5, seed=7):
         feed.on_call(call)
     assert list(feed.rollouts) == [f"r{i}" for i in range(15, 25)]
+    for _, reward in _traffic(8, 0.5, 0.5, seed=8, offset=100):
+        feed.on_reward(reward)
+    assert list(feed.waiting) == [f"r{i}" for i in range(103, 108)]
+    assert feed.skipped["reward of a rollout with no call seen"] == 3
