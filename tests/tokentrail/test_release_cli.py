@@ -16,7 +16,7 @@ from processors.release.events import DecisionLog, decision_record
 from schemas.kafka_config import producer_config
 from tests.conftest import NewTopicFactory
 from tokentrail.cli import main
-from tokentrail.commands.release import publish_decision, read_decisions
+from tokentrail.commands.release_kafka import publish_decision, read_decisions
 from tokentrail.settings import Settings
 
 
@@ -56,9 +56,9 @@ def test_release_lifecycle_through_the_topic(
     assert "already has candidate 5" in capsys.readouterr().err
 
     # The controller, from the state the topic gives: rewards arrive, it decides to ramp and writes that.
-    records, unreadable = read_decisions(kafka, topic, 10.0)
-    assert unreadable == [] and [r["action"] for r in records] == ["start"]
-    state = DecisionLog.fold(records).states["policy-a"]
+    read = read_decisions(kafka, topic, 10.0)
+    assert read.unreadable == [] and [r["action"] for r in read.records] == ["start"]
+    state = DecisionLog.fold(read.records).states["policy-a"]
     rng = np.random.default_rng(0)
     for i in range(120):
         state = fold_reward(state, RewardObservation(5 if i % 4 == 0 else 4, float(rng.random() < 0.5)))
@@ -101,5 +101,5 @@ def test_release_lifecycle_through_the_topic(
 
 
 def test_a_missing_topic_is_a_cli_error(kafka_bootstrap: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["release", "status", "--topic", "tokentrail.no-such-release-topic", "--timeout", "5"]) == 2
+    assert main(["release", "status", "--topic", "tokentrail.no-such-release-topic", "--timeout", "2"]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -15,11 +15,10 @@ import getpass
 import json
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException
 
 from processors.errors import ConfigError
 from processors.release.controller import (
@@ -31,12 +30,11 @@ from processors.release.controller import (
     pin_decision,
     start_decision,
 )
-from processors.release.events import RELEASE_DECISION, DecisionLog, Record, decision_record
+from processors.release.events import DecisionLog, Record, decision_record
 from processors.release.plan import load_plan
-from schemas.codec import DecodeError, get_codec
-from schemas.kafka_config import KafkaSettings, consumer_config, producer_config
-from schemas.topics import RELEASE_DECISIONS_TOPIC
+from schemas.topics import CALLS_TOPIC, RELEASE_DECISIONS_TOPIC, REWARDS_TOPIC
 from tokentrail.cli import CliError
+from tokentrail.commands.release_kafka import ControllerTopics, publish_decision, read_decisions, run_controller
 from tokentrail.settings import Settings, get_settings
 
 _DESCRIPTION = """\
@@ -52,14 +50,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="release_action", metavar="ACTION", required=True)
 
-    common = argparse.ArgumentParser(add_help=False)
+    topic = argparse.ArgumentParser(add_help=False)
+    topic.add_argument("--topic", default=RELEASE_DECISIONS_TOPIC,
+                       help=f"the decisions topic (default: {RELEASE_DECISIONS_TOPIC})")
+    topic.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                       help="reading the topic to its end (default: settings release.read_timeout_s)")
+    common = argparse.ArgumentParser(add_help=False, parents=[topic])
     common.add_argument("--model", default=None,
                         help="the release track, the served model name (default: settings release.model, "
                              "else model.name)")
-    common.add_argument("--topic", default=RELEASE_DECISIONS_TOPIC,
-                        help=f"the decisions topic (default: {RELEASE_DECISIONS_TOPIC})")
-    common.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                        help="reading the topic to its end (default: settings release.read_timeout_s)")
     deciding = argparse.ArgumentParser(add_help=False, parents=[common])
     deciding.add_argument("--operator", default=None,
                           help="who decides (default: settings release.operator, else the login name)")
@@ -86,6 +85,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          ("rollback", "take the candidate out of traffic now; serving stays")):
         p = actions.add_parser(action, parents=[deciding], help=text, description=text[0].upper() + text[1:] + ".")
         p.set_defaults(func=_cmd_manual, action=action)
+
+    p = actions.add_parser(
+        "control", parents=[topic], help="run the release controller (a stream processor)",
+        description="Read calls and rewards, compare each release's candidate with its serving version by "
+                    "the plan's sequential test, and write ramp, promote and rollback decisions. Rebuilds its "
+                    "state from the topics on every start; run one instance.")
+    p.add_argument("--calls-topic", default=CALLS_TOPIC, help=f"the calls topic (default: {CALLS_TOPIC})")
+    p.add_argument("--rewards-topic", default=REWARDS_TOPIC, help=f"the rewards topic (default: {REWARDS_TOPIC})")
+    p.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
+                   help="stop after this long without a record (default: run until interrupted)")
+    p.add_argument("--progress-every", type=float, default=10.0, metavar="SECONDS",
+                   help="print counts and each track's state this often (default: 10)")
+    p.set_defaults(func=_cmd_control)
 
     p = actions.add_parser("pin", parents=[deciding], help="route a traffic label to a fixed version",
                            description="Pin a traffic label (evaluation suites, internal users) to a policy "
@@ -155,6 +167,19 @@ def _cmd_pin(args: argparse.Namespace) -> int:
     return _write(settings, args, state, decision)
 
 
+def _cmd_control(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    topics = ControllerTopics(args.calls_topic, args.rewards_topic, args.topic)
+    try:
+        feed = run_controller(settings.kafka, topics, idle_s=args.idle_timeout, progress_every_s=args.progress_every,
+                              timeout_s=_timeout(settings, args), log=lambda line: print(line, flush=True))
+    except KafkaException as exc:
+        raise CliError(f"the controller stopped on a Kafka error: {exc.args[0].str()}") from None
+    for reason, count in sorted(feed.skipped.items()):
+        print(f"controller: skipped {count} x {reason}")
+    return 0
+
+
 # ---- helpers ---------------------------------------------------------------------------------------
 
 
@@ -188,11 +213,11 @@ def _state(settings: Settings, args: argparse.Namespace) -> ReleaseState:
 def _read_log(settings: Settings, args: argparse.Namespace) -> DecisionLog:
     print(f"reading {args.topic} ...", file=sys.stderr)
     try:
-        records, unreadable = read_decisions(settings.kafka, args.topic, _timeout(settings, args))
+        read = read_decisions(settings.kafka, args.topic, _timeout(settings, args))
     except KafkaException as exc:
         raise CliError(f"cannot read {args.topic}: {exc.args[0].str()}") from None
-    log = DecisionLog.fold(records)
-    for reason in [*unreadable, *(why for _, why in log.rejected)]:
+    log = DecisionLog.fold(read.records)
+    for reason in [*read.unreadable, *(why for _, why in log.rejected)]:
         print(f"skipped a record on {args.topic}: {reason}", file=sys.stderr)
     return log
 
@@ -211,63 +236,6 @@ def _write(settings: Settings, args: argparse.Namespace, state: ReleaseState, de
     print(f"decision {record['sequence']} on {state.model!r}: {record['action']} ({record['event_id']})")
     _print_state(log.states[state.model], record)
     return 0
-
-
-def read_decisions(kafka: KafkaSettings, topic: str, timeout_s: float) -> tuple[list[Record], list[str]]:
-    """Every ReleaseDecision on ``topic`` up to its current end, in partition-then-offset order (the topic
-    has one partition, so that is the order they were written), and why each record that is not a
-    readable ReleaseDecision was skipped. Commits nothing."""
-    consumer = Consumer(consumer_config(kafka, f"tokentrail-release-cli-{uuid.uuid4().hex[:12]}"))
-    codec = get_codec(kafka.schema_registry_url)
-    try:
-        metadata = consumer.list_topics(topic, timeout=timeout_s)
-        info = metadata.topics.get(topic)
-        if info is None or info.error is not None or not info.partitions:
-            raise CliError(f"topic {topic} does not exist on {kafka.bootstrap_servers}: run `tokentrail topics ensure`")
-        parts = sorted(info.partitions)
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1] for p in parts}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        found: dict[int, list[Record]] = {p: [] for p in parts}
-        unreadable: list[str] = []
-        waiting = {p for p, end in ends.items() if end > 0}
-        deadline = time.monotonic() + timeout_s
-        while waiting:
-            if time.monotonic() > deadline:
-                raise CliError(f"could not read {topic} to its end within {timeout_s:g} s")
-            for msg in consumer.consume(500, timeout=0.5):
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise KafkaException(msg.error())
-                p = msg.partition()
-                if msg.offset() < ends[p]:
-                    try:
-                        found[p].append(codec.decode(msg.value(), expect=RELEASE_DECISION, topic=topic,
-                                                     partition=p, offset=msg.offset())[1])
-                    except DecodeError as exc:
-                        unreadable.append(str(exc))
-                if msg.offset() + 1 >= ends[p]:
-                    waiting.discard(p)
-        return [r for p in parts for r in found[p]], unreadable
-    finally:
-        consumer.close()
-
-
-def publish_decision(kafka: KafkaSettings, topic: str, record: Record) -> None:
-    """Write one decision (key: its model) and wait until the broker has it (acks=all)."""
-    failures: list[KafkaError] = []
-
-    def delivered(err: KafkaError | None, _msg: object) -> None:
-        if err is not None:
-            failures.append(err)
-
-    producer = Producer(producer_config(kafka))
-    producer.produce(topic, key=record["model"].encode(), value=get_codec(kafka.schema_registry_url).encode(
-        RELEASE_DECISION, record), on_delivery=delivered)
-    if producer.flush(30) > 0:
-        raise CliError(f"the decision was not acknowledged by {kafka.bootstrap_servers} within 30 s")
-    if failures:
-        raise KafkaException(failures[0])
 
 
 def _summary(state: ReleaseState | None, last: Record | None) -> dict[str, Any] | None:
