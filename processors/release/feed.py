@@ -78,8 +78,12 @@ class ReleaseFeed:
         state = self.states.get(model)
         if state is not None:
             latency_ms = max(float(timings["total_ms"]), 0.0)
-            self.states[model] = fold_call(state, CallObservation(version, record["status"] == "OK", latency_ms))
-            out = self._decide(model, int(timings["received_at_us"]))
+            try:
+                self.states[model] = fold_call(state, CallObservation(version, record["status"] == "OK", latency_ms))
+            except ValueError:
+                self.skipped["call whose latency is not a finite number"] += 1
+            else:
+                out = self._decide(model, int(timings["received_at_us"]))
         for reward in self.waiting.pop(record["rollout_id"], []):
             out += self.on_reward(reward)
         return out
@@ -100,11 +104,16 @@ class ReleaseFeed:
         if version == MIXED:
             self.skipped["reward of a rollout served by several versions"] += 1
             return []
-        self.counts["rewards"] += 1
         state = self.states.get(model)
         if state is None:
+            self.counts["rewards"] += 1
             return []
-        self.states[model] = fold_reward(state, RewardObservation(version, float(record["raw_reward"])))
+        try:
+            self.states[model] = fold_reward(state, RewardObservation(version, float(record["raw_reward"])))
+        except ValueError:
+            self.skipped["reward that is not a finite number"] += 1
+            return []
+        self.counts["rewards"] += 1
         return self._decide(model, int(record["created_at_us"]))
 
     # ---- deciding ---------------------------------------------------------------------------------

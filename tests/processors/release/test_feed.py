@@ -93,8 +93,11 @@ def test_inputs_that_are_no_observation_are_skipped_by_reason() -> None:
     assert list(feed.waiting) == ["never-seen"]  # waits for its calls
     feed.on_call(make_call("r2", "a0", 1, [1, 2, 3], [4], policy_version=4))  # the same rollout on serving
     assert feed.on_reward(reward) == []
+    nan_call, nan_reward = _rollout(3, 5, float("nan"), total_ms=float("inf"))
+    assert feed.on_call(nan_call) == [] and feed.on_reward(nan_reward) == []
     assert feed.skipped == {"scripted call": 1, "reward filtered for a score error": 1,
-                            "reward of a rollout served by several versions": 1}
+                            "reward of a rollout served by several versions": 1,
+                            "call whose latency is not a finite number": 1, "reward that is not a finite number": 1}
     assert feed.states[MODEL].candidate.rewards == 0 and feed.states[MODEL].candidate.calls == 1
 
 
