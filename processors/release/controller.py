@@ -21,7 +21,8 @@ from dataclasses import dataclass, field, replace
 from processors.errors import ProcessorError
 from processors.release.arms import ArmStats, CallObservation, RewardObservation
 from processors.release.plan import ReleasePlan
-from processors.release.rules import ROLLBACK_RULES, Evaluation, Rule, evaluate
+from processors.release.rules import Evaluation, Rule, evaluate
+from processors.release.sequential import FloatArray
 from schemas.ids import event_id
 
 ACTIONS = ("start", "ramp", "promote", "rollback", "pin", "hold")
@@ -143,10 +144,6 @@ def decide(state: ReleaseState) -> Decision:
                     interval_low=_finite(float(iv.low)), interval_high=_finite(float(iv.high)))
 
 
-def is_rollback_rule(rule: str) -> bool:
-    return rule in {r.label for r in ROLLBACK_RULES}
-
-
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
@@ -155,8 +152,8 @@ def _num(x: float | None) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{x:.4g}"
 
 
-def _iv(low: object, high: object) -> str:
-    return f"[{_num(float(low))}, {_num(float(high))}]"  # type: ignore[arg-type]
+def _iv(low: FloatArray, high: FloatArray) -> str:
+    return f"[{_num(float(low))}, {_num(float(high))}]"
 
 
 # ---- applying decisions ---------------------------------------------------------------------------
