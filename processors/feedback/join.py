@@ -132,6 +132,49 @@ class FeedbackJoin:
     def watermark_us(self) -> int | None:
         return None if self.max_event_us is None else self.max_event_us - self.cfg.lag_us
 
+    def next_due_us(self) -> int | None:
+        """The earliest event time at which a ``tick`` changes something (a window closes, feedback
+        stops waiting, a closed rollout is forgotten); None when the state holds nothing."""
+        times = [w.window_end_us for w in self.open.values()] + [p.expires_at_us for p in self.pending.values()]
+        times += [forget for _, forget in self.closed.values()]
+        return min(times) + self.cfg.lag_us + 1 if times else None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.open or self.closed or self.pending)
+
+    def snapshot(self) -> Record:
+        """The state as plain JSON-able data (the stream keeps it in a changelogged table)."""
+        return {"max_event_us": self.max_event_us,
+                "open": [[ref_to_data(w.ref), w.window_end_us, list(w.admitted.values())]
+                         for w in self.open.values()],
+                "closed": [[ref_to_data(ref), forget] for ref, forget in self.closed.values()],
+                "pending": [[p.feedback, p.expires_at_us, p.matched] for p in self.pending.values()]}
+
+    @classmethod
+    def restore(cls, cfg: FeedbackRewardConfig, data: Record) -> FeedbackJoin:
+        """The join a ``snapshot`` was taken of: the same outputs for the same later inputs."""
+        join = cls(cfg)
+        join.max_event_us = data["max_event_us"]
+        for ref_data, window_end_us, admitted in data["open"]:
+            ref = ref_from_data(ref_data)
+            join.open[ref.rollout_event_id] = _Open(ref, window_end_us, {f["event_id"]: f for f in admitted})
+            join._index_rollout(ref)
+        for ref_data, forget in data["closed"]:
+            ref = ref_from_data(ref_data)
+            join.closed[ref.rollout_event_id] = (ref, forget)
+            join._index_rollout(ref)
+        for feedback, expires_at_us, matched in data["pending"]:
+            join.pending[feedback["event_id"]] = _Pending(feedback, expires_at_us, matched)
+            key = target_key(feedback)
+            assert key is not None  # only feedback with a target key ever waits
+            join.pending_by_target.setdefault(key, set()).add(feedback["event_id"])
+        return join
+
+    def _index_rollout(self, ref: RolloutRef) -> None:
+        for key in ref.target_keys():
+            self.rollouts_by_target.setdefault(key, set()).add(ref.rollout_event_id)
+
     # -- inputs -------------------------------------------------------------------------------------
 
     def add_rollout(self, ref: RolloutRef) -> list[Output]:
@@ -223,6 +266,17 @@ class FeedbackJoin:
             ref.rollout_event_id, ref.rollout_id, ref.attempt_id, ref.group_id, self.config_id, value, defaulted,
             tuple(f["event_id"] for f in sorted(admitted, key=event_order)), combined.used_ids,
             combined.superseded_ids, ref.closed_at_us + self.cfg.window_us)
+
+
+def ref_to_data(ref: RolloutRef) -> Record:
+    return {"rollout_event_id": ref.rollout_event_id, "rollout_id": ref.rollout_id, "attempt_id": ref.attempt_id,
+            "closed_at_us": ref.closed_at_us, "call_ids": list(ref.call_ids), "session_ids": list(ref.session_ids),
+            "group_id": ref.group_id}
+
+
+def ref_from_data(data: Record) -> RolloutRef:
+    return RolloutRef(data["rollout_event_id"], data["rollout_id"], data["attempt_id"], data["closed_at_us"],
+                      tuple(data["call_ids"]), tuple(data["session_ids"]), data["group_id"])
 
 
 def _unmatched_reason(feedback: Record, match_wait_s: float) -> str:
