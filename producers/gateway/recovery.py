@@ -7,7 +7,8 @@ next call and event index, the outputs later prompts splice and the last prompts
 It is order-independent and idempotent (a record seen twice, e.g. re-sent from a spool, changes nothing).
 Each attempt's API key is derived from its ids (keys.py), so nothing secret is read from Kafka.
 
-The shell, ``recover``, runs before the gateway serves: it first waits for the publisher's spool to drain
+The shell, ``recover``, runs before the gateway serves: it checks that a broker answers (else it gives up at
+once, so a gateway starting while Kafka is away still serves from its spool), waits for the spool to drain
 (records spooled by the previous process, on this spool, count, and the only place they are is the spool),
 then reads the environment topic from ``now - lookback`` to its end, then the calls topic, keeping only
 the records of attempts still open (filtered by the record key, the rollout id, before decoding). If the
@@ -44,6 +45,8 @@ log = logging.getLogger("tokentrail.gateway.recovery")
 # Calls of an attempt are read from its start's time minus this, for clocks that disagree a little.
 CLOCK_SLACK_S = 300.0
 ENV_SCHEMAS = ("AttemptStarted", "EnvStep", "AttemptFinished")
+# A broker that does not answer this fast at start-up is taken as away: nothing is restored.
+PROBE_TIMEOUT_S = 5.0
 Progress = Callable[[str], None]
 
 
@@ -256,6 +259,17 @@ class KafkaRecoverySource:
         finally:
             consumer.close()
 
+    def probe(self, timeout_s: float) -> None:
+        """Raise unless a broker answers within ``timeout_s`` (a gateway starting while Kafka is away
+        serves from its spool at once, as before, instead of waiting out the whole recovery time)."""
+        from confluent_kafka import Consumer
+
+        consumer = Consumer({**self.consumer_config, "group.id": f"tokentrail-gateway-probe-{uuid.uuid4().hex}"})
+        try:
+            consumer.list_topics(self.env_topic, timeout=timeout_s)
+        finally:
+            consumer.close()
+
     def fold(self, progress: Progress) -> tuple[list[RestoredAttempt], int, int]:
         """Read both topics and fold them; blocking (run it in a thread). Raises RecoveryTimeout."""
         deadline = time.monotonic() + self.timeout_s
@@ -289,6 +303,10 @@ async def recover(registry: AttemptRegistry, publisher: Any, source: KafkaRecove
         log.error("recovery: nothing restored: %s; calls on attempts started before this start get a 404", why)
         return RecoveryReport(0, 0, 0, 0, time.monotonic() - began, why)
 
+    try:
+        await asyncio.to_thread(source.probe, min(PROBE_TIMEOUT_S, source.timeout_s))
+    except Exception as exc:
+        return skipped(f"no Kafka broker answered ({exc})")
     wait_drained = getattr(publisher, "wait_drained", None)
     if wait_drained is not None and not await wait_drained(source.timeout_s):
         return skipped(f"the spool did not drain to Kafka within {source.timeout_s:g} s (records of the "

@@ -109,10 +109,11 @@ def test_records_still_in_the_spool_at_restart_count(
     spool = tmp_path / "spool"
     unreachable = tokentrail_settings.model_copy(update={
         "kafka": tokentrail_settings.kafka.model_copy(update={"bootstrap_servers": "127.0.0.1:9"}),
-        "gateway": tokentrail_settings.gateway.model_copy(update={"delivery_timeout_s": 0.5,
-                                                                  "recover_on_start": False})})
+        "gateway": tokentrail_settings.gateway.model_copy(update={"delivery_timeout_s": 0.5})})
     with _gateway(unreachable, topics, spool, text_side) as first:
         port = _port(first)
+        # With no broker answering, start-up gives up on recovery at once and serves from the spool.
+        assert "no Kafka broker answered" in httpx.get(f"{first.url}/health").json()["recovery"]["skipped"]
         rollout = Rollout(first.url, task_input={"spooled": True})
         rollout.start()
         client = openai.OpenAI(base_url=first.openai_base_url, api_key=rollout.api_key, max_retries=3)
