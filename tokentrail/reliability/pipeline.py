@@ -188,8 +188,32 @@ def compare(got: Collected, expected: dict[str, dict[str, Record]], names: Itera
         duplicated += len(extra) + len(differing)
         redelivered += copies
         if missing or extra or differing:
-            notes.append(f"{name}: {len(missing)} missing, {len(extra)} unexpected, {len(differing)} differing")
+            notes.append(f"{name}: {len(missing)} missing, {len(extra)} unexpected, {len(differing)} differing"
+                         + _first_difference(name, got, want, differing, extra))
     return Comparison(lost, duplicated, redelivered, "; ".join(notes) or "outputs equal a clean run's")
+
+
+def _first_difference(name: str, got: Collected, want: dict[str, Record], differing: set[str],
+                      extra: set[str]) -> str:
+    """What differs in the first differing copy (field by field), or the first unexpected id, so a
+    failed run says what went wrong and not only how often."""
+    if differing:
+        event_id = min(differing)
+        copy = next(r for r in got.records[name] if r["event_id"] == event_id
+                    and comparable(name, r) != comparable(name, want[event_id]))
+        fields = sorted(k for k in set(copy) | set(want[event_id])
+                        if comparable(name, copy).get(k) != comparable(name, want[event_id]).get(k))
+        shown = {k: (_short(copy.get(k)), _short(want[event_id].get(k))) for k in fields[:6]}
+        return f" (first: {event_id}, got vs clean run: {shown})"
+    if extra:
+        record = next(r for r in got.records[name] if r["event_id"] == min(extra))
+        return f" (first unexpected: {_short(record)})"
+    return ""
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # ------------------------------------------------------------------------------------------ the rig
@@ -203,6 +227,12 @@ class Pipeline:
     workers: list[subprocess.Popen] = field(default_factory=list)
     # Workers whose watchdog found them stuck (exit code 3) and that were restarted, as a supervisor would.
     watchdog_restarts: int = 0
+    # How many workers that crashed (an unexpected error: the worker stops so that it restarts from its
+    # committed offsets) are restarted, as a StatefulSet would; 0 (the default) makes a crash a failure,
+    # as it must be where bad input is the test (it is dead-lettered, never a crash). A crash loop still
+    # fails: restarts are bounded.
+    crash_restarts_allowed: int = 0
+    crash_causes: list[str] = field(default_factory=list)  # first errors of each restarted crash
 
     @classmethod
     def create(cls, base: Settings, workdir: Path, *, partitions: int = 2, tag: str | None = None,
@@ -296,20 +326,29 @@ class Pipeline:
     def collect(self, until: Callable[[Collected], bool], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while not until(self.collected):
-            self._restart_stalled()
+            self._restart_exited()
             crashed = [p.returncode for p in self.workers if p.poll() not in (None, 0, -9)]
             if crashed or time.monotonic() > deadline:
                 return False
             self.poll()
         return True
 
-    def _restart_stalled(self) -> None:
-        """Restart a worker that stopped itself because it was stuck, as a production supervisor does."""
+    def _restart_exited(self) -> None:
+        """Restart a worker that stopped itself because it was stuck, or (within ``crash_restarts_allowed``)
+        one that crashed, as a production supervisor does; a crash's cause is kept for the report."""
         for proc in list(self.workers):
-            if proc.poll() == EXIT_STALLED:
-                self.workers.remove(proc)
+            code = proc.poll()
+            if code == EXIT_STALLED:
                 self.watchdog_restarts += 1
-                self.start_worker()
+            elif code not in (None, 0, -9) and len(self.crash_causes) < self.crash_restarts_allowed:
+                own = [line for line in self.log_path.read_text(errors="replace").splitlines()
+                       if f"] [{proc.pid}] [" in line or not line.startswith("[")] if self.log_path.exists() else []
+                self.crash_causes.append(f"worker {proc.pid} exited with {code}: "
+                                         f"{first_errors(own, blocks=1) or '(no error logged)'}")
+            else:
+                continue
+            self.workers.remove(proc)
+            self.start_worker()
 
     def settle(self, quiet_s: float = 3.0) -> Collected:
         last = time.monotonic()

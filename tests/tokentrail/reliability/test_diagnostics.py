@@ -35,3 +35,19 @@ def test_a_log_without_errors_is_just_its_tail(tmp_path: Path) -> None:
     path.write_text("".join(f"[t] [1] [INFO] line {i}\n" for i in range(50)))
     detail = worker_log_tail(path, 5)
     assert detail.splitlines() == [f"[t] [1] [INFO] line {i}" for i in range(45, 50)]
+
+
+def test_a_differing_copy_is_named_with_the_fields_that_differ() -> None:
+    from tokentrail.reliability.pipeline import Collected, compare
+
+    want = {"r1": {"event_id": "r1", "reward": 1.0, "rollout_id": "a"},
+            "r2": {"event_id": "r2", "reward": 0.0, "rollout_id": "b"}}
+    got = Collected()
+    got.add("Reward", b"a", want["r1"])
+    got.add("Reward", b"a", {**want["r1"], "reward": 0.5})  # a re-emitted copy that differs
+    got.add("Reward", b"b", want["r2"])
+    got.add("Reward", b"c", {"event_id": "r3", "reward": 2.0, "rollout_id": "c"})
+    result = compare(got, {"Reward": want}, ["Reward"])
+    assert (result.lost, result.duplicated, result.redelivered) == (0, 2, 1)
+    assert "first: r1" in result.detail and "'reward': ('0.5', '1.0')" in result.detail
+    assert "rollout_id" not in result.detail.split("first: r1")[1].split(")")[0]  # only what differs
