@@ -303,17 +303,22 @@ def is_formatted(kafka: KafkaSettings) -> bool:
     return (_paths(kafka)["data"] / "meta.properties").exists()
 
 
-def format_storage(kafka: KafkaSettings, echo: Echo = _echo) -> None:
-    """Format the log dir as a standalone KRaft node; a formatted dir is left as it is."""
+def format_storage(kafka: KafkaSettings, echo: Echo = _echo, *, cluster_id: str | None = None,
+                   standalone: bool = True) -> None:
+    """Format the log dir as a standalone KRaft node; a formatted dir is left as it is.
+
+    ``standalone=False`` formats one node of a static quorum (``controller.quorum.voters`` in
+    ``kafka.broker_properties``); every node of that cluster must get the same ``cluster_id``."""
     if is_formatted(kafka):
         return
     paths = _paths(kafka)
     props = _write_effective_config(kafka)
     paths["logs"].mkdir(parents=True, exist_ok=True)
     echo(f"formatting Kafka storage in {paths['data']} ...")
+    mode = ["--standalone"] if standalone else []
     cmd = _jvm_command(
         kafka, "kafka.tools.StorageTool",
-        "format", "--standalone", "--ignore-formatted", "-t", new_cluster_id(), "-c", str(props),
+        "format", *mode, "--ignore-formatted", "-t", cluster_id or new_cluster_id(), "-c", str(props),
         heap="256m",
     )
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -382,6 +387,11 @@ def status(kafka: KafkaSettings | None = None) -> BrokerStatus:
     )
 
 
+def log_tail(kafka: KafkaSettings, lines: int = 25) -> str:
+    """The last lines of the node's JVM output and server log (for an error message)."""
+    return _log_tail(kafka, lines)
+
+
 def _log_tail(kafka: KafkaSettings, lines: int = 25) -> str:
     paths = _paths(kafka)
     chunks = []
@@ -415,6 +425,13 @@ def start(wait_s: float = 60.0, kafka: KafkaSettings | None = None, echo: Echo =
     ensure_jars(kafka, echo)
     began = time.monotonic()
     format_storage(kafka, echo)
+    pid = spawn(kafka, echo)
+    return _wait_until_answering(kafka, pid, wait_s, began, echo)
+
+
+def spawn(kafka: KafkaSettings, echo: Echo = _echo) -> int:
+    """Launch the (formatted) node detached, write its pid file and return the pid, without waiting for
+    it to answer (a node of a quorum answers only once enough voters are up)."""
     props = _write_effective_config(kafka)
     paths = _paths(kafka)
     paths["logs"].mkdir(parents=True, exist_ok=True)
@@ -438,7 +455,7 @@ def start(wait_s: float = 60.0, kafka: KafkaSettings | None = None, echo: Echo =
     paths["pid"].write_text(f"{proc.pid}\n")
     echo(f"starting Kafka (pid {proc.pid}, heap {kafka.heap}) on {kafka.bootstrap_servers}; "
          f"logs in {paths['logs']}")
-    return _wait_until_answering(kafka, proc.pid, wait_s, began, echo)
+    return proc.pid
 
 
 def _wait_until_answering(
@@ -498,6 +515,20 @@ def stop(timeout_s: float = 60.0, kafka: KafkaSettings | None = None, echo: Echo
         _discard_pending_cds(kafka)
     echo(f"Kafka stopped after {time.monotonic() - began:.1f} s")
     return True
+
+
+def kill9(kafka: KafkaSettings, echo: Echo = _echo) -> int | None:
+    """SIGKILL the node (a crash: no controlled shutdown, no flush); the pid killed, None if none ran."""
+    pid = _read_pid(kafka)
+    if pid is None or not _is_our_broker(pid):
+        return None
+    os.kill(pid, signal.SIGKILL)
+    while _is_our_broker(pid):
+        time.sleep(0.05)
+    _paths(kafka)["pid"].unlink(missing_ok=True)
+    _discard_pending_cds(kafka)
+    echo(f"Kafka (pid {pid}) killed -9")
+    return pid
 
 
 # ---------------------------------------------------------------- CLI
