@@ -83,6 +83,12 @@ async def run_generation(stream: AsyncIterator[TokenChunk | GenerateResult], *,
     # Text is needed while sampling only to find stop strings or to stream it; otherwise it is decoded
     # once at the end.
     live = bool(longest_stop) or on_text is not None
+    if not live and abort is None:
+        # Nobody reads tokens as they come: an upstream that can asks for the whole answer at once
+        # (one response instead of an event per token).
+        prefer_whole = getattr(stream, "prefer_whole", None)
+        if prefer_whole is not None:
+            prefer_whole()
     try:
         async for item in stream:
             if isinstance(item, GenerateResult):
@@ -126,6 +132,8 @@ async def run_generation(stream: AsyncIterator[TokenChunk | GenerateResult], *,
         out.queue_ms = res.queue_ms
         if out.prompt_ids is None:
             out.prompt_ids = res.prompt_ids
+            if on_prompt is not None:  # a whole answer reports its prompt only here
+                on_prompt(res.prompt_ids)
     if out.stop_string is None:
         out.text = decode(out.output_ids)
     return out

@@ -10,7 +10,7 @@ reports the prompt ids it ran (on its first chunk and in the result), which the 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -113,3 +113,38 @@ class ChatUpstream(Upstream, Protocol):
     def generate_chat_stream(self, request: ChatGenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
         """As ``generate_stream``; the first chunk (or, without one, the result) carries the prompt ids."""
         ...
+
+
+class WholeOrStreamed:
+    """A generation stream that can be told, before its first item, that nobody needs tokens as they
+    are sampled (a harness that did not ask to stream, no stop string to watch): the upstream then asks
+    for the whole answer in one response, which costs far less than a stream of per-token events, and
+    yields only the final GenerateResult (ids and logprobs in it).
+
+    ``streamed`` and ``whole`` make the two kinds of request; neither starts before the first item."""
+
+    def __init__(self, streamed: Callable[[], AsyncIterator[TokenChunk | GenerateResult]],
+                 whole: Callable[[], Awaitable[GenerateResult]]) -> None:
+        self._streamed, self._whole = streamed, whole
+        self._prefer_whole = False
+        self._items: AsyncIterator[TokenChunk | GenerateResult] | None = None
+
+    def prefer_whole(self) -> None:
+        if self._items is None:
+            self._prefer_whole = True
+
+    def __aiter__(self) -> WholeOrStreamed:
+        return self
+
+    async def __anext__(self) -> TokenChunk | GenerateResult:
+        if self._items is None:
+            self._items = self._one_result() if self._prefer_whole else self._streamed()
+        return await self._items.__anext__()
+
+    async def _one_result(self) -> AsyncIterator[TokenChunk | GenerateResult]:
+        yield await self._whole()
+
+    async def aclose(self) -> None:
+        close = getattr(self._items, "aclose", None)
+        if close is not None:
+            await close()

@@ -22,9 +22,8 @@ import hashlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
 import orjson
 
 from producers.upstreams.base import (
@@ -35,8 +34,10 @@ from producers.upstreams.base import (
     Sampling,
     TokenChunk,
     UpstreamError,
+    WholeOrStreamed,
 )
-from schemas.tokens import int_list
+from producers.upstreams.http1 import ConnectFailed, Http1Pool, Response, Timeout, TransportError
+from schemas.tokens import TokenIds
 
 if TYPE_CHECKING:
     from producers.gateway.settings import GatewaySettings
@@ -137,9 +138,8 @@ class VLLMUpstream:
         logprobs_mode: str = "raw_logprobs",
         api_key: str | None = None,
         timeout_s: float = 600.0,
-        max_connections: int = 512,
         policy_version: int = 0,
-        transport: httpx.AsyncBaseTransport | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         if isinstance(servers, str):
             servers = [s for s in servers.split(",") if s.strip()]
@@ -155,17 +155,13 @@ class VLLMUpstream:
         self._model = model
         self._policy_version = policy_version
         self._engines: dict[str, str] = {}
-        self.max_model_len: int | None = None
+        # The context the gateway fits prompts and output budgets into (it refuses a prompt that leaves no
+        # room before sending it): given, or learnt from /v1/models on the first call.
+        self.max_model_len: int | None = max_model_len
         headers = {"content-type": "application/json"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
-        self._client = httpx.AsyncClient(
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=5.0),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
-                                keepalive_expiry=60.0),
-            transport=transport,
-        )
+        self._client = Http1Pool(headers, timeout_s=timeout_s)
 
     @classmethod
     def from_settings(cls, gateway: GatewaySettings, **kwargs: Any) -> VLLMUpstream:
@@ -189,14 +185,22 @@ class VLLMUpstream:
         return list(body.get("data") or [])
 
     async def model(self) -> str:
-        """The model name requests use: as configured, else the first one the fleet serves."""
-        if self._model is None:
-            served = await self.models()
-            if not served:
+        """The model name requests use: as configured, else the first one the fleet serves. The first
+        call also learns the model's context (``max_model_len``) from the fleet's list."""
+        if self._model is None or self.max_model_len is None:
+            try:
+                served = await self.models()
+            except UpstreamError:
+                if self._model is None:
+                    raise
+                served = []  # a configured model needs no list; the context is learnt on a later call
+            if self._model is None and not served:
                 raise UpstreamError(f"vLLM at {self.servers[0]} serves no model", 502, "upstream_error")
-            self._model = str(served[0]["id"])
-            # The context the gateway fits output budgets into (known once the models were listed).
-            self.max_model_len = served[0].get("max_model_len")
+            if self._model is None:
+                self._model = str(served[0]["id"])
+            listed = next((m for m in served if m.get("id") == self._model), served[0] if served else {})
+            if listed.get("max_model_len") and self.max_model_len is None:
+                self.max_model_len = int(listed["max_model_len"])
         return self._model
 
     async def engine(self, server: str | None = None) -> str:
@@ -217,6 +221,14 @@ class VLLMUpstream:
     async def close(self) -> None:
         await self._client.aclose()
 
+    def _check_context(self, prompt_len: int, max_tokens: int) -> None:
+        """Refuse, before sending, a prompt the model's context cannot hold with at least one output token
+        (the gateway normally refuses it earlier, once it knows the context)."""
+        if self.max_model_len is not None and prompt_len + 1 > self.max_model_len:
+            raise UpstreamError(
+                f"This model's maximum context length is {self.max_model_len} tokens; the prompt has {prompt_len}, "
+                "which leaves no room for output (context_length_exceeded)", 400, "invalid_request_error")
+
     # ------------------------------------------------------------------ token-in generation
 
     async def completion_body(self, request: GenerateRequest, stream: bool) -> dict[str, Any]:
@@ -224,8 +236,10 @@ class VLLMUpstream:
         if request.forced_ids is not None:
             raise UpstreamError("scripted outputs need the embedded engine: vLLM samples every token", 400,
                                 "invalid_request_error")
+        model = await self.model()
+        self._check_context(len(request.prompt_ids), request.sampling.max_tokens)
         body: dict[str, Any] = {
-            "model": await self.model(),
+            "model": model,
             "prompt": request.prompt_ids,
             **_sampling_fields(request.sampling),
             "logprobs": 1,
@@ -243,6 +257,8 @@ class VLLMUpstream:
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         body = await self.completion_body(request, stream=False)
+        sent = _ids_json(request.prompt_ids)
+        body["prompt"] = orjson.Fragment(sent)
         began = time.perf_counter()
         server, response = await self._post(request.rollout_id or request.request_id, "/v1/completions", body)
         total_ms = (time.perf_counter() - began) * 1000
@@ -256,10 +272,10 @@ class VLLMUpstream:
         output_ids = list(choice.get("token_ids") or [])
         logprobs = _sampled_logprobs(choice.get("logprobs"), output_ids, server)
         prompt_ids = choice.get("prompt_token_ids")
-        self._check_prompt(request, prompt_ids, server)
+        self._check_prompt(request, sent, prompt_ids, server)
         metrics = parsed.get("metrics") or {}
         return GenerateResult(
-            prompt_ids=list(prompt_ids),
+            prompt_ids=request.prompt_ids,  # what ran, checked equal: the gateway's array, not a new list
             output_ids=output_ids,
             output_logprobs=logprobs,
             finish_reason=str(choice.get("finish_reason") or "stop"),
@@ -274,8 +290,15 @@ class VLLMUpstream:
                    "system_fingerprint": parsed.get("system_fingerprint")},
         )
 
-    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+    def generate_stream(self, request: GenerateRequest) -> WholeOrStreamed:
+        """Token by token; or, when the consumer says nobody needs them as they come (``prefer_whole``),
+        one non-streamed request (``generate``): no per-token events to send, parse and collect."""
+        return WholeOrStreamed(lambda: self._generate_streamed(request), lambda: self.generate(request))
+
+    async def _generate_streamed(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
         body = await self.completion_body(request, stream=True)
+        sent = _ids_json(request.prompt_ids)
+        body["prompt"] = orjson.Fragment(sent)
         policy_version = self._policy_version
         got = _Streamed()
         server, stream = await self._open_stream(request.rollout_id or request.request_id, "/v1/completions", body)
@@ -291,18 +314,22 @@ class VLLMUpstream:
                     chunk_logprobs = got.add(ids, _sampled_logprobs(choice.get("logprobs"), ids, server), choice)
                     if ids:
                         yield TokenChunk(ids, chunk_logprobs)
-        self._check_prompt(request, got.prompt_ids, server)
+        self._check_prompt(request, sent, got.prompt_ids, server)
+        got.prompt_ids = request.prompt_ids  # checked equal: the gateway's array, not a new list
         yield got.result(server, got.finish_reason_or_raise(server), self.logprob_kind, policy_version,
                          await self.engine(server))
 
     @staticmethod
-    def _check_prompt(request: GenerateRequest, prompt_ids: list[int] | None, server: str) -> None:
+    def _check_prompt(request: GenerateRequest, sent: bytes, prompt_ids: TokenIds | None,
+                      server: str) -> None:
+        """The engine ran exactly the ids sent: compared as their JSON (the same canonical form both ways),
+        which costs one serialization instead of a Python int per id."""
         if prompt_ids is None:
             raise UpstreamError(
                 f"vLLM ({server}) returned no prompt_token_ids; it must support return_token_ids", 502,
                 "upstream_error",
             )
-        if len(prompt_ids) != len(request.prompt_ids) or prompt_ids != int_list(request.prompt_ids):
+        if len(prompt_ids) != len(request.prompt_ids) or _ids_json(prompt_ids) != sent:
             raise UpstreamError(
                 f"vLLM ({server}) ran {len(prompt_ids)} prompt ids that differ from the "
                 f"{len(request.prompt_ids)} sent; refusing a record whose condition is not the one asked for",
@@ -312,8 +339,8 @@ class VLLMUpstream:
 
     # ------------------------------------------------------------------ chat pass-through
 
-    async def chat_body(self, request: ChatGenerateRequest) -> dict[str, Any]:
-        """The streamed ``/v1/chat/completions`` request of the gateway's pass-through mode."""
+    async def chat_body(self, request: ChatGenerateRequest, stream: bool = True) -> dict[str, Any]:
+        """The ``/v1/chat/completions`` request of the gateway's pass-through mode."""
         body: dict[str, Any] = {
             "model": await self.model(),
             "messages": request.messages,
@@ -323,9 +350,10 @@ class VLLMUpstream:
             "skip_special_tokens": False,
             "spaces_between_special_tokens": False,
             "request_id": request.request_id,
-            "stream": True,
-            "stream_options": {"include_usage": True},
         }
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
         if request.tools:
             # The template sees the tools; the gateway parses tool calls itself, so vLLM must not.
             body["tools"] = request.tools
@@ -334,9 +362,37 @@ class VLLMUpstream:
             body["chat_template_kwargs"] = request.template_kwargs
         return body
 
-    async def generate_chat_stream(self, request: ChatGenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+    def generate_chat_stream(self, request: ChatGenerateRequest) -> WholeOrStreamed:
         """Pass-through generation: vLLM renders the conversation with its own chat template; the prompt
-        ids it ran come with the first chunk (and the result), the sampled ids and logprobs per chunk."""
+        ids it ran come with the first chunk (and the result), the sampled ids and logprobs per chunk. With
+        ``prefer_whole``, one non-streamed request whose result carries everything."""
+        return WholeOrStreamed(lambda: self._chat_streamed(request), lambda: self._chat_whole(request))
+
+    async def _chat_whole(self, request: ChatGenerateRequest) -> GenerateResult:
+        body = await self.chat_body(request, stream=False)
+        began = time.perf_counter()
+        server, response = await self._post(request.rollout_id or request.request_id, "/v1/chat/completions", body)
+        if response.status_code != 200:
+            raise error_from_response(response.status_code, response.content, server)
+        parsed = orjson.loads(response.content)
+        prompt = parsed.get("prompt_token_ids")
+        if prompt is None:
+            raise UpstreamError(f"vLLM ({server}) returned no prompt_token_ids; it must support return_token_ids",
+                                502, "upstream_error")
+        choice = next((c for c in parsed.get("choices") or [] if c.get("index", 0) == 0), None)
+        if choice is None:
+            raise UpstreamError(f"vLLM ({server}) answered without choices", 502, "upstream_error")
+        ids = list(choice.get("token_ids") or [])
+        return GenerateResult(
+            prompt_ids=prompt, output_ids=ids, output_logprobs=_chat_logprobs(choice.get("logprobs"), ids, server),
+            finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+            logprob_kind=self.logprob_kind, policy_version=self._policy_version, engine=await self.engine(server),
+            upstream=server, total_ms=(time.perf_counter() - began) * 1000,
+            extra={"vllm_id": parsed.get("id"), "stop_reason": choice.get("stop_reason"),
+                   "system_fingerprint": parsed.get("system_fingerprint")},
+        )
+
+    async def _chat_streamed(self, request: ChatGenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
         body = await self.chat_body(request)
         policy_version = self._policy_version
         got = _Streamed()
@@ -497,59 +553,68 @@ class VLLMUpstream:
 
     async def _admin(self, server: str, path: str, body: dict[str, Any] | None) -> None:
         try:
-            response = await self._client.post(server + path, content=orjson.dumps(body) if body else b"")
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"vLLM ({server}) {path}: {exc!r}", 502, "upstream_unavailable") from exc
-        if response.status_code != 200:
-            raise error_from_response(response.status_code, response.content, server)
+            status, content = await self._client.post(server + path, orjson.dumps(body) if body else b"")
+        except TransportError as exc:
+            raise UpstreamError(f"vLLM ({server}) {path}: {exc}", 502, "upstream_unavailable") from exc
+        if status != 200:
+            raise error_from_response(status, content, server)
 
     # ------------------------------------------------------------------ HTTP
 
     async def _get_json(self, server: str, path: str) -> dict[str, Any]:
         try:
-            response = await self._client.get(server + path)
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"vLLM ({server}) {path}: {exc!r}", 502, "upstream_unavailable") from exc
+            status, content = await self._client.get(server + path)
+        except TransportError as exc:
+            raise UpstreamError(f"vLLM ({server}) {path}: {exc}", 502, "upstream_unavailable") from exc
+        if status != 200:
+            raise error_from_response(status, content, server)
+        return dict(orjson.loads(content))
+
+    async def _post(self, route_key: str, path: str, body: dict[str, Any]) -> tuple[str, _Answer]:
+        server, response = await self._send(route_key, path, body)
+        try:
+            return server, _Answer(response.status_code, await response.read())
+        except Timeout as exc:
+            raise UpstreamError(f"vLLM ({server}) timed out: {exc}", 504, "upstream_timeout") from exc
+        except TransportError as exc:
+            raise UpstreamError(f"vLLM ({server}): {exc}", 502, "upstream_unavailable") from exc
+
+    async def _open_stream(self, route_key: str, path: str, body: dict[str, Any]) -> tuple[str, _OpenStream]:
+        server, response = await self._send(route_key, path, body)
         if response.status_code != 200:
-            raise error_from_response(response.status_code, response.content, server)
-        return dict(orjson.loads(response.content))
+            try:
+                content = await response.read()
+            except TransportError as exc:
+                raise UpstreamError(f"vLLM ({server}): {exc}", 502, "upstream_unavailable") from exc
+            raise error_from_response(response.status_code, content, server)
+        return server, _OpenStream(response)
 
-    async def _post(self, route_key: str, path: str, body: dict[str, Any]) -> tuple[str, httpx.Response]:
+    async def _send(self, route_key: str, path: str, body: dict[str, Any]) -> tuple[str, Response]:
+        """POST to the rollout's server (the next in its order when one cannot be reached); the answer's
+        status is in, its body not yet read."""
         content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)  # the prompt may be a uint32 array
         last: Exception | None = None
         for server in self.servers_for(route_key):
             try:
-                return server, await self._client.post(server + path, content=content)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                return server, await self._client.request("POST", server + path, content)
+            except ConnectFailed as exc:
                 last = exc  # never reached the server: the next one may take it
-            except httpx.TimeoutException as exc:
-                raise UpstreamError(f"vLLM ({server}) timed out: {exc!r}", 504, "upstream_timeout") from exc
-            except httpx.HTTPError as exc:
-                raise UpstreamError(f"vLLM ({server}): {exc!r}", 502, "upstream_unavailable") from exc
-        raise UpstreamError(f"no vLLM server reachable ({last!r})", 502, "upstream_unavailable")
+            except Timeout as exc:
+                raise UpstreamError(f"vLLM ({server}) timed out: {exc}", 504, "upstream_timeout") from exc
+            except TransportError as exc:
+                raise UpstreamError(f"vLLM ({server}): {exc}", 502, "upstream_unavailable") from exc
+        raise UpstreamError(f"no vLLM server reachable ({last})", 502, "upstream_unavailable")
 
-    async def _open_stream(
-        self, route_key: str, path: str, body: dict[str, Any]
-    ) -> tuple[str, _OpenStream]:
-        content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)  # the prompt may be a uint32 array
-        last: Exception | None = None
-        for server in self.servers_for(route_key):
-            request = self._client.build_request("POST", server + path, content=content)
-            try:
-                response = await self._client.send(request, stream=True)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                last = exc
-                continue
-            except httpx.TimeoutException as exc:
-                raise UpstreamError(f"vLLM ({server}) timed out: {exc!r}", 504, "upstream_timeout") from exc
-            except httpx.HTTPError as exc:
-                raise UpstreamError(f"vLLM ({server}): {exc!r}", 502, "upstream_unavailable") from exc
-            if response.status_code != 200:
-                content_bytes = await response.aread()
-                await response.aclose()
-                raise error_from_response(response.status_code, content_bytes, server)
-            return server, _OpenStream(response)
-        raise UpstreamError(f"no vLLM server reachable ({last!r})", 502, "upstream_unavailable")
+
+@dataclass(frozen=True)
+class _Answer:
+    status_code: int
+    content: bytes
+
+
+def _ids_json(ids: TokenIds) -> bytes:
+    """Token ids (a list or the gateway's uint32 array) as JSON, embedded as is in a request body."""
+    return orjson.dumps(ids, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def _sampling_fields(s: Sampling) -> dict[str, Any]:
@@ -569,7 +634,7 @@ class _Streamed:
     """What a streamed vLLM answer (choice 0) has said so far, for its final ``GenerateResult``."""
 
     began: float = field(default_factory=time.perf_counter)
-    prompt_ids: list[int] | None = None
+    prompt_ids: TokenIds | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     first_token_ms: float = 0.0
@@ -609,31 +674,38 @@ class _Streamed:
 
 
 class _OpenStream:
-    """An already-sent streaming response as an async context manager that closes it."""
+    """An already-sent streaming response as an async context manager that releases its connection."""
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: Response) -> None:
         self.response = response
 
-    async def __aenter__(self) -> httpx.Response:
+    async def __aenter__(self) -> Response:
         return self.response
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.response.aclose()
+        self.response.release()
 
 
-async def _sse_json(response: httpx.Response, server: str) -> AsyncIterator[dict[str, Any]]:
-    """The JSON payloads of an SSE stream up to ``data: [DONE]``; an error payload raises."""
-    data_lines: list[str] = []
+class _ByteChunks(Protocol):
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+
+async def _sse_json(response: _ByteChunks, server: str) -> AsyncIterator[dict[str, Any]]:
+    """The JSON payloads of an SSE stream up to ``data: [DONE]``; an error payload raises.
+
+    vLLM sends one ``data:`` line per event; lines are split as bytes and each payload parsed once."""
+    pending = b""
     try:
-        async for line in response.aiter_lines():
-            if line.startswith("data:"):
-                data_lines.append(line[5:].lstrip(" "))
-                # vLLM sends one data line per event and no blank separators: dispatch at once.
-                payload = "\n".join(data_lines)
-                data_lines = []
-                if payload.strip() == "[DONE]":
+        async for chunk in response.chunks():
+            lines = (pending + chunk).split(b"\n")
+            pending = lines.pop()  # an unfinished line waits for the next chunk
+            for line in lines:
+                if not line.startswith(b"data:"):
+                    continue  # comment lines (":"), "event:"/"id:" fields and blank lines carry nothing we need
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
                     return
-                if not payload.strip():
+                if not payload:
                     continue
                 event = orjson.loads(payload)
                 if isinstance(event, dict) and "error" in event and not event.get("choices"):
@@ -644,9 +716,10 @@ async def _sse_json(response: httpx.Response, server: str) -> AsyncIterator[dict
                     status = int(code) if code.isdigit() else 500
                     raise error_from_response(status, orjson.dumps({"error": error}), server)
                 yield event
-            # Comment lines (":"), "event:"/"id:" fields and blank lines carry nothing we need.
-    except httpx.HTTPError as exc:
-        raise UpstreamError(f"vLLM ({server}) stream broke: {exc!r}", 502, "upstream_unavailable") from exc
+    except Timeout as exc:
+        raise UpstreamError(f"vLLM ({server}) stream timed out: {exc}", 504, "upstream_timeout") from exc
+    except TransportError as exc:
+        raise UpstreamError(f"vLLM ({server}) stream broke: {exc}", 502, "upstream_unavailable") from exc
     except orjson.JSONDecodeError as exc:
         raise UpstreamError(f"vLLM ({server}) sent an unreadable stream event: {exc}", 502,
                             "upstream_error") from exc
