@@ -356,3 +356,46 @@ def test_sse_parser_handles_errors_and_truncation() -> None:
     assert caught.value.status_code == 502 and "engine died" in str(caught.value)
     with pytest.raises(UpstreamError, match="without \\[DONE\\]"):
         asyncio.run(events(b'data: {"choices": []}\n\n'))
+
+
+def test_a_generation_nobody_reads_token_by_token_is_one_non_streamed_request(
+        fake_vllm: FakeVLLM, vllm_fixtures: Fixtures) -> None:
+    """run_generation without a text listener or stop strings asks for the whole answer: vLLM gets the
+    recorded non-streamed request and the ids and logprobs are those of the streamed answer."""
+    from producers.gateway.generation import run_generation
+
+    async def run() -> tuple[Any, tuple[list[TokenChunk], GenerateResult]]:
+        upstream = VLLMUpstream(fake_vllm.url, model="tiny")
+        try:
+            whole = await run_generation(upstream.generate_stream(_d_request(vllm_fixtures)), decode=str)
+            return whole, await _collect_stream(upstream, _d_request(vllm_fixtures))
+        finally:
+            await upstream.close()
+
+    whole, (chunks, streamed) = asyncio.run(run())
+    completions = [r["body"] for r in fake_vllm.received if r["path"] == "/v1/completions"]
+    assert [bool(body.get("stream")) for body in completions] == [False, True]
+    assert whole.output_ids == streamed.output_ids == [i for c in chunks for i in c.ids]
+    assert whole.output_logprobs == streamed.output_logprobs and len(whole.output_ids) == 24
+    assert whole.finish_reason == streamed.finish_reason == "length"
+
+
+def test_a_prompt_the_models_context_cannot_hold_is_refused_before_it_is_sent(
+        fake_vllm: FakeVLLM, vllm_fixtures: Fixtures) -> None:
+    """With a configured model the context (max_model_len 2048 in the recording) is still learnt on the
+    first call, so the gateway can fit budgets into it; a longer prompt never reaches vLLM."""
+    async def run() -> tuple[int | None, UpstreamError]:
+        upstream = VLLMUpstream(fake_vllm.url, model="tiny")
+        try:
+            await upstream.generate(_d_request(vllm_fixtures))
+            context = upstream.max_model_len
+            with pytest.raises(UpstreamError) as caught:
+                await upstream.generate(_d_request(vllm_fixtures, prompt_ids=[1] * 2048))
+            return context, caught.value
+        finally:
+            await upstream.close()
+
+    context, refused = asyncio.run(run())
+    assert context == 2048
+    assert refused.status_code == 400 and "context_length_exceeded" in str(refused)
+    assert [r["path"] for r in fake_vllm.received].count("/v1/completions") == 1
