@@ -32,6 +32,7 @@ from schemas.ids import event_id
 Record = dict[str, Any]
 TargetKey = tuple[str, str]  # ("rollout" | "call" | "session", id)
 STAGE = "feedback_join"
+LATE_STAGE = "feedback_late"  # late feedback is recorded as a dead letter of its own stage (docs/feedback.md)
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,7 @@ class FeedbackJoin:
             assert key is not None
             self._discard(self.pending_by_target, key, fid)
             if not pending.matched:
-                out.append(UnmatchedFeedback(fid, _unmatched_reason(pending.feedback, self.cfg.match_wait_s)))
+                out.append(UnmatchedFeedback(fid, unmatched_reason(pending.feedback, self.cfg.match_wait_s)))
         for rid in sorted(rid for rid, (_, forget) in self.closed.items() if forget < watermark):
             ref, _ = self.closed.pop(rid)
             for key in ref.target_keys():
@@ -279,7 +280,7 @@ def ref_from_data(data: Record) -> RolloutRef:
                       tuple(data["call_ids"]), tuple(data["session_ids"]), data["group_id"])
 
 
-def _unmatched_reason(feedback: Record, match_wait_s: float) -> str:
+def unmatched_reason(feedback: Record, match_wait_s: float) -> str:
     return (f"{feedback['target_kind']} {feedback['target_id']!r} named no rollout seen within "
             f"match_wait_s ({match_wait_s:g}s) of the feedback's event time")
 
@@ -307,3 +308,14 @@ def unmatched_dead_letter(unmatched: UnmatchedFeedback, *, source_topic: str, pa
     return dead_letter(stage=STAGE, source_topic=source_topic, partition=partition, offset=offset, key=key,
                        value=value, error=f"feedback {unmatched.feedback_id}: {unmatched.reason}",
                        error_type="UnmatchedFeedback", created_at_us=created_at_us)
+
+
+def late_dead_letter(late: LateFeedback, *, rollout_id: str, source_topic: str, partition: int, offset: int,
+                     key: bytes | None, value: bytes, created_at_us: int) -> Record:
+    """Late feedback recorded as a DeadLetter of stage ``feedback_late``: the feedback stays on its topic
+    and replay with a configuration that admits it uses it. One per (feedback, rollout attempt)."""
+    record = dead_letter(stage=LATE_STAGE, source_topic=source_topic, partition=partition, offset=offset, key=key,
+                         value=value, error=f"feedback {late.feedback_id}: late ({late.reason}) for rollout "
+                         f"{rollout_id} (rollout event {late.rollout_event_id})", error_type="LateFeedback",
+                         created_at_us=created_at_us)
+    return dict(record, event_id=event_id("dead_letter", LATE_STAGE, late.feedback_id, late.rollout_event_id))

@@ -61,6 +61,7 @@ import faust
 from processors.stream.assembler_agent import AssemblerAgent
 from processors.stream.commits import COMMIT_EVERY_S, InputOffsets
 from processors.stream.config import StreamConfig
+from processors.stream.feedback_wiring import FeedbackParts
 from processors.stream.grouper_agent import GrouperAgent, Router
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import RAW_TOPIC, Outputs
@@ -131,17 +132,28 @@ class ProcessorsApp:
         self.router = Router(cfg, self.codec, self.outputs, self.stats)
         self.grouper = GrouperAgent(cfg, self.app, self.slots, self.members, self.codec, self.outputs,
                                     self.health, self.stats)
+        # The feedback join (off unless settings.processors.feedback_join): feedback_wiring.py.
+        self.feedback = (FeedbackParts(cfg, self.app, self.codec, self.outputs, self.health, self.stats,
+                                       table_topic) if cfg.feedback is not None else None)
         inputs = {self.topics.calls, self.topics.env, self.topics.rollouts, self.topics.by_group}
-        self.offsets = InputOffsets(self.app, inputs, self.health, self.stats)
         busy = {self.topics.calls: self.assembler.lock, self.topics.env: self.assembler.lock,
                 self.topics.by_group: self.grouper.lock}
+        if self.feedback is not None:
+            inputs |= self.feedback.inputs
+            busy.update(self.feedback.busy)
+        self.offsets = InputOffsets(self.app, inputs, self.health, self.stats)
         self.watchdog = Watchdog(self.app, self.offsets, self.health, self.stats, cfg.stall_timeout_s, busy)
 
         app, guarded = self.app, self.health.guarded
         assembler_inputs = app.topic(self.topics.calls, self.topics.env, **RAW_TOPIC)
-        app.agent(assembler_inputs, name="assembler", concurrency=1)(self._stream_of(self.assembler.assemble))
+        assemble, route = self.assembler.assemble, self.router.route
+        if self.feedback is not None:  # calls and rollouts feed the join too, after their own agent
+            assemble, route = self.feedback.after_assembler(assemble), self.feedback.after_router(route)
+        app.agent(assembler_inputs, name="assembler", concurrency=1)(self._stream_of(assemble))
         app.agent(app.topic(self.topics.rollouts, **RAW_TOPIC), name="router", concurrency=1)(
-            self._stream_of(self.router.route))
+            self._stream_of(route))
+        if self.feedback is not None:
+            self.feedback.register(self._stream_of)
         app.agent(app.topic(self.topics.by_group, **RAW_TOPIC), name="grouper", concurrency=1)(
             self._stream_of(self.grouper.group))
         app.timer(cfg.tick_s, name="assembler-timer")(guarded(self.assembler.tick))

@@ -10,6 +10,7 @@ import yaml
 
 from processors.config import parse_config
 from processors.errors import ConfigError
+from processors.feedback.config import FeedbackRewardConfig, load_feedback_config
 from processors.grouper import GroupingConfig
 from processors.pipeline import StageConfigs
 from processors.stream.settings import ProcessorSettings
@@ -51,6 +52,7 @@ class StreamConfig:
     # Static group membership (Kafka group.instance.id): a worker restarted with the same id takes its
     # place back without a rebalance. None: dynamic membership.
     instance_id: str | None = None
+    feedback: FeedbackRewardConfig | None = None  # the feedback join's rules; None: the join is off
 
     @property
     def app_id(self) -> str:
@@ -75,4 +77,5 @@ class StreamConfig:
                    stages=StageConfigs.load(processors.reward_config, processors.credit_config,
                                             processors.sample_config),
                    verifiers=tuple(verifiers), state_retention_s=state_retention_s, tick_s=tick_s,
-                   session_timeout_s=session_timeout_s, stall_timeout_s=stall_timeout_s, instance_id=instance_id)
+                   session_timeout_s=session_timeout_s, stall_timeout_s=stall_timeout_s, instance_id=instance_id,
+                   feedback=load_feedback_config(processors.feedback_config) if processors.feedback_join else None)

@@ -25,3 +25,7 @@ class ProcessorSettings(BaseModel):
     # Static group membership (Kafka group.instance.id), unique per running worker; "{hostname}" is
     # replaced by the host name (a StatefulSet pod's name, a container's id). Empty: dynamic membership.
     instance_id: str = ""
+    # The feedback join (issue 21, docs/feedback.md): feedback rewards on tokentrail.rewards, late and
+    # unmatched feedback dead-lettered. Off by default: it adds Reward events to an existing topic.
+    feedback_join: bool = False
+    feedback_config: Path = DEPLOY_CONFIG_DIR / "feedback_reward.yaml"

@@ -26,6 +26,16 @@ ROLLOUTS_BY_GROUP = T.TopicSpec(
     "tokentrail.rollouts-by-group", "group_id", ("CompletedRollout",), 7 * T.DAY_MS,
     "Internal to the processors app: complete, counted rollouts repartitioned by group id.",
 )
+# Internal to the feedback join (feedback_messages.py: JSON values): feedback and call ids keyed by what
+# feedback names ("call:<id>", "session:<id>"), then feedback and completed rollouts keyed by rollout id.
+FEEDBACK_BY_TARGET = T.TopicSpec(
+    "tokentrail.feedback-by-target", "target key", (), 7 * T.DAY_MS,
+    "Internal to the processors app: feedback and the call/session ids of calls, keyed by the id feedback names.",
+)
+FEEDBACK_BY_ROLLOUT = T.TopicSpec(
+    "tokentrail.feedback-by-rollout", "rollout_id", (), 7 * T.DAY_MS,
+    "Internal to the processors app: resolved feedback and completed rollouts, keyed by rollout id.",
+)
 
 # Which topic each emitted record goes to.
 OUTPUT_SPECS: dict[str, T.TopicSpec] = {
@@ -74,6 +84,18 @@ class StreamTopics:
         return self.name(ROLLOUTS_BY_GROUP)
 
     @property
+    def feedback(self) -> str:
+        return self.name(T.FEEDBACK)
+
+    @property
+    def feedback_by_target(self) -> str:
+        return self.name(FEEDBACK_BY_TARGET)
+
+    @property
+    def feedback_by_rollout(self) -> str:
+        return self.name(FEEDBACK_BY_ROLLOUT)
+
+    @property
     def dead_letter(self) -> str:
         return self.name(T.DEAD_LETTER)
 
@@ -83,7 +105,8 @@ class StreamTopics:
     def specs(self) -> tuple[T.TopicSpec, ...]:
         """Every topic the app touches (inputs, outputs, internal), renamed with the prefix."""
         wanted: list[T.TopicSpec] = []
-        for spec in (T.CALLS, T.ENV, *OUTPUT_SPECS.values(), ROLLOUTS_BY_GROUP):
+        for spec in (T.CALLS, T.ENV, *OUTPUT_SPECS.values(), ROLLOUTS_BY_GROUP, T.FEEDBACK, FEEDBACK_BY_TARGET,
+                     FEEDBACK_BY_ROLLOUT):
             if spec not in wanted:
                 wanted.append(spec)
         return tuple(dataclasses.replace(spec, name=self.name(spec)) for spec in wanted)

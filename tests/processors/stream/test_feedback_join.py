@@ -1,0 +1,128 @@
+"""The feedback join in a real worker on the real broker: rollouts and feedback in, feedback rewards out
+equal to what the pure join (processors/feedback/join.py) computes for the same events; late feedback and
+unmatched feedback recorded as dead letters with the reason; bad feedback dead-lettered and good feedback
+after it still used."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from processors.feedback.config import load_feedback_config
+from processors.feedback.join import (
+    FeedbackJoin,
+    FeedbackReward,
+    LateFeedback,
+    UnmatchedFeedback,
+    reward_record,
+    rollout_ref,
+)
+from schemas.feedback import FeedbackValue, build_feedback
+from schemas.ids import call_id
+
+from .stream_rig import Collected, StreamRig, group_events, interleave
+
+S = 1_000_000
+# BINARY counts only up to its rollout's close (so a thumbs-up a second later is late, without moving
+# stream time far); every other kind 15 s after. Unmatched after 8 s; closed rollouts kept a minute.
+CONFIG = {"name": "feedback-stream-test", "wait_s": {"BINARY": 0, "RATING": 15, "OUTCOME": 15, "TASK_OUTCOME": 15,
+                                                     "TEXT": 15},
+          "watermark_lag_s": 1, "match_wait_s": 8, "closed_retention_s": 60, "combine": "mean"}
+
+
+def feedback(target_kind: str, target_id: str, kind: str, at_us: int, value: FeedbackValue, n: int) -> dict:
+    return build_feedback(source="test-ui", target_kind=target_kind, target_id=target_id, kind=kind, value=value,
+                          event_time_us=at_us, created_at_us=at_us + 5, source_feedback_id=f"fb-{n}")
+
+
+def feedback_rewards(got: Collected, config_id: str) -> dict[str, dict]:
+    return {r["event_id"]: r for r in got.records["Reward"] if r["reward_config_id"] == config_id}
+
+
+def letters(got: Collected, stage: str) -> list[dict]:
+    return [d for d in got.records["DeadLetter"] if d["stage"] == stage]
+
+
+def test_worker_joins_feedback_to_rollouts_as_the_pure_join_does(make_stream_rig: Callable[..., StreamRig],
+                                                                tmp_path: Path) -> None:
+    config_path = tmp_path / "feedback_reward.yaml"
+    config_path.write_text(yaml.safe_dump(CONFIG))
+    cfg = load_feedback_config(config_path)
+    rig = make_stream_rig(feedback_join=True, feedback_config=config_path)
+    events = group_events("fa", ["4", "5", "4", "no idea"], seed=3)
+    for name, record in events:  # rollout fa-r2's calls belong to a session
+        if name == "CallRecord" and record["rollout_id"] == "fa-r2":
+            record["session_id"] = "sess-fa-r2"
+    events = interleave(events, seed=5)
+    rollouts = rig.expected(events)["CompletedRollout"]
+    assert len(rollouts) == 4
+    refs = {r["rollout_id"]: rollout_ref(r, ["sess-fa-r2"] if r["rollout_id"] == "fa-r2" else [])
+            for r in rollouts.values()}
+    close = max(ref.closed_at_us for ref in refs.values())
+    good = [
+        feedback("RESPONSE", "chatcmpl-" + call_id("fa-r0", "a1", 0), "RATING", close + 1 * S,
+                 FeedbackValue(rating=4.0, rating_min=1.0, rating_max=5.0), 1),
+        feedback("CALL", call_id("fa-r0", "a1", 2), "OUTCOME", close + 2 * S,
+                 FeedbackValue(outcome="EDITED", edit_distance=0.25), 2),
+        feedback("ROLLOUT", "fa-r1", "OUTCOME", close + 1 * S, FeedbackValue(outcome="ACCEPTED"), 3),
+        feedback("ROLLOUT", "fa-r1", "BINARY", close + 1 * S, FeedbackValue(binary=False), 4),  # late: wait 0
+        feedback("SESSION", "sess-fa-r2", "TASK_OUTCOME", close + 1 * S, FeedbackValue(task_success=True), 5),
+        feedback("ROLLOUT", "no-such-rollout", "RATING", close + 1 * S, FeedbackValue(rating=1.0), 6),
+        feedback("CALL", "no-such-call", "RATING", close + 1 * S, FeedbackValue(rating=0.5), 7),
+    ]
+    bad_value = dict(feedback("ROLLOUT", "fa-r3", "RATING", close, FeedbackValue(rating=0.9), 8), rating=7.0)
+    after_bad = feedback("ROLLOUT", "fa-r3", "OUTCOME", close + 2 * S, FeedbackValue(outcome="REJECTED"), 9)
+
+    # The pure join over the same events: rewards, and which feedback is late or unmatched.
+    join = FeedbackJoin(cfg)
+    outputs = [out for ref in refs.values() for out in join.add_rollout(ref)]
+    for item in sorted([*good, after_bad], key=lambda f: f["event_time_us"]):
+        outputs += join.add_feedback(item)
+    outputs += join.tick(close + 1000 * S)
+    expected = {r["event_id"]: r for r in (reward_record(o) for o in outputs if isinstance(o, FeedbackReward))}
+    late_ids = {o.feedback_id for o in outputs if isinstance(o, LateFeedback)}
+    unmatched_ids = {o.feedback_id for o in outputs if isinstance(o, UnmatchedFeedback)}
+    assert len(expected) == 4 and late_ids == {good[3]["event_id"]}
+    assert unmatched_ids == {good[5]["event_id"], good[6]["event_id"]}
+    assert {r["rollout_id"]: r["filtered"] for r in expected.values()} == {
+        "fa-r0": False, "fa-r1": False, "fa-r2": False, "fa-r3": False}
+
+    rig.produce(events)
+    feedback_topic = rig.topics.feedback
+    for item in good[:5]:
+        rig.produce_raw(feedback_topic, item["target_id"].encode(), rig.codec.encode("Feedback", item))
+    rig.produce_raw(feedback_topic, b"fa-r3", b"\x00not a feedback record")
+    rig.produce_raw(feedback_topic, b"fa-r3", rig.codec.encode("Feedback", bad_value))
+    for item in [after_bad, *good[5:]]:
+        rig.produce_raw(feedback_topic, item["target_id"].encode(), rig.codec.encode("Feedback", item))
+    rig.flush()
+    rig.start_worker()
+
+    def done(got: Collected) -> bool:
+        return (set(expected) <= set(feedback_rewards(got, cfg.id)) and len(letters(got, "feedback_join")) >= 2
+                and len(letters(got, "feedback_late")) >= 1 and len(letters(got, "feedback_router")) >= 2)
+
+    got = rig.collect(done, timeout_s=90)
+    assert feedback_rewards(got, cfg.id) == expected  # the same events, ids and values as the pure join's
+    assert {d["reason"].split(":")[0] for d in letters(got, "feedback_join")} == {
+        f"feedback {fid}" for fid in unmatched_ids}
+    late = letters(got, "feedback_late")
+    assert [(d["error_type"], d["source_topic"]) for d in late] == [("LateFeedback", feedback_topic)]
+    assert good[3]["event_id"] in late[0]["reason"] and "outside_window" in late[0]["reason"]
+    assert rig.codec.decode(late[0]["value"], expect="Feedback")[1] == good[3]  # the feedback itself, kept
+    router_letters = letters(got, "feedback_router")
+    assert sorted(d["error_type"] for d in router_letters) == ["CorruptRecord", "InvalidEvent"]
+    assert any("rating 7.0 is outside its scale" in d["reason"] for d in router_letters)
+    assert after_bad["event_id"] in {fid for r in expected.values() for fid in r["score_ids"]}
+
+    # Feedback for a rollout whose window has closed: recorded as late (after_close), the reward stays.
+    too_late = feedback("ROLLOUT", "fa-r0", "RATING", close + 3 * S, FeedbackValue(rating=0.0), 10)
+    rig.produce_raw(feedback_topic, b"fa-r0", rig.codec.encode("Feedback", too_late))
+    rig.flush()
+    got = rig.collect(lambda c: len(letters(c, "feedback_late")) >= 2, timeout_s=30)
+    after_close = [d for d in letters(got, "feedback_late") if too_late["event_id"] in d["reason"]]
+    assert len(after_close) == 1 and "after_close" in after_close[0]["reason"]
+    assert feedback_rewards(got, cfg.id) == expected
+    assert rig.stop_all() == [0]
