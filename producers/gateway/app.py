@@ -161,7 +161,10 @@ class Gateway:
 
     async def recover(self, source: KafkaRecoverySource, progress: Callable[[str], None]) -> RecoveryReport:
         """Rebuild open attempts from Kafka before serving (recovery.py)."""
-        self.recovery = await recover(self.ctx.registry, self.publisher, source, progress)
+        async def deliver_call(record: dict[str, Any]) -> None:
+            await self.ctx.deliver(self.ctx.calls_topic, record["rollout_id"], "CallRecord", record)
+
+        self.recovery = await recover(self.ctx.registry, self.publisher, source, progress, deliver_call)
         return self.recovery
 
     # -- routes ----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,8 +37,9 @@ from producers.gateway.attempts import (
     SampledOutput,
     Tombstone,
 )
-from schemas.prompt_delta import PromptReconstructionError, reconstruct_prompt
-from schemas.tokens import IdArray, unpack_ids
+from schemas.ids import call_id as make_call_id
+from schemas.prompt_delta import PromptReconstructionError, full_prompt, reconstruct_prompt
+from schemas.tokens import NO_IDS, IdArray, pack_floats, pack_ids, unpack_ids
 
 log = logging.getLogger("tokentrail.gateway.recovery")
 
@@ -74,6 +75,7 @@ class _AttemptSeen:
     events_upto: int = -1
     finished: Tombstone | None = None
     calls: dict[int, _CallSeen] = field(default_factory=dict)
+    template: dict[str, Any] | None = None  # a call of the attempt, its bulk left out (for stand-ins)
 
 
 class AttemptFold:
@@ -112,6 +114,8 @@ class AttemptFold:
                 seen.calls[index] = _CallSeen(record["call_id"], index, record["status"] == "OK",
                                               record.get("prefix_mode") != "tokens", record["prompt"],
                                               bytes(record["output_ids"]))
+                if seen.template is None:
+                    seen.template = {k: v for k, v in record.items() if k not in _BULK}
 
     def add_all(self, records: Iterable[tuple[str, dict[str, Any]]]) -> AttemptFold:
         for name, record in records:
@@ -125,6 +129,19 @@ class AttemptFold:
     def earliest_open_start_us(self) -> int | None:
         starts = [s.started_at_us for s in self._attempts.values() if s.attempt_number is not None and not s.finished]
         return min(starts) if starts else None
+
+    def lost_calls(self) -> list[dict[str, Any]]:
+        """Stand-in records for the indices an open attempt issued that never reached Kafka: a gateway
+        that died with calls in flight recorded a later one but not this one. Each says so (status ERROR,
+        no tokens) under the call id the lost call would have had, so the attempt has no hole and can
+        still complete (as for quarantined records; nothing trains on it)."""
+        out = []
+        for seen in self._attempts.values():
+            if seen.attempt_number is None or seen.finished is not None or seen.template is None:
+                continue
+            out += [lost_call(seen.template, index) for index in range(seen.calls_upto + 1)
+                    if index not in seen.calls]
+        return out
 
     def result(self) -> list[RestoredAttempt]:
         """Every attempt whose start was seen (others began before the look-back: not restorable)."""
@@ -171,6 +188,22 @@ def _recent_prompts(calls: dict[int, _CallSeen]) -> tuple[DeliveredCall, ...]:
     return tuple(kept)
 
 
+_BULK = ("prompt", "output_ids", "output_logprobs", "request_json", "response_json")
+LOST_REASON = ("the gateway stopped before this call was recorded (a crash with calls in flight); its caller "
+               "got no answer and the index stays unused")
+
+
+def lost_call(template: dict[str, Any], index: int) -> dict[str, Any]:
+    """A CallRecord standing in for call ``index`` of ``template``'s attempt, which was never recorded."""
+    cid = make_call_id(template["rollout_id"], template["attempt_id"], index)
+    note = orjson.dumps({"lost": {"reason": LOST_REASON}}).decode()
+    return {**template, "event_id": cid, "call_id": cid, "call_index": index, "status": "ERROR",
+            "error": {"type": "lost_in_restart", "message": LOST_REASON, "status_code": 503},
+            "prompt": full_prompt(NO_IDS), "output_ids": pack_ids(NO_IDS), "output_logprobs": pack_floats([]),
+            "finish_reason": "error", "spliced_outputs": 0, "prefix_breaks": [], "scripted": False,
+            "request_json": note, "response_json": note}
+
+
 def _json(text: str | None) -> Any:
     return orjson.loads(text) if text else None
 
@@ -190,10 +223,12 @@ class RecoveryReport:
     call_records: int
     seconds: float
     skipped: str = ""  # why nothing was restored, when nothing was
+    lost_calls: int = 0  # stand-ins recorded for calls a crash left unrecorded
 
     def as_dict(self) -> dict[str, Any]:
         return {"restored": self.restored, "finished": self.finished, "env_records": self.env_records,
-                "call_records": self.call_records, "seconds": round(self.seconds, 3), "skipped": self.skipped}
+                "call_records": self.call_records, "lost_calls": self.lost_calls,
+                "seconds": round(self.seconds, 3), "skipped": self.skipped}
 
 
 @dataclass(frozen=True)
@@ -270,7 +305,7 @@ class KafkaRecoverySource:
         finally:
             consumer.close()
 
-    def fold(self, progress: Progress) -> tuple[list[RestoredAttempt], int, int]:
+    def fold(self, progress: Progress) -> tuple[list[RestoredAttempt], list[dict[str, Any]], int, int]:
         """Read both topics and fold them; blocking (run it in a thread). Raises RecoveryTimeout."""
         deadline = time.monotonic() + self.timeout_s
         since_ms = int((time.time() - self.lookback_s) * 1000)
@@ -291,12 +326,16 @@ class KafkaRecoverySource:
                 if name == "CallRecord":
                     fold.add(name, record)
                     calls += 1
-        return fold.result(), env, calls
+        return fold.result(), fold.lost_calls(), env, calls
+
+
+Deliver = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
 async def recover(registry: AttemptRegistry, publisher: Any, source: KafkaRecoverySource,
-                  progress: Progress = log.info) -> RecoveryReport:
-    """Drain the spool, read Kafka, restore the registry; never raises (a failure restores nothing)."""
+                  progress: Progress = log.info, deliver_call: Deliver | None = None) -> RecoveryReport:
+    """Drain the spool, read Kafka, record stand-ins for calls lost in a crash (``deliver_call``), restore
+    the registry; never raises (a failure restores nothing)."""
     began = time.monotonic()
 
     def skipped(why: str) -> RecoveryReport:
@@ -315,12 +354,20 @@ async def recover(registry: AttemptRegistry, publisher: Any, source: KafkaRecove
     bounded = KafkaRecoverySource(source.consumer_config, source.calls_topic, source.env_topic,
                                   source.lookback_s, remaining)
     try:
-        attempts, env, calls = await asyncio.to_thread(bounded.fold, progress)
+        attempts, lost, env, calls = await asyncio.to_thread(bounded.fold, progress)
     except Exception as exc:
         return skipped(f"Kafka could not be read ({exc})")
+    stood_in = 0
+    for record in lost if deliver_call is not None else []:
+        try:
+            await deliver_call(record)
+            stood_in += 1
+        except Exception as exc:  # the attempt still serves; it cannot complete until this is recorded
+            log.error("recovery: could not record the stand-in for lost call %s: %s", record["call_id"], exc)
     restored = registry.restore(attempts)
     report = RecoveryReport(restored, sum(a.finished is not None for a in attempts), env, calls,
-                            time.monotonic() - began)
-    progress(f"recovery: {restored} open attempts restored ({report.finished} finished ones known) from "
-             f"{env} environment events and {calls} call records in {report.seconds:.1f}s")
+                            time.monotonic() - began, lost_calls=stood_in)
+    progress(f"recovery: {restored} open attempts restored ({report.finished} finished ones known, "
+             f"{stood_in} lost calls recorded as such) from {env} environment events and {calls} call records "
+             f"in {report.seconds:.1f}s")
     return report

@@ -19,6 +19,8 @@ from producers.gateway.recovery import AttemptFold
 from producers.gateway.testing import RunningGateway, embedded_gateway_app, running_gateway
 from producers.gateway.text_side import ModelTextSide
 from producers.sdk import Rollout
+from schemas.builders import make_call, make_finished, make_started
+from schemas.codec import get_codec
 from schemas.ids import call_id
 from schemas.prompt_delta import full_prompt
 from schemas.tokens import pack_ids
@@ -159,3 +161,24 @@ def test_the_fold_is_order_independent_and_idempotent() -> None:
         assert [o.call_index for o in live.outputs] == [0, 1], "a failed call's output is never spliced"
         assert [c.call_index for c in live.recent] == [0, 1] and live.start["task_input"] == {"x": 1}
         assert by_id["b"].finished == Tombstone(4, 0, "SUCCESS")
+
+
+def test_a_call_lost_in_a_crash_gets_a_stand_in_and_the_attempt_can_still_complete() -> None:
+    """A gateway killed with two calls in flight recorded call 2 but not call 1: the rebuilt state records a
+    stand-in for call 1 (its id, status ERROR, no tokens), so the finish's count is met."""
+    rid, aid = "r-lost", "a-lost"
+    records = [("AttemptStarted", make_started(rid, aid)),
+               ("CallRecord", make_call(rid, aid, 0, np.arange(30), [5, 6])),
+               ("CallRecord", make_call(rid, aid, 2, np.arange(40), [7, 8]))]
+    fold = AttemptFold().add_all(records)
+    (stand_in,) = fold.lost_calls()
+    assert (stand_in["call_id"], stand_in["call_index"], stand_in["status"]) == (call_id(rid, aid, 1), 1, "ERROR")
+    assert stand_in["error"]["type"] == "lost_in_restart" and stand_in["output_ids"] == b""
+    get_codec().encode("CallRecord", stand_in)  # a valid record of the contract
+    (restored,) = fold.result()
+    assert restored.next_call_index == 3
+    state = RolloutAssembly(rid)
+    events = [*records, ("CallRecord", stand_in), ("AttemptFinished", make_finished(rid, aid, 3, 0))]
+    (rollout,) = [r for name, rec in events for r in state.accept(name, rec).rollouts]
+    assert rollout["status"] == "COMPLETE" and len(rollout["calls"]) == 3
+    assert AttemptFold().add_all([*records, ("CallRecord", stand_in)]).lost_calls() == []
