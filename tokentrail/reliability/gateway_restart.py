@@ -1,4 +1,5 @@
-"""Fault (d): a gateway process restarted mid-session under a live client; the session goes on.
+"""Fault (d) of issue 17 (``i`` in the table): a gateway process restarted mid-session under a live client;
+the session goes on.
 
 A gateway process serves private topics of the shared broker. A client session (the real openai SDK with
 the attempt's minted key and the plain base URL, as a harness is configured) calls continuously. The
@@ -39,7 +40,8 @@ from tokentrail.reliability.kafka_read import create_topics, delete_topics, lost
 from tokentrail.reliability.results import FaultResult
 from tokentrail.settings import REPO_ROOT, Settings
 
-NAME = "d. gateway restarted mid-session (SIGTERM, kill -9)"
+# Issue 17's fault (d); "i" in the table, after the letters the other faults already use.
+NAME = "i. gateway restarted mid-session (SIGTERM, kill -9)"
 # How long a client keeps retrying a call that cannot connect (a gateway starting up takes seconds).
 RETRY_WINDOW_S = 180.0
 THINK_S = 0.05  # the harness's own work between calls (tools, parsing)
@@ -205,7 +207,7 @@ def gateway_restart(settings: Settings, workdir: Path, sizes: Sizes, progress: P
             child.spawn(after_pid=chain[n - 1].proc.pid if n and chain[n - 1].proc else None)
         chain[0].wait_ready()
         info = _start_rollout(chain[0].url, f"restart-{tag}")
-        progress(f"fault d: gateway process up, rollout {info['rollout_id']} started "
+        progress(f"fault i: gateway process up, rollout {info['rollout_id']} started "
                  f"({time.monotonic() - began:.0f}s)")
         session = Session(chain[0].url, settings.model.name, info["api_key"])
         session.start()
@@ -218,7 +220,7 @@ def gateway_restart(settings: Settings, workdir: Path, sizes: Sizes, progress: P
             old.sigterm() if how == "SIGTERM" else old.kill9()
             new.wait_ready()
             phases.append(f"{how}: the successor answered {time.monotonic() - t0:.1f}s later")
-            progress(f"fault d: gateway replaced after {how} with {len(session.answered)} calls answered")
+            progress(f"fault i: gateway replaced after {how} with {len(session.answered)} calls answered")
         session.wait_for(len(session.answered) + per_phase, 120)
         session.stop()
         finished = _finish(chain[2].url, info) if not session.errors else None
@@ -247,7 +249,7 @@ def gateway_restart(settings: Settings, workdir: Path, sizes: Sizes, progress: P
     detail = "; ".join([*phases, f"{session.retries} client retries", f"{unanswered} recorded but unanswered",
                         f"finish call_count {stated} vs {len(calls)} calls on Kafka",
                         "rollout COMPLETE" if complete else "rollout NOT complete", *session.errors[:2]])
-    progress(f"fault d: lost {lost}, duplicated {duplicated}; {detail}")
+    progress(f"fault i: lost {lost}, duplicated {duplicated}; {detail}")
     return FaultResult(NAME, f"one session of {len(session.answered)} calls, gateway restarted twice under it",
                        lost, duplicated, passed, detail, seconds=time.monotonic() - began)
 
