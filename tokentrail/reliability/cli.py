@@ -5,9 +5,15 @@ duplicated) and, as the last line, one JSON object with at least ``lost``, ``dup
 and ``bad_inputs``. Exit code 0 only when every case got its stated answer and nothing was lost or
 duplicated.
 
-Needs the shared broker (settings.kafka; started if not running). The broker fault and the scale-out fault
-(two gateways, three workers on six partitions, one worker killed) run their own private brokers on free
-ports, so the shared one is never stopped.
+Needs the shared broker (settings.kafka; started if not running). The broker fault, the scale-out fault
+(two gateways, three workers on six partitions, one worker killed), the cluster fault (three brokers, the
+calls leader killed -9) and the poison / disk-full faults run their own private brokers on free ports, so
+the shared one is never stopped. The disk-full fault mounts a size-limited tmpfs: it needs root.
+
+Faults: a broker stopped, b worker kill -9, c sink kill -9, d every record twice, e gateway kill -9 with a
+spool, f scale-out, g three-broker cluster with the calls leader killed -9, h rebalance chaos (workers
+added and removed every 20-30 s; five minutes, about 75 s with --quick), i gateway restarted mid-session,
+j poison record (5 MB request, a record over the broker's limit), k disk-full spool.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-FAULTS = ("broker", "worker", "twice", "scale")
+FAULTS = ("broker", "worker", "twice", "scale", "cluster", "chaos", "restart", "poison")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,17 +37,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="smaller workloads (well under 20 minutes here)")
+    parser.add_argument("--quick", action="store_true", help="smaller workloads (under 25 minutes here)")
     parser.add_argument("--skip", action="append", choices=("corpus", *FAULTS), default=[],
-                        help="leave out a part: corpus, broker (faults a+e), worker (faults b+c), twice (fault d), "
-                        "scale (fault f: 2 gateways, 3 workers, one killed)")
+                        help="leave out a part (repeatable): corpus, broker (faults a+e), worker (faults b+c), "
+                        "twice (fault d), scale (fault f: 2 gateways, 3 workers, one killed), cluster (fault g: "
+                        "3 brokers, leader killed -9), chaos (fault h: rebalance chaos), restart (fault i: gateway "
+                        "restarted mid-session), poison (faults j+k: poison record, disk-full spool; needs root)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where spools, private broker data, chDB and logs go (default: a temp dir)")
 
 
 def run(args: argparse.Namespace) -> int:
     from tokentrail import kafka_local
-    from tokentrail.reliability import faults, scale_out
+    from tokentrail.reliability import (
+        cluster_fault,
+        faults,
+        gateway_restart,
+        poison_and_disk,
+        rebalance_chaos,
+        scale_out,
+    )
     from tokentrail.reliability.corpus import run_corpus
     from tokentrail.reliability.results import Summary, table
     from tokentrail.settings import get_settings
@@ -66,7 +81,16 @@ def run(args: argparse.Namespace) -> int:
              ("worker", lambda: faults.worker_and_sink_kills(settings, workdir, sizes, progress)),
              ("twice", lambda: [faults.double_delivery(settings, workdir, sizes, progress)]),
              ("scale", lambda: [scale_out.scale_out(settings, workdir / "scale-out",
-                                                    scale_out.QUICK if args.quick else scale_out.FULL, progress)])]
+                                                    scale_out.QUICK if args.quick else scale_out.FULL, progress)]),
+             ("cluster", lambda: [cluster_fault.cluster_fault(
+                 settings, workdir / "cluster", cluster_fault.QUICK if args.quick else cluster_fault.FULL, progress)]),
+             ("chaos", lambda: [rebalance_chaos.rebalance_chaos(
+                 settings, workdir, rebalance_chaos.QUICK if args.quick else rebalance_chaos.FULL, progress)]),
+             ("restart", lambda: [gateway_restart.gateway_restart(settings, workdir / "gateway-restart", sizes,
+                                                                  progress)]),
+             ("poison", lambda: poison_and_disk.poison_and_disk(
+                 settings, workdir / "poison-disk", poison_and_disk.QUICK if args.quick else poison_and_disk.FULL,
+                 progress))]
     for name, step in steps:
         if name in args.skip:
             continue

@@ -1,13 +1,13 @@
-"""Faults (i) and (j): one bad record, and a full disk, must never stop a gateway's delivery (issue 17).
+"""Faults (j) and (k): one bad record, and a full disk, must never stop a gateway's delivery (issue 17).
 
-* (i) poison record: a chat request of about 5 MB (under the gateway's 8 MiB body limit, the request
+* (j) poison record: a chat request of about 5 MB (under the gateway's 8 MiB body limit, the request
   issue 17 found), then a call whose record is over the broker's message limit, between good rollouts.
   The 5 MB request must be refused up front (its prompt is far over the model's context, so no record
   is made); the other record must be quarantined (kept whole in the spool's quarantine folder, a
   stand-in call record on Kafka). The good calls after each reach Kafka at once: the spool is empty
   again. The private broker's limit is the corpus's 24 KiB: a record the embedded model accepts stays
   far under the 16 MiB default, so only a lowered limit reaches the quarantine path.
-* (j) disk-full spool: the gateway's spool lives on a size-limited tmpfs mounted by this scenario
+* (k) disk-full spool: the gateway's spool lives on a size-limited tmpfs mounted by this scenario
   (needs root). With the broker stopped, rollouts are spooled; the disk is then filled, and calls made
   while it is full may be refused (never acknowledged and then lost); space comes back, the broker
   returns, the spool drains and the gateway takes calls as before.
@@ -38,8 +38,8 @@ from tokentrail.reliability.kafka_read import create_topics, lost_and_duplicated
 from tokentrail.reliability.results import FaultResult
 from tokentrail.settings import KafkaSettings, Settings
 
-POISON_NAME = "i. poison record: ~5 MB chat request, record over Kafka's limit"
-DISK_NAME = "j. disk-full spool (size-limited tmpfs), broker down"
+POISON_NAME = "j. poison record: ~5 MB chat request, record over Kafka's limit"
+DISK_NAME = "k. disk-full spool (size-limited tmpfs), broker down"
 TOPICS = ["tokentrail.calls", "tokentrail.env"]
 
 
@@ -151,7 +151,7 @@ def poison_and_disk(settings: Settings, workdir: Path, sizes: PoisonDiskSizes, p
         kafka_local.start(wait_s=180, kafka=kafka, echo=quiet)
         create_topics(kafka.client_config(), TOPICS)
         gateway.start()
-        progress(f"faults i/j: private broker on {kafka.bootstrap_servers}, a gateway whose spool is on a "
+        progress(f"faults j/k: private broker on {kafka.bootstrap_servers}, a gateway whose spool is on a "
                  f"{sizes.disk_mb} MiB tmpfs ({time.monotonic() - t0:.0f}s)")
         results = [_poison(gateway, kafka, settings.model.name, sizes, progress)]
         results.append(_disk_full(gateway, kafka, disk, settings.model.name, sizes, progress))
@@ -177,7 +177,7 @@ def _poison(gateway: GatewayProcess, kafka: KafkaSettings, model: str, sizes: Po
     good[2].run_n(sizes.rollouts_around)
     drained = _wait_drained(gateway, 60)
     sink = _sink(gateway)
-    progress(f"fault i: {sizes.poison_bytes / 1e6:.0f} MB request answered {big_status} {big_code}; the record "
+    progress(f"fault j: {sizes.poison_bytes / 1e6:.0f} MB request answered {big_status} {big_code}; the record "
              f"over the limit answered {over_status}; quarantined {sink.get('quarantined')}, spool depth "
              f"{sink.get('spool_depth')}")
     acked = set().union(*(d.ids for d in good))
@@ -198,7 +198,7 @@ def _poison(gateway: GatewayProcess, kafka: KafkaSettings, model: str, sizes: Po
              f"the record over the {kafka.max_message_bytes // 1024} KiB limit: "
              + ("quarantined whole, a stand-in on Kafka" if over_quarantined else "NOT quarantined")]
     notes += (["spool not drained after them"] if not drained else []) + errors[:3]
-    progress(f"fault i: lost {lost}, duplicated {dup}")
+    progress(f"fault j: lost {lost}, duplicated {dup}")
     return FaultResult(POISON_NAME, f"{sizes.poison_bytes / 1e6:.0f} MB request and a record over the "
                        f"broker's limit between {sum(d.done for d in good)} good rollouts ({len(acked)} records)",
                        lost, dup, passed, "; ".join(notes), seconds=time.monotonic() - t0)
@@ -217,7 +217,7 @@ def _disk_full(gateway: GatewayProcess, kafka: KafkaSettings, disk: Path, model:
     while_full = Driver(gateway.url, model, sizes.calls_per_rollout, f"j-full-{tag}")
     while_full.run_n(2)
     alive_while_full = httpx.get(f"{gateway.url}/health", timeout=30).status_code == 200
-    progress(f"fault j: broker down, {depth} records spooled, disk filled; {len(while_full.errors)} of 2 "
+    progress(f"fault k: broker down, {depth} records spooled, disk filled; {len(while_full.errors)} of 2 "
              f"rollouts refused while full, /health {'200' if alive_while_full else 'NOT 200'}")
     filler.unlink()
     kafka_local.start(wait_s=180, kafka=kafka, echo=quiet)
@@ -238,7 +238,7 @@ def _disk_full(gateway: GatewayProcess, kafka: KafkaSettings, disk: Path, model:
                                       (not drained, "the spool did not drain once space and broker returned"),
                                       (not drained_after, "the spool did not drain after the later calls"))
               if failed]
-    progress(f"fault j: lost {lost}, duplicated {dup}")
+    progress(f"fault k: lost {lost}, duplicated {dup}")
     return FaultResult(DISK_NAME, f"{spooled.done} rollout spooled ({depth} records), disk filled, "
                        f"{refused} of 2 rollouts refused meanwhile, then {after.done} after space and broker "
                        f"returned ({len(expected)} records)", lost, dup, passed, "; ".join(notes + errors[:3]),

@@ -1,4 +1,4 @@
-"""Faults (i) and (j) of `tokentrail reliability`: a 5 MB request and a record over the broker's limit
+"""Faults (j) and (k) of `tokentrail reliability`: a 5 MB request and a record over the broker's limit
 between good rollouts (refused up front / quarantined, nothing blocked behind them), and a gateway whose
 spool fills its disk (a tmpfs the scenario mounts) with the broker down. No acknowledged record is lost
 or duplicated, and the gateway's spool is empty again afterwards."""
