@@ -1,0 +1,49 @@
+"""A gate between calls and weight updates, for a router that shares a process with the syncer.
+
+Calls take a lease (``async with gate.lease() as version``) and record the version they got; an
+update closes the gate, which holds new calls and waits until the running ones have finished, then
+reopens it at the new version. No call's tokens can then span an update, and each call's version is
+the one its tokens were sampled with, whatever the engine reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+
+class VersionGate:
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self._open = True
+        self._running = 0
+        self._changed = asyncio.Condition()
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @asynccontextmanager
+    async def lease(self) -> AsyncIterator[int]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._open)
+            self._running += 1
+            version = self.version
+        try:
+            yield version
+        finally:
+            async with self._changed:
+                self._running -= 1
+                self._changed.notify_all()
+
+    async def close(self) -> None:
+        """Hold new calls and return once no call is running."""
+        async with self._changed:
+            self._open = False
+            await self._changed.wait_for(lambda: self._running == 0)
+
+    async def reopen(self, version: int) -> None:
+        async with self._changed:
+            self.version, self._open = version, True
+            self._changed.notify_all()

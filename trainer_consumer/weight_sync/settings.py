@@ -1,0 +1,18 @@
+"""The ``weight_sync`` settings section (``TOKENTRAIL_WEIGHT_SYNC__*``), read by the weight sync."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+
+class WeightSyncSettings(BaseModel):
+    # vLLM base URLs (without /v1), comma-separated; empty: take the gateway's upstream list.
+    servers: str = ""
+    # How often the policy store's `latest` is read, and lagging servers retried.
+    interval_s: float = 0.5
+    # "wait": running requests finish on the old weights, new ones are held; never "abort" (it fails calls).
+    pause_mode: Literal["wait", "keep"] = "wait"
+    # Per request to vLLM; a reload of a large model from disk takes a while.
+    timeout_s: float = 300.0

@@ -1,0 +1,213 @@
+"""Weight sync: bring a fleet of vLLM servers to each policy version the trainer publishes.
+
+Driven by the policy store (``models.policy_store``), the trainer's publication: ``follow`` reads its
+``latest`` and, when it moves (or ``notify`` says it did), updates every server as a unit:
+
+    before_update hook (a router stops sending calls and waits for its running ones)
+    every server: POST /pause?mode=wait      running requests finish, new ones are held
+                  POST /collective_rpc       {"method": "reload_weights", "kwargs": {"weights_path": DIR}}
+                  POST /reset_prefix_cache   no KV computed by the old weights serves the new ones
+                  POST /update_weight_version {"new_version": "N"}   GET /weight_info now says N
+    after_update hook (with the new FleetView: the router records N and routes to current servers)
+    every server: POST /resume
+
+So no request runs while weights change, and vLLM's own label matches its weights whenever it
+samples. A server whose update fails is resumed labelled ``incomplete-N`` (its weights may be
+half-loaded), marked FAILED, reported, and left out of ``FleetView.routable``; every later tick
+tries it again, as it does a server that restarted (label ``default``), before it takes traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+
+from models.policy_store import PolicyStore
+from trainer_consumer.weight_sync.fleet import FleetView, ServerState, ServerStatus, initial_view, judge, parse_label
+from trainer_consumer.weight_sync.vllm_admin import AdminError, PauseMode, VLLMAdmin
+
+
+class SyncHooks(Protocol):
+    async def before_update(self, version: int, servers: Sequence[str]) -> None: ...
+
+    async def after_update(self, view: FleetView) -> None: ...
+
+
+class NoHooks:
+    async def before_update(self, version: int, servers: Sequence[str]) -> None:
+        return None
+
+    async def after_update(self, view: FleetView) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    version: int
+    updated: list[str]
+    failed: dict[str, str]  # server -> why
+    paused_s: dict[str, float]  # server -> seconds it was paused
+    total_s: float  # from the start of the update to the resume of the last server
+    view: FleetView
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+@dataclass
+class _Step:
+    """What happened to one server in one update."""
+
+    url: str
+    state: ServerState
+    paused_s: float = 0.0
+    resumed: bool = False
+    error: str = ""
+    admin_errors: list[str] = field(default_factory=list)
+
+
+class WeightSync:
+    def __init__(self, servers: Sequence[str], store: PolicyStore, *, pause_mode: PauseMode = "wait",
+                 timeout_s: float = 120.0, hooks: SyncHooks | None = None,
+                 log: Callable[[str], None] | None = None, initial_target: int = 0,
+                 base_dir: Path | None = None) -> None:
+        if not servers:
+            raise ValueError("weight sync needs at least one vLLM server")
+        self.store = store
+        self.base_dir = base_dir  # the model the servers start with: version 0 unless the store has one
+        self.pause_mode: PauseMode = pause_mode
+        self.hooks: SyncHooks = hooks or NoHooks()
+        self._log = log or (lambda line: None)
+        self._client = httpx.AsyncClient()
+        self._admins = {url.rstrip("/"): VLLMAdmin(url, self._client, timeout_s) for url in servers}
+        self.view = initial_view(self._admins, initial_target)
+        self.reports: list[SyncReport] = []
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()  # one update at a time
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    def notify(self) -> None:
+        """The trainer published: look at the store now rather than at the next tick."""
+        self._wake.set()
+
+    async def check(self) -> FleetView:
+        """Ask every server for its label (GET /weight_info) and judge it against the target."""
+        async def one(url: str, admin: VLLMAdmin) -> ServerState:
+            previous = self.view.servers[url]
+            try:
+                version = parse_label(await admin.weight_label())
+            except AdminError as exc:
+                return ServerState(url, previous.version, ServerStatus.UNREACHABLE, str(exc))
+            if previous.status is ServerStatus.FAILED and version != self.view.target:
+                return ServerState(url, version, ServerStatus.FAILED, previous.error)
+            return judge(url, version, self.view.target)
+
+        states = await asyncio.gather(*(one(url, admin) for url, admin in self._admins.items()))
+        self.view = FleetView(self.view.target, {s.url: s for s in states})
+        return self.view
+
+    async def sync_to(self, version: int, servers: Sequence[str] | None = None) -> SyncReport:
+        """Update ``servers`` (default: all) to ``version`` together; returns what happened to each."""
+        async with self._lock:
+            weights_dir = str(self.weights_dir(version))
+            urls = list(servers) if servers is not None else list(self._admins)
+            began = time.monotonic()
+            await self.hooks.before_update(version, urls)
+            steps = {url: _Step(url, self.view.servers[url]) for url in urls}
+            try:
+                await asyncio.gather(*(self._pause_and_load(steps[url], version, weights_dir) for url in urls))
+                view = self.view.retarget(version)
+                for step in steps.values():
+                    view = view.with_server(step.state)
+                self.view = view
+                await self.hooks.after_update(view)
+            finally:
+                await asyncio.gather(*(self._resume(step) for step in steps.values()))
+            report = SyncReport(version, [u for u, s in steps.items() if not s.error],
+                                {u: s.error for u, s in steps.items() if s.error},
+                                {u: s.paused_s for u, s in steps.items()}, time.monotonic() - began, self.view)
+            self.reports.append(report)
+            self._log(f"weight sync to version {version}: {len(report.updated)}/{len(urls)} servers in "
+                      f"{report.total_s:.2f} s" + (f"; FAILED {report.failed}" if report.failed else ""))
+            return report
+
+    def weights_dir(self, version: int) -> Path:
+        """Where ``version``'s weights are; raises PolicyStoreError when it is not published."""
+        if version == 0 and self.base_dir is not None and 0 not in self.store.versions():
+            return self.base_dir
+        return self.store.info(version).path
+
+    async def _pause_and_load(self, step: _Step, version: int, weights_dir: str) -> None:
+        admin = self._admins[step.url]
+        step.paused_s = time.monotonic()
+        try:
+            await admin.pause(self.pause_mode)
+        except AdminError as exc:
+            step.resumed, step.paused_s = True, 0.0  # never paused: nothing to resume
+            step.error = str(exc)
+            step.state = ServerState(step.url, step.state.version, ServerStatus.UNREACHABLE, str(exc))
+            return
+        try:
+            await admin.reload_weights(weights_dir)
+            await admin.reset_prefix_cache()
+            await admin.set_weight_label(str(version))
+        except AdminError as exc:
+            step.error = str(exc)
+            step.state = ServerState(step.url, None, ServerStatus.FAILED, str(exc))
+            try:  # the label must not claim the old version over weights that may be half-loaded
+                await admin.set_weight_label(f"incomplete-{version}")
+            except AdminError as label_exc:
+                step.admin_errors.append(str(label_exc))
+            return
+        step.state = ServerState(step.url, version, ServerStatus.CURRENT)
+
+    async def _resume(self, step: _Step) -> None:
+        if step.resumed:
+            return
+        try:
+            await self._admins[step.url].resume()
+        except AdminError as exc:
+            step.admin_errors.append(str(exc))
+            if not step.error:
+                step.error = str(exc)
+                step.state = ServerState(step.url, step.state.version, ServerStatus.UNREACHABLE, str(exc))
+                self.view = self.view.with_server(step.state)
+        step.paused_s = time.monotonic() - step.paused_s
+        step.resumed = True
+
+    async def tick(self) -> SyncReport | None:
+        """One look at the store and the fleet: sync to a newer published version, or bring servers
+        that are behind (failed, restarted, unreachable before) to the current one."""
+        latest = self.store.latest_version()
+        if latest is not None and latest != self.view.target:
+            return await self.sync_to(latest)
+        behind = self.view.behind()
+        if not behind:
+            return None
+        view = await self.check()
+        reachable_behind = [u for u in view.behind() if view.servers[u].status is not ServerStatus.UNREACHABLE]
+        if not reachable_behind:
+            return None
+        return await self.sync_to(view.target, reachable_behind)
+
+    async def follow(self, stop: asyncio.Event, interval_s: float = 0.5) -> None:
+        """Tick until ``stop`` is set; a failing tick is logged and retried."""
+        while not stop.is_set():
+            try:
+                await self.tick()
+            except Exception as exc:  # a server or the store misbehaving must not stop the sync
+                self._log(f"weight sync tick failed: {type(exc).__name__}: {exc}")
+            self._wake.clear()
+            waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+            await asyncio.wait(waits, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waits:
+                waiter.cancel()
