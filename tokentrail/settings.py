@@ -21,10 +21,11 @@ from schemas.kafka_config import KafkaSettings
 from schemas.local_paths import REPO_ROOT, VAR_DIR
 from sinks.settings import ClickHouseSettings
 from trainer_consumer.settings import TrainerSettings
+from trainer_consumer.weight_sync.settings import WeightSyncSettings
 
 __all__ = [
     "REPO_ROOT", "VAR_DIR", "ClickHouseSettings", "GatewaySettings", "KafkaSettings", "ModelSettings",
-    "ProcessorSettings", "ReleaseSettings", "Settings", "TrainerSettings", "get_settings",
+    "ProcessorSettings", "ReleaseSettings", "Settings", "TrainerSettings", "WeightSyncSettings", "get_settings",
 ]
 
 
@@ -39,6 +40,7 @@ class Settings(BaseSettings):
     processors: ProcessorSettings = Field(default_factory=ProcessorSettings)
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     release: ReleaseSettings = Field(default_factory=ReleaseSettings)
+    weight_sync: WeightSyncSettings = Field(default_factory=WeightSyncSettings)
 
 
 @lru_cache(maxsize=1)
