@@ -71,8 +71,10 @@ class VLLMServer:
 
 
 def start_vllm(model_dir: Path, port: int, *, model_name: str, logprobs_mode: str, serve_options: list[str],
-               vllm_args: list[str], startup_timeout_s: float = 300.0) -> VLLMServer:
-    """Start deploy/vllm/serve.sh in its own process group and wait for ``GET /health`` = 200."""
+               vllm_args: list[str], startup_timeout_s: float = 300.0,
+               env: dict[str, str] | None = None) -> VLLMServer:
+    """Start deploy/vllm/serve.sh in its own process group and wait for ``GET /health`` = 200;
+    ``env`` adds environment variables (e.g. VLLM_SERVER_DEV_MODE)."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = LOG_DIR / f"vllm-server-{port}.log"
     command = ["bash", str(SERVE_SCRIPT), "--model", str(model_dir), "--name", model_name, "--port", str(port),
@@ -80,7 +82,7 @@ def start_vllm(model_dir: Path, port: int, *, model_name: str, logprobs_mode: st
     started = time.monotonic()
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
+                                   start_new_session=True, env={**os.environ, **(env or {})})
     server = VLLMServer(f"http://127.0.0.1:{port}", model_name, logprobs_mode, process, log, 0.0)
     deadline = started + startup_timeout_s
     try:
