@@ -1,4 +1,5 @@
-"""The four audit checks of the design, as SQL over the event tables plus Python where SQL cannot reach.
+"""The audit checks: the four of the design, and feedback accounting (issue 21), as SQL over the event
+tables plus Python where SQL cannot reach.
 
 (a) token traceability: every loss token lies in an OUTPUT segment whose call sampled exactly those
     ids (SQL), and the tokens conditioning it in the sample are that call's real prompt ‖ earlier
@@ -9,6 +10,9 @@
     names an existing reward and a credit config; no raw score id ever had two different contents.
 (d) packing preserves weight: for each credit and sample configuration, the loss weight of the
     rollout's tokens across all samples equals the credit's rollout_weight.
+(e) feedback accounting: every feedback is used by exactly the rewards its config admits, or recorded
+    late, unmatched or invalid; none silently dropped (sinks/feedback_audit.py). Feedback rewards name
+    feedback, not raw scores, so (c) leaves them to (e).
 
 Each check returns a CheckResult: pass/fail, how many things were checked and failed, and the failing
 ids with the reason. Everything reads FINAL, so re-delivered events never count twice.
@@ -25,9 +29,13 @@ from typing import Any
 import numpy as np
 from clickhouse_connect.driver.client import Client
 
+from processors.errors import ProcessorError
+from processors.feedback.config import FeedbackRewardConfig, load_feedback_config
+from schemas.local_paths import DEPLOY_CONFIG_DIR
 from schemas.prompt_delta import PromptReconstructionError
 from schemas.tokens import unpack_floats, unpack_ids, unpack_int32, unpack_mask
 from sinks.ddl import packed_read_sql
+from sinks.feedback_store import IS_FEEDBACK_REWARD
 from sinks.rows import segment_weight_sums
 from sinks.sample_refs import SampleRefError, is_input_ref, rebuild_sample
 from sinks.store import CallTokenCache, select_rows
@@ -332,10 +340,11 @@ SQL_REWARD_SCORES_JOIN = """
 SELECT w.event_id, w.rollout_id, w.reward_config_id, length(w.score_ids) AS n_scores,
        groupArrayIf(w.score_id, s.found != 1) AS missing
 FROM (SELECT event_id, rollout_id, reward_config_id, score_ids,
-             arrayJoin(if(empty(score_ids), [''], score_ids)) AS score_id FROM rewards FINAL) AS w
+             arrayJoin(if(empty(score_ids), [''], score_ids)) AS score_id FROM rewards FINAL
+      WHERE NOT IS_FEEDBACK_REWARD) AS w
 LEFT JOIN (SELECT DISTINCT event_id, 1 AS found FROM scores FINAL) AS s ON w.score_id = s.event_id
 GROUP BY w.event_id, w.rollout_id, w.reward_config_id, w.score_ids
-"""
+""".replace("IS_FEEDBACK_REWARD", IS_FEEDBACK_REWARD)  # feedback rewards name feedback: check (e)
 
 SQL_CREDIT_REWARDS = """
 SELECT c.event_id, c.reward_id, c.credit_config_id, w.found, w.rollout_id = c.rollout_id
@@ -468,13 +477,33 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=WEIGHT_REL_TOL, abs_tol=WEIGHT_ABS_TOL)
 
 
-# ---- all four --------------------------------------------------------------------------------------
+# ---- (e) feedback accounting (issue 21) -------------------------------------------------------------
+
+
+def default_feedback_config() -> FeedbackRewardConfig | None:
+    """The deployed feedback-reward config: its rewards are checked exactly, others structurally."""
+    try:
+        return load_feedback_config(DEPLOY_CONFIG_DIR / "feedback_reward.yaml")
+    except ProcessorError:
+        return None
+
+
+def check_feedback_accounting(client: Client, cfg: FeedbackRewardConfig | None = None) -> CheckResult:
+    """Every feedback is used by exactly the rewards its config admits, or recorded late, unmatched or
+    invalid (sinks/feedback_audit.py; imported here, since it builds on this module's CheckResult)."""
+    from sinks.feedback_audit import feedback_accounting
+
+    return feedback_accounting(client, cfg or default_feedback_config())
+
+
+# ---- all five --------------------------------------------------------------------------------------
 
 CHECKS: dict[str, Callable[[Client], CheckResult]] = {
     "token_traceability": check_token_traceability,
     "rollout_traceability": check_rollout_traceability,
     "score_reviewability": check_score_reviewability,
     "packing_preserves_weight": check_packing_preserves_weight,
+    "feedback_accounting": check_feedback_accounting,
 }
 
 

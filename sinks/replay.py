@@ -18,8 +18,12 @@ from typing import Any
 from clickhouse_connect.driver.client import Client
 
 from processors.errors import PipelineInputError
+from processors.feedback.config import FeedbackRewardConfig
+from processors.feedback.replay import event_time_rewards, replay_reward_record
 from processors.pipeline import StageConfigs, rederive
+from schemas.ids import event_id
 from schemas.kafka_config import KafkaSettings
+from sinks.feedback_store import components, load_feedback, load_feedback_rewards, load_rollout_refs
 from sinks.rows import Record, from_row
 from sinks.store import CallTokenCache, load_records, load_rollouts, select_rows
 
@@ -127,3 +131,71 @@ def publish(events: list[Event], kafka: KafkaSettings, topic_of: dict[str, str] 
     if remaining or errors:
         raise KafkaException(f"{remaining} replayed events not acknowledged; errors: {errors[:3]}")
     return len(events)
+
+
+# ---- feedback rewards (issue 21) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FeedbackSideBySide:
+    """One rollout attempt: the stream's feedback reward(s) beside the one replay derives."""
+
+    rollout_id: str
+    attempt_id: str
+    originals: list[Record]  # the stored feedback rewards of this attempt (any feedback config)
+    replayed: Record  # the replayed Reward event (``replay_reward_record``)
+
+    @property
+    def late_admitted(self) -> list[str]:
+        """Feedback replay admits that no original admitted (recorded late by the stream)."""
+        seen = {fid for o in self.originals for fid in components(o).get("admitted", [])}
+        return [fid for fid in components(self.replayed)["admitted"] if fid not in seen]
+
+    @property
+    def changed(self) -> bool:
+        return any((o["filtered"], o["reward"]) != (self.replayed["filtered"], self.replayed["reward"])
+                   for o in self.originals) or not self.originals
+
+
+@dataclass
+class FeedbackReplay:
+    config_id: str
+    rows: list[FeedbackSideBySide] = field(default_factory=list)
+
+    @property
+    def events(self) -> list[Event]:
+        return [("Reward", row.replayed) for row in self.rows]
+
+
+def replay_feedback(client: Client, cfg: FeedbackRewardConfig,
+                    progress: Callable[[str], None] | None = None) -> FeedbackReplay:
+    """Every stored rollout's feedback reward re-derived from all stored feedback by event time
+    (``event_time_rewards``: late feedback within its kind's wait counts), beside the stored originals."""
+    refs = load_rollout_refs(client)
+    feedback = load_feedback(client)
+    if progress:
+        progress(f"replay --feedback: {len(refs)} completed rollouts, {len(feedback)} feedback events")
+    originals: dict[str, list[Record]] = {}
+    for reward in load_feedback_rewards(client):
+        originals.setdefault(reward["rollout_id"], []).append(reward)
+    result = FeedbackReplay(cfg.id)
+    for ref, reward in zip(refs, event_time_rewards(refs, feedback, cfg), strict=True):
+        mine = [o for o in originals.get(ref.rollout_id, [])
+                if o["event_id"] == event_id("feedback_reward", ref.rollout_event_id, o["reward_config_id"])]
+        result.rows.append(FeedbackSideBySide(ref.rollout_id, ref.attempt_id, mine, replay_reward_record(reward)))
+    return result
+
+
+def format_feedback_replay(result: FeedbackReplay) -> str:
+    """The side-by-side table: original reward(s) and config, replayed reward, late feedback it admits."""
+    def value(reward: Record) -> str:
+        return "filtered" if reward["filtered"] else f"{reward['reward']:.4g}"
+
+    lines = [f"feedback config {result.config_id} (replay); rollouts {len(result.rows)}, "
+             f"changed {sum(r.changed for r in result.rows)}",
+             f"{'rollout':<28} {'attempt':<10} {'original (config)':<30} {'replayed':<10} late feedback admitted"]
+    for row in result.rows:
+        original = ", ".join(f"{value(o)} ({o['reward_config_id']})" for o in row.originals) or "none"
+        late = ", ".join(row.late_admitted) or "-"
+        lines.append(f"{row.rollout_id:<28} {row.attempt_id:<10} {original:<30} {value(row.replayed):<10} {late}")
+    return "\n".join(lines)

@@ -1,6 +1,6 @@
 """`tokentrail report`: one self-contained HTML file (plots embedded as base64 PNG) for people without
 Grafana: reward against policy version, groups, incomplete rollouts, prefix merges, staleness,
-throughput, and the four audit checks.
+throughput, feedback (coverage, delay per kind, late and unmatched), and the audit checks.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from clickhouse_connect.driver.client import Client
 from matplotlib.ticker import MaxNLocator
 
 from sinks.audit import CheckResult, run_audit
+from sinks.feedback_report import FeedbackSummary, feedback_summary
 from sinks.store import table_counts
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
@@ -153,6 +154,21 @@ def _audit_section(results: list[CheckResult]) -> str:
     )
 
 
+def _feedback_section(summary: FeedbackSummary) -> str:
+    if summary.empty:
+        return '<p class="empty">no feedback stored</p>'
+    coverage = _table(["feedback config", "rollouts rewarded", "with a value", "filtered (no feedback)"],
+                      summary.coverage)
+    delays = _table(["kind", "feedback", "median s after close", "p90 s after close", "median arrival lag s"],
+                    [(d.kind, d.count, "-" if d.median_after_close_s is None else d.median_after_close_s,
+                      "-" if d.p90_after_close_s is None else d.p90_after_close_s, d.median_arrival_lag_s)
+                     for d in summary.delays])
+    outcomes = _table(["outcome", "feedback"], sorted(summary.outcomes.items()))
+    return (f"<p>{summary.feedback} feedback events, {summary.rollouts} completed rollout attempts</p>"
+            f"<h3>Coverage</h3>{coverage}<h3>Delay per kind</h3>{delays}"
+            f"<h3>Admitted, late, unmatched, invalid</h3>{outcomes}")
+
+
 def build_report(client: Client, title: str = "tokentrail report", audit: bool = True) -> str:
     counts = table_counts(client)
     groups = _q(
@@ -181,6 +197,7 @@ def build_report(client: Client, title: str = "tokentrail report", audit: bool =
                 ["prefix rate"],
             ),
         ),
+        ("Feedback", _feedback_section(feedback_summary(client))),
         ("Staleness", _plot_staleness(client)),
         (
             "Throughput",
@@ -195,7 +212,7 @@ def build_report(client: Client, title: str = "tokentrail report", audit: bool =
         ),
     ]
     if audit:
-        sections.insert(0, ("Audit: the four checks", _audit_section(run_audit(client))))
+        sections.insert(0, ("Audit: the five checks", _audit_section(run_audit(client))))
     body = "".join(f"<h2>{html.escape(h)}</h2>{content}" for h, content in sections)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return (

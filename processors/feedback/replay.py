@@ -8,8 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
+
 from processors.feedback.config import FeedbackRewardConfig
-from processors.feedback.join import FeedbackJoin, FeedbackReward, RolloutRef, target_key
+from processors.feedback.join import FeedbackJoin, FeedbackReward, RolloutRef, reward_record, target_key
+from schemas.ids import event_id
 
 Record = dict[str, Any]
 
@@ -29,3 +32,13 @@ def event_time_rewards(rollouts: Iterable[RolloutRef], feedback: Iterable[Record
                     if f["event_time_us"] <= ref.closed_at_us + cfg.wait_us(f["kind"])}
         rewards.append(join.reward_of(ref, list(admitted.values())))
     return rewards
+
+
+def replay_reward_record(reward: FeedbackReward) -> Record:
+    """A replayed feedback reward as a Reward event. Its id is its own (``feedback_reward_replay``), never
+    the stream's: under the same configuration replay may admit late feedback the stream did not, and one
+    id must never name two contents. ``components_json`` says ``"replay": true``."""
+    record = reward_record(reward)
+    parts = dict(orjson.loads(record["components_json"]), replay=True)
+    return dict(record, event_id=event_id("feedback_reward_replay", reward.rollout_event_id, reward.config_id),
+                components_json=orjson.dumps(parts, option=orjson.OPT_SORT_KEYS).decode())

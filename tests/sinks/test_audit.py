@@ -180,7 +180,7 @@ def test_audit_cli_exit_codes_and_json(chdb_dsn: str, ch: Client, capsys: pytest
     write_records(ch, events)
     args = ["--dsn", chdb_dsn, "--database", ch.database]
     assert cli_main(["audit", *args]) == 0
-    assert capsys.readouterr().out.count("PASS") == 4
+    assert capsys.readouterr().out.count("PASS") == 5  # the four checks and feedback accounting
     score = next(r for n, r in events if n == "Score")
     write_records(ch, [("Score", {**score, "raw_json": "{}"})])
     assert cli_main(["audit", *args, "--json"]) == 1
@@ -229,7 +229,7 @@ def test_report_is_self_contained_html(ch: Client, chdb_dsn: str, tmp_path: Path
     assert html.startswith("<!doctype html>") and "Reward against policy version" in html
     assert html.count("data:image/png;base64,") >= 3
     assert 'src="http' not in html  # nothing external
-    assert html.count('class="pass"') == 4
+    assert html.count('class="pass"') == 5
     out = tmp_path / "r.html"
     assert cli_main(["report", "--dsn", chdb_dsn, "--database", ch.database, "--out", str(out)]) == 0
     assert out.read_text().startswith("<!doctype html>")

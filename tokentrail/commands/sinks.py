@@ -159,6 +159,8 @@ def _replay(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     p = settings.processors
+    if args.feedback:
+        return _replay_feedback(args)
     try:
         configs = StageConfigs.load(
             args.reward or p.reward_config, args.credit or p.credit_config, args.sample or p.sample_config
@@ -187,6 +189,30 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"inserted into ClickHouse: {counts}")
     else:
         print(f"produced {publish(result.events, settings.kafka)} events to Kafka")
+    return 0
+
+
+def _replay_feedback(args: argparse.Namespace) -> int:
+    """``replay --feedback``: feedback rewards re-derived by event time, side by side with the stream's."""
+    from processors.errors import ProcessorError
+    from processors.feedback.config import load_feedback_config
+    from sinks.replay import format_feedback_replay, publish, replay_feedback
+    from sinks.store import write_records
+
+    settings = get_settings()
+    try:
+        cfg = load_feedback_config(args.feedback_config or settings.processors.feedback_config)
+    except (ProcessorError, OSError) as exc:
+        raise CliError(f"feedback configuration: {exc}") from exc
+    client = _client(args)
+    result = replay_feedback(client, cfg, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(format_feedback_replay(result))
+    if args.dry_run:
+        print("dry run: nothing written")
+    elif args.to == "clickhouse":
+        print(f"inserted into ClickHouse: {write_records(client, result.events)}")
+    else:
+        print(f"produced {publish(result.events, settings.kafka)} feedback rewards to Kafka")
     return 0
 
 
@@ -278,6 +304,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="kafka: produce to the topics (the sink stores them); clickhouse: insert directly",
     )
     p.add_argument("--dry-run", action="store_true", help="derive and summarize, write nothing")
+    p.add_argument("--feedback", action="store_true",
+                   help="re-derive feedback rewards by event time instead (late feedback within its kind's wait "
+                   "counts), printed beside the stream's; the replayed rewards have ids of their own")
+    p.add_argument("--feedback-config", help="feedback-reward config YAML (default: settings "
+                   "processors.feedback_config)")
     p.set_defaults(func=_replay)
 
     p = sub.add_parser("report", help="self-contained HTML report (plots embedded) incl. reward vs policy version")
