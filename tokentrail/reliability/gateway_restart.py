@@ -10,10 +10,12 @@ same key and index sequence. Reported: acknowledged calls not on Kafka (lost), c
 (duplicated), calls recorded but never answered (a crash mid-call), and whether the attempt assembles into
 a COMPLETE rollout with the finish's counts (the processors' pure core).
 
-    python -m tokentrail.reliability.gateway_restart serve --calls-topic T --env-topic E [--after-pid N]
+    python -m tokentrail.reliability.gateway_restart zygote --calls-topic T --env-topic E --run-dir D
 
-runs the gateway child (settings from the TOKENTRAIL_* environment; port and spool from them); with
-``--after-pid`` it warms up first and takes over the address once that process has exited.
+warms up once (imports, the model's text side) and forks the chain of gateway processes (settings from
+the TOKENTRAIL_* environment); each builds its app, then waits for the one before it to exit, takes over
+the address, rebuilds the attempts from Kafka and serves. Forking from one warm process keeps the fault
+fast; each gateway is still a process of its own, stopped by SIGTERM or killed with -9 by its pid.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +39,7 @@ import httpx
 from processors.assembler import RolloutAssembly
 from schemas.codec import DecodeError, get_codec
 from tokentrail.commands.process import settings_env
-from tokentrail.reliability.faults import GatewayProcess, Progress, Sizes, free_port
+from tokentrail.reliability.faults import Progress, Sizes, free_port
 from tokentrail.reliability.kafka_read import create_topics, delete_topics, lost_and_duplicated, read_records
 from tokentrail.reliability.results import FaultResult
 from tokentrail.settings import REPO_ROOT, Settings
@@ -47,29 +51,20 @@ RETRY_WINDOW_S = 180.0
 THINK_S = 0.05  # the harness's own work between calls (tools, parsing)
 
 
-class GatewayChild(GatewayProcess):
-    """A gateway process on the given topics (``serve`` below). A successor is spawned while its predecessor
-    still serves: it warms up (imports, model, tokenizer), says so in ``ready_file``, waits for the
-    predecessor to exit, then takes over the address, rebuilds the attempts from Kafka and serves (a
-    rolling deploy on one host)."""
+class ForkedGateway:
+    """One gateway process of the chain, forked by the zygote (``zygote`` below) and known by its pid."""
 
-    def __init__(self, settings: Settings, log_path: Path, topics: dict[str, str]) -> None:
-        super().__init__(settings, log_path)
-        self.topics = topics
-        self.ready_file = log_path.with_suffix(f".{uuid.uuid4().hex[:6]}.warm")
+    def __init__(self, url: str, run_dir: Path, n: int, zygote: subprocess.Popen) -> None:
+        self.url, self.run_dir, self.n, self.zygote = url, run_dir, n, zygote
+        self.log_path = run_dir / f"gateway-{n}.log"
 
-    def spawn(self, after_pid: int | None = None) -> None:
-        command = [sys.executable, "-m", "tokentrail.reliability.gateway_restart", "serve",
-                   "--calls-topic", self.topics["calls_topic"], "--env-topic", self.topics["env_topic"],
-                   "--ready-file", str(self.ready_file)]
-        if after_pid is not None:
-            command += ["--after-pid", str(after_pid)]
-        with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(command, cwd=REPO_ROOT, env=settings_env(self.settings),
-                                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    @property
+    def pid(self) -> int:
+        self._wait(lambda: (self.run_dir / f"gateway-{self.n}.pid").exists(), 60, "be forked")
+        return int((self.run_dir / f"gateway-{self.n}.pid").read_text())
 
     def wait_warm(self, timeout_s: float = 300.0) -> None:
-        self._wait(lambda: self.ready_file.exists(), timeout_s, "warm up")
+        self._wait(lambda: (self.run_dir / f"gateway-{self.n}.warm").exists(), timeout_s, "warm up")
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:
         def answers() -> bool:
@@ -80,26 +75,46 @@ class GatewayChild(GatewayProcess):
 
         self._wait(answers, timeout_s, "answer")
 
-    def _wait(self, done: Any, timeout_s: float, what: str) -> None:
-        assert self.proc is not None
+    def _wait(self, done: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the gateway exited with {self.proc.returncode}; see {self.log_path}")
             if done():
                 return
-            time.sleep(0.1)
-        raise RuntimeError(f"the gateway did not {what} within {timeout_s:g}s; see {self.log_path}")
-
-    def start(self, timeout_s: float = 300.0) -> None:
-        self.spawn()
-        self.wait_ready(timeout_s)
+            if self.zygote.poll() is not None:
+                raise RuntimeError(f"the gateway processes are gone (zygote exit {self.zygote.returncode}); "
+                                   f"see {self.log_path}")
+            time.sleep(0.05)
+        raise RuntimeError(f"gateway {self.n} did not {what} within {timeout_s:g}s; see {self.log_path}")
 
     def sigterm(self) -> None:
         """A graceful stop, as a rolling deploy does it: calls in flight are recorded and answered first."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(90)
+        self._signal(signal.SIGTERM, 90)
+
+    def kill9(self) -> None:
+        self._signal(signal.SIGKILL, 30)
+
+    def stop(self) -> None:
+        if (self.run_dir / f"gateway-{self.n}.pid").exists() and _alive(self.pid):
+            try:
+                self.sigterm()
+            except RuntimeError:
+                self.kill9()
+
+    def _signal(self, sig: signal.Signals, timeout_s: float) -> None:
+        pid = self.pid
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        self._wait(lambda: not _alive(pid), timeout_s, f"exit after {sig.name}")
+
+
+def _spawn_zygote(settings: Settings, run_dir: Path, topics: dict[str, str], count: int) -> subprocess.Popen:
+    with open(run_dir / "zygote.log", "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tokentrail.reliability.gateway_restart", "zygote", "--count", str(count),
+             "--run-dir", str(run_dir), "--calls-topic", topics["calls_topic"], "--env-topic", topics["env_topic"]],
+            cwd=REPO_ROOT, env=settings_env(settings), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
 
 
 class Session:
@@ -195,21 +210,23 @@ def gateway_restart(settings: Settings, workdir: Path, sizes: Sizes, progress: P
     gw_settings = settings.gateway.model_copy(update={"host": "127.0.0.1", "port": free_port(),
                                                       "spool_dir": workdir / "spool", "admin_key": ""})
     private = settings.model_copy(update={"gateway": gw_settings})
-    # The first gateway and its two successors, warming up together; each takes over when the one before
-    # it has exited.
-    chain = [GatewayChild(private, workdir / f"gateway-{n}.log", topics) for n in range(3)]
+    # The first gateway and its two successors, forked from one warm process; each takes over the address
+    # when the one before it has exited.
+    run_dir = workdir / "gateways"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    zygote = _spawn_zygote(private, run_dir, topics, 3)
+    url = f"http://{gw_settings.host}:{gw_settings.port}"
+    chain = [ForkedGateway(url, run_dir, n, zygote) for n in range(3)]
     per_phase = max(2, sizes.calls_per_rollout)
     session: Session | None = None
     phases: list[str] = []
     finished: dict[str, Any] | None = None
     try:
-        for n, child in enumerate(chain):
-            child.spawn(after_pid=chain[n - 1].proc.pid if n and chain[n - 1].proc else None)
         chain[0].wait_ready()
-        info = _start_rollout(chain[0].url, f"restart-{tag}")
+        info = _start_rollout(url, f"restart-{tag}")
         progress(f"fault i: gateway process up, rollout {info['rollout_id']} started "
                  f"({time.monotonic() - began:.0f}s)")
-        session = Session(chain[0].url, settings.model.name, info["api_key"])
+        session = Session(url, settings.model.name, info["api_key"])
         session.start()
         for how, old, new in (("SIGTERM", chain[0], chain[1]), ("kill -9", chain[1], chain[2])):
             new.wait_warm()
@@ -223,12 +240,17 @@ def gateway_restart(settings: Settings, workdir: Path, sizes: Sizes, progress: P
             progress(f"fault i: gateway replaced after {how} with {len(session.answered)} calls answered")
         session.wait_for(len(session.answered) + per_phase, 120)
         session.stop()
-        finished = _finish(chain[2].url, info) if not session.errors else None
+        finished = _finish(url, info) if not session.errors else None
     finally:
         if session is not None:
             session.stop()
         for child in chain:
             child.stop()
+        try:
+            zygote.wait(30)
+        except subprocess.TimeoutExpired:
+            zygote.kill()
+            zygote.wait(30)
     try:
         expected = set(session.answered) | {info["event_id"]}
         if finished is not None:
@@ -264,24 +286,61 @@ def _decoded(value: bytes) -> tuple[str, dict[str, Any]]:
 # ------------------------------------------------------------------------------------ the child
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _zygote(args: argparse.Namespace) -> int:
+    """Warm up once (imports, the model's text side), then fork the chain of gateways and reap them."""
     import logging
+
+    import torch  # noqa: F401  (imported once here, shared by every fork; no torch work before forking)
+
+    from producers.gateway.wiring import make_text_side
+    from tokentrail.settings import get_settings
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = get_settings()
+    text = make_text_side(settings, progress=lambda line: print(line, flush=True))
+    run_dir = Path(args.run_dir)
+    children: list[int] = []
+    for n in range(args.count):
+        after = children[-1] if children else None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _forked_gateway(args, settings, text, n, after)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        children.append(pid)
+        (run_dir / f"gateway-{n}.pid").write_text(str(pid))
+    while children:  # reap each as it exits, so its successor sees it gone at once
+        pid, _ = os.wait()
+        if pid in children:
+            children.remove(pid)
+    return 0
+
+
+def _forked_gateway(args: argparse.Namespace, settings: Settings, text: Any, n: int, after_pid: int | None) -> int:
     import socket
 
     import uvicorn
 
     from producers.gateway.wiring import build_app
-    from tokentrail.settings import get_settings
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = get_settings()
-    app = build_app(settings, topics={"calls_topic": args.calls_topic, "env_topic": args.env_topic},
+    run_dir = Path(args.run_dir)
+    log = os.open(run_dir / f"gateway-{n}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    app = build_app(settings, text=text, topics={"calls_topic": args.calls_topic, "env_topic": args.env_topic},
                     progress=lambda line: print(line, flush=True))
-    if args.ready_file:
-        Path(args.ready_file).touch()
-    if args.after_pid:
-        print(f"warm; waiting for process {args.after_pid} to exit", flush=True)
-        while _alive(args.after_pid):
+    (run_dir / f"gateway-{n}.warm").touch()
+    if after_pid is not None:
+        print(f"warm; waiting for process {after_pid} to exit", flush=True)
+        while _alive(after_pid):
             time.sleep(0.02)
     g = settings.gateway
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -295,7 +354,7 @@ def _serve(args: argparse.Namespace) -> int:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
-    print(f"serving on http://{g.host}:{g.port} (calls {args.calls_topic}, env {args.env_topic})", flush=True)
+    print(f"gateway {n} (pid {os.getpid()}) serving on http://{g.host}:{g.port}", flush=True)
     config = uvicorn.Config(app, host=g.host, port=g.port, log_level="warning", timeout_graceful_shutdown=60)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
@@ -315,13 +374,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tokentrail.reliability.gateway_restart",
                                      description="The gateway child of fault (d): a gateway on the given topics.")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve a gateway (settings from TOKENTRAIL_*) on these topics")
-    serve.add_argument("--calls-topic", required=True)
-    serve.add_argument("--env-topic", required=True)
-    serve.add_argument("--after-pid", type=int, default=None,
-                       help="warm up, then wait for this process to exit before taking over the address")
-    serve.add_argument("--ready-file", default="", help="touched once warm (the app is built)")
-    serve.set_defaults(run=_serve)
+    zygote = sub.add_parser("zygote", help="warm up once, then fork COUNT gateways on these topics, each taking "
+                            "over the address (settings from TOKENTRAIL_*) when the one before it has exited")
+    zygote.add_argument("--calls-topic", required=True)
+    zygote.add_argument("--env-topic", required=True)
+    zygote.add_argument("--count", type=int, default=3)
+    zygote.add_argument("--run-dir", required=True, help="pid, warm and log files of each gateway")
+    zygote.set_defaults(run=_zygote)
     args = parser.parse_args(argv)
     return int(args.run(args))
 
