@@ -24,14 +24,31 @@ from trainer_consumer.weight_sync import FleetView, VersionGate, WeightSync
 
 class GatedUpstream:
     """``VLLMUpstream`` whose token generations hold a lease of ``gate`` from their first item to their
-    end; the result's ``policy_version`` is the leased one. (Chat pass-through is not gated.)"""
+    end; the result's ``policy_version`` is the leased one. (Chat pass-through is not gated.)
 
-    def __init__(self, inner: VLLMUpstream, gate: VersionGate) -> None:
+    With ``sync``, the gateway's ``policy_dir`` start-up hook (``follow_policies``) runs the sync on the
+    gateway's event loop, where the gate lives; ``close`` stops it."""
+
+    def __init__(self, inner: VLLMUpstream, gate: VersionGate, sync: WeightSync | None = None,
+                 interval_s: float = 0.5) -> None:
         self.inner = inner
         self.gate = gate
+        self.sync = sync
+        self.interval_s = interval_s
+        self._stop: asyncio.Event | None = None
+        self._follower: asyncio.Task[None] | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    def follow_policies(self, store: PolicyStore, interval_s: float | None = None) -> None:
+        if self.sync is None or self._follower is not None:
+            return
+        if store.root != self.sync.store.root:
+            raise ValueError(f"the weight sync follows {self.sync.store.root}, the gateway was given {store.root}")
+        self._stop = asyncio.Event()
+        self._follower = asyncio.get_running_loop().create_task(
+            self.sync.follow(self._stop, interval_s or self.interval_s))
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         async with self.gate.lease() as version:
@@ -49,6 +66,12 @@ class GatedUpstream:
         return self.gate.version
 
     async def close(self) -> None:
+        if self._follower is not None and self._stop is not None:
+            self._stop.set()
+            await self._follower
+            self._follower = None
+        if self.sync is not None:
+            await self.sync.close()
         await self.inner.close()
 
 
@@ -69,8 +92,9 @@ class _LeasedStream:
 
     async def __anext__(self) -> TokenChunk | GenerateResult:
         if self._lease is None:
-            self._lease = self._gate.lease()
-            self._version = await self._lease.__aenter__()
+            lease = self._gate.lease()
+            self._version = await lease.__aenter__()  # may wait while an update runs
+            self._lease = lease  # only a lease actually taken is released
         try:
             item: TokenChunk | GenerateResult = await self._inner.__anext__()
         except BaseException:
@@ -118,12 +142,13 @@ class GateHooks:
 
 
 def gate_upstream(upstream: VLLMUpstream, store: PolicyStore, *, base_dir: Path | None = None,
-                  **sync_options: Any) -> tuple[GatedUpstream, WeightSync]:
-    """The gateway's upstream gated by a weight sync of the same servers; run ``sync.follow``."""
-    gate = VersionGate(0)
+                  interval_s: float = 0.5, **sync_options: Any) -> GatedUpstream:
+    """The gateway's upstream gated by a weight sync of the same servers (``.sync``), which the gateway
+    runs when it is created with ``policy_dir`` = the store's root."""
+    gate = VersionGate(0, is_open=False)  # until the first look at the fleet says what it serves
     sync = WeightSync(upstream.servers, store, hooks=GateHooks(gate, upstream), base_dir=base_dir,
                       **sync_options)
-    return GatedUpstream(upstream, gate), sync
+    return GatedUpstream(upstream, gate, sync, interval_s)
 
 
 # ---------------------------------------------------------------------------------------- the command

@@ -14,9 +14,10 @@ from contextlib import asynccontextmanager
 
 
 class VersionGate:
-    def __init__(self, version: int) -> None:
+    def __init__(self, version: int, *, is_open: bool = True) -> None:
+        """``is_open=False``: calls wait until the first ``reopen`` says which version serves them."""
         self.version = version
-        self._open = True
+        self._open = is_open
         self._running = 0
         self._changed = asyncio.Condition()
 

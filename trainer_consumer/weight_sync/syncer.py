@@ -195,9 +195,10 @@ class WeightSync:
             return None
         view = await self.check()
         reachable_behind = [u for u in view.behind() if view.servers[u].status is not ServerStatus.UNREACHABLE]
-        if not reachable_behind:
-            return None
-        return await self.sync_to(view.target, reachable_behind)
+        if reachable_behind:
+            return await self.sync_to(view.target, reachable_behind)
+        await self.hooks.after_update(view)  # servers found at the target (at start, say) may take calls
+        return None
 
     async def follow(self, stop: asyncio.Event, interval_s: float = 0.5) -> None:
         """Tick until ``stop`` is set; a failing tick is logged and retried."""

@@ -1,0 +1,63 @@
+"""The gateway's upstream gated by the weight sync: a call records the version it leased, and an update
+waits for running calls and holds new ones. The inner upstream is a stand-in (the test is about the
+wrapper); tests/producers/upstreams/vllm_live/test_weight_sync_live.py runs it on a real vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+from producers.upstreams.base import GenerateRequest, GenerateResult, Sampling, TokenChunk
+from producers.upstreams.vllm import VLLMUpstream
+from tokentrail.commands.weight_sync import GatedUpstream
+from trainer_consumer.weight_sync import VersionGate
+
+
+class SlowUpstream:
+    """Yields one token, waits for ``release``, then the result (stamped with a version it does not know)."""
+
+    name = "stand-in"
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+
+    def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+        async def items() -> AsyncIterator[TokenChunk | GenerateResult]:
+            yield TokenChunk([7], [-0.5])
+            await self.release.wait()
+            yield GenerateResult(prompt_ids=[1], output_ids=[7], output_logprobs=[-0.5], finish_reason="stop",
+                                 logprob_kind="PROCESSED", policy_version=-1, engine="x", upstream="x")
+
+        return items()
+
+
+async def collect(stream: Any) -> GenerateResult:
+    try:
+        async for item in stream:
+            if isinstance(item, GenerateResult):
+                return item
+    finally:
+        await stream.aclose()
+    raise AssertionError("no result")
+
+
+def test_calls_record_the_leased_version_and_updates_wait_for_them() -> None:
+    async def scenario() -> tuple[int, int, bool]:
+        inner = SlowUpstream()
+        gate = VersionGate(3)
+        upstream = GatedUpstream(cast(VLLMUpstream, inner), gate)
+        request = GenerateRequest(prompt_ids=[1], sampling=Sampling(), request_id="r")
+        running = asyncio.create_task(collect(upstream.generate_stream(request)))
+        await asyncio.sleep(0.01)
+        update = asyncio.create_task(gate.close())
+        await asyncio.sleep(0.01)
+        waited = not update.done()  # the running call holds the update back
+        inner.release.set()
+        first = await running
+        await update
+        await gate.reopen(4)
+        second = await collect(upstream.generate_stream(request))
+        return first.policy_version, second.policy_version, waited
+
+    assert asyncio.run(scenario()) == (3, 4, True)
