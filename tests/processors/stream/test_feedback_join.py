@@ -6,11 +6,12 @@ after it still used."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from processors.feedback.config import load_feedback_config
+from processors.feedback.config import FeedbackRewardConfig, load_feedback_config
 from processors.feedback.join import (
     FeedbackJoin,
     FeedbackReward,
@@ -45,8 +46,38 @@ def letters(got: Collected, stage: str) -> list[dict]:
     return [d for d in got.records["DeadLetter"] if d["stage"] == stage]
 
 
-def test_worker_joins_feedback_to_rollouts_as_the_pure_join_does(make_stream_rig: Callable[..., StreamRig],
-                                                                tmp_path: Path) -> None:
+@dataclass
+class Scenario:
+    rig: StreamRig
+    cfg: FeedbackRewardConfig
+    events: list
+    good: list[dict]
+    bad_value: dict
+    after_bad: dict
+    close: int
+    expected: dict[str, dict]  # the pure join's Reward events
+    late_ids: set[str]
+    unmatched_ids: set[str]
+
+    def produce(self) -> None:
+        """Calls and env events, then feedback: five good ones, garbage, an invalid one, then the rest."""
+        rig, topic = self.rig, self.rig.topics.feedback
+        rig.produce(self.events)
+        for item in self.good[:5]:
+            rig.produce_raw(topic, item["target_id"].encode(), rig.codec.encode("Feedback", item))
+        rig.produce_raw(topic, b"fa-r3", b"\x00not a feedback record")
+        rig.produce_raw(topic, b"fa-r3", rig.codec.encode("Feedback", self.bad_value))
+        for item in [self.after_bad, *self.good[5:]]:
+            rig.produce_raw(topic, item["target_id"].encode(), rig.codec.encode("Feedback", item))
+        rig.flush()
+
+    def done(self, got: Collected) -> bool:
+        return (set(self.expected) <= set(feedback_rewards(got, self.cfg.id))
+                and len(letters(got, "feedback_join")) >= 2 and len(letters(got, "feedback_late")) >= 1
+                and len(letters(got, "feedback_router")) >= 2)
+
+
+def scenario(make_stream_rig: Callable[..., StreamRig], tmp_path: Path) -> Scenario:
     config_path = tmp_path / "feedback_reward.yaml"
     config_path.write_text(yaml.safe_dump(CONFIG))
     cfg = load_feedback_config(config_path)
@@ -89,22 +120,18 @@ def test_worker_joins_feedback_to_rollouts_as_the_pure_join_does(make_stream_rig
     assert {r["rollout_id"]: r["filtered"] for r in expected.values()} == {
         "fa-r0": False, "fa-r1": False, "fa-r2": False, "fa-r3": False}
 
-    rig.produce(events)
+    return Scenario(rig, cfg, events, good, bad_value, after_bad, close, expected, late_ids, unmatched_ids)
+
+
+def test_worker_joins_feedback_to_rollouts_as_the_pure_join_does(make_stream_rig: Callable[..., StreamRig],
+                                                                tmp_path: Path) -> None:
+    sc = scenario(make_stream_rig, tmp_path)
+    rig, cfg, good, expected, close = sc.rig, sc.cfg, sc.good, sc.expected, sc.close
+    unmatched_ids, after_bad = sc.unmatched_ids, sc.after_bad
+    sc.produce()
     feedback_topic = rig.topics.feedback
-    for item in good[:5]:
-        rig.produce_raw(feedback_topic, item["target_id"].encode(), rig.codec.encode("Feedback", item))
-    rig.produce_raw(feedback_topic, b"fa-r3", b"\x00not a feedback record")
-    rig.produce_raw(feedback_topic, b"fa-r3", rig.codec.encode("Feedback", bad_value))
-    for item in [after_bad, *good[5:]]:
-        rig.produce_raw(feedback_topic, item["target_id"].encode(), rig.codec.encode("Feedback", item))
-    rig.flush()
     rig.start_worker()
-
-    def done(got: Collected) -> bool:
-        return (set(expected) <= set(feedback_rewards(got, cfg.id)) and len(letters(got, "feedback_join")) >= 2
-                and len(letters(got, "feedback_late")) >= 1 and len(letters(got, "feedback_router")) >= 2)
-
-    got = rig.collect(done, timeout_s=90)
+    got = rig.collect(sc.done, timeout_s=90)
     assert feedback_rewards(got, cfg.id) == expected  # the same events, ids and values as the pure join's
     assert {d["reason"].split(":")[0] for d in letters(got, "feedback_join")} == {
         f"feedback {fid}" for fid in unmatched_ids}
@@ -126,3 +153,24 @@ def test_worker_joins_feedback_to_rollouts_as_the_pure_join_does(make_stream_rig
     assert len(after_close) == 1 and "after_close" in after_close[0]["reason"]
     assert feedback_rewards(got, cfg.id) == expected
     assert rig.stop_all() == [0]
+
+
+def test_a_worker_killed_mid_window_is_replaced_and_the_join_resumes_from_its_tables(
+        make_stream_rig: Callable[..., StreamRig], tmp_path: Path) -> None:
+    sc = scenario(make_stream_rig, tmp_path)
+    rig = sc.rig
+    sc.produce()
+    worker = rig.start_worker()
+    # Feedback read and the rollouts assembled, their feedback windows (15 s) still open: kill -9.
+    rig.collect(lambda c: len(letters(c, "feedback_router")) >= 2 and len(c.ids("CompletedRollout")) >= 4,
+                timeout_s=60)
+    rig.kill(worker)
+    rewards_at_kill = len(feedback_rewards(rig.collected, sc.cfg.id))
+    rig.start_worker()
+    got = rig.collect(sc.done, timeout_s=90)
+    rewards = [r for r in got.records["Reward"] if r["reward_config_id"] == sc.cfg.id]
+    assert {r["event_id"]: r for r in rewards} == sc.expected
+    assert all(r == sc.expected[r["event_id"]] for r in rewards)  # any re-emitted copy is identical
+    assert {d["reason"].split(":")[0] for d in letters(got, "feedback_join")} == {
+        f"feedback {fid}" for fid in sc.unmatched_ids}
+    print(f"feedback rewards out before the kill: {rewards_at_kill} of {len(sc.expected)}")
