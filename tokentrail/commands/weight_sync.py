@@ -10,16 +10,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from models.policy_store import PolicyStore
 from producers.upstreams.base import ChatGenerateRequest, GenerateRequest, GenerateResult, TokenChunk
 from producers.upstreams.vllm import VLLMUpstream
 from trainer_consumer.weight_sync import FleetView, VersionGate, WeightSync
+
+if TYPE_CHECKING:
+    from tokentrail.settings import Settings
 
 
 class GatedUpstream:
@@ -149,6 +153,16 @@ def gate_upstream(upstream: VLLMUpstream, store: PolicyStore, *, base_dir: Path 
     sync = WeightSync(upstream.servers, store, hooks=GateHooks(gate, upstream), base_dir=base_dir,
                       **sync_options)
     return GatedUpstream(upstream, gate, sync, interval_s)
+
+
+def gateway_upstream(settings: Settings) -> GatedUpstream:
+    """``tokentrail gateway``'s vLLM upstream when ``weight_sync.in_gateway`` is on: the settings' vLLM
+    fleet, gated by a weight sync that follows ``trainer.checkpoint_dir``."""
+    upstream = VLLMUpstream.from_settings(settings.gateway)
+    section = settings.weight_sync
+    return gate_upstream(upstream, PolicyStore(settings.trainer.checkpoint_dir), base_dir=settings.model.dir,
+                         interval_s=section.interval_s, pause_mode=section.pause_mode, timeout_s=section.timeout_s,
+                         log=logging.getLogger("tokentrail.weight_sync").info)
 
 
 # ---------------------------------------------------------------------------------------- the command

@@ -8,6 +8,9 @@ from pydantic import BaseModel
 
 
 class WeightSyncSettings(BaseModel):
+    # The gateway runs the sync for its own vLLM servers (`tokentrail gateway` with a vLLM upstream) and
+    # records on each call the version it leased; the servers must run with VLLM_SERVER_DEV_MODE=1.
+    in_gateway: bool = False
     # vLLM base URLs (without /v1), comma-separated; empty: take the gateway's upstream list.
     servers: str = ""
     # How often the policy store's `latest` is read, and lagging servers retried.
