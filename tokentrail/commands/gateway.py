@@ -91,8 +91,13 @@ def _run(args: argparse.Namespace) -> int:
 
     from producers.gateway.wiring import build_app
 
+    upstream = None
+    if settings.weight_sync.in_gateway and settings.gateway.upstream.strip() != "embedded":
+        from tokentrail.commands.weight_sync import gateway_upstream
+
+        upstream = gateway_upstream(settings)  # vLLM kept on the trainer's versions; calls record theirs
     try:
-        app = build_app(settings, policy_dir=settings.trainer.checkpoint_dir)
+        app = build_app(settings, upstream=upstream, policy_dir=settings.trainer.checkpoint_dir)
     except (OSError, ValueError) as exc:
         raise CliError(str(exc)) from exc
     g = settings.gateway
