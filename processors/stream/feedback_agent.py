@@ -48,17 +48,21 @@ STAGE = "feedback_join"
 
 
 class _State:
-    """A rollout id's join and the feedback records it may still report on (id -> feedback, source)."""
+    """A rollout id's join, the feedback records it may still report on (id -> feedback, source), and what
+    each closed window admitted (rollout event id -> feedback ids), so that feedback re-delivered after a
+    crash once its window closed is known as used, not recorded as late."""
 
-    def __init__(self, join: FeedbackJoin, held: dict[str, list[Any]]) -> None:
+    def __init__(self, join: FeedbackJoin, held: dict[str, list[Any]], used: dict[str, list[str]]) -> None:
         self.join = join
         self.held = held
+        self.used = used
 
     def to_bytes(self) -> bytes:
         # Only feedback the join still holds (waiting or admitted to an open window) can be reported on later.
         live = set(self.join.pending) | {fid for w in self.join.open.values() for fid in w.admitted}
         self.held = {fid: v for fid, v in self.held.items() if fid in live}
-        return orjson.dumps({"join": self.join.snapshot(), "held": self.held})
+        self.used = {rid: ids for rid, ids in self.used.items() if rid in self.join.closed}
+        return orjson.dumps({"join": self.join.snapshot(), "held": self.held, "used": self.used})
 
 
 class FeedbackJoinAgent:
@@ -77,9 +81,9 @@ class FeedbackJoinAgent:
 
     def _load(self, stored: bytes | None) -> _State:
         if stored is None:
-            return _State(FeedbackJoin(self.cfg), {})
+            return _State(FeedbackJoin(self.cfg), {}, {})
         data = orjson.loads(read_body(stored))
-        return _State(FeedbackJoin.restore(self.cfg, data["join"]), data["held"])
+        return _State(FeedbackJoin.restore(self.cfg, data["join"]), data["held"], data["used"])
 
     async def join(self, message: Any) -> None:
         async with self.lock:
@@ -113,9 +117,13 @@ class FeedbackJoinAgent:
         for item in produced:
             if isinstance(item, FeedbackReward):
                 out += self.outputs.encode([("Reward", reward_record(item))])
+                state.used[item.rollout_event_id] = list(item.admitted_ids)
                 self.stats["feedback.rewards"] += 1
                 continue
             feedback, source = state.held[item.feedback_id]
+            if isinstance(item, LateFeedback) and item.feedback_id in state.used.get(item.rollout_event_id, ()):
+                self.stats["skipped.feedback_join.redelivered"] += 1  # used by that window's reward already
+                continue
             if isinstance(item, LateFeedback):
                 out.append(self.letters.late(item, rollout_id, feedback, Source.of(source)))
             else:

@@ -145,12 +145,16 @@ def test_worker_joins_feedback_to_rollouts_as_the_pure_join_does(make_stream_rig
     assert after_bad["event_id"] in {fid for r in expected.values() for fid in r["score_ids"]}
 
     # Feedback for a rollout whose window has closed: recorded as late (after_close), the reward stays.
+    # Feedback already used, delivered again (a retried publish): recognised as used, not recorded late.
     too_late = feedback("ROLLOUT", "fa-r0", "RATING", close + 3 * S, FeedbackValue(rating=0.0), 10)
-    rig.produce_raw(feedback_topic, b"fa-r0", rig.codec.encode("Feedback", too_late))
+    for item in (good[2], good[0], too_late):
+        rig.produce_raw(feedback_topic, item["target_id"].encode(), rig.codec.encode("Feedback", item))
     rig.flush()
     got = rig.collect(lambda c: len(letters(c, "feedback_late")) >= 2, timeout_s=30)
+    got = rig.settle(quiet_s=3.0)
     after_close = [d for d in letters(got, "feedback_late") if too_late["event_id"] in d["reason"]]
     assert len(after_close) == 1 and "after_close" in after_close[0]["reason"]
+    assert len(letters(got, "feedback_late")) == 2  # the outside_window one and this one; none for the repeats
     assert feedback_rewards(got, cfg.id) == expected
     assert rig.stop_all() == [0]
 
