@@ -273,6 +273,7 @@ class RestoredAttempt:
     finished: Tombstone | None = None
     recent: tuple[DeliveredCall, ...] = ()
     outputs: tuple[SampledOutput, ...] = ()
+    last_activity_us: int = 0  # wall clock of its latest start, call or event (0: unknown)
 
 
 class AttemptRegistry:
@@ -404,8 +405,9 @@ class AttemptRegistry:
     def restore(self, attempts: list[RestoredAttempt]) -> int:
         """Install attempts rebuilt from Kafka after a restart (recovery.py); returns how many are live.
 
-        Unfinished ones become active again with their counters, key, kept prompts and outputs; finished
-        ones tombstones. An attempt this registry already knows is left as it is."""
+        Unfinished ones become active again with their counters, key, kept prompts and outputs (unless idle
+        past ``idle_ttl_s`` already: those stay expired); finished ones tombstones. An attempt this registry
+        already knows is left as it is."""
         live = 0
         for r in sorted(attempts, key=lambda a: (a.rollout_id, a.attempt_number)):
             key = (r.rollout_id, r.attempt_id)
@@ -420,8 +422,14 @@ class AttemptRegistry:
             if r.finished is not None:
                 self._bury(key, r.finished)
                 continue
+            idle_s = max(0.0, time.time() - r.last_activity_us / 1e6) if r.last_activity_us else 0.0
+            if idle_s >= self.idle_ttl_s:  # abandoned before the restart: a restart does not revive it
+                self._keys.pop(api_key, None)
+                self._expired[key] = None
+                continue
             state = self._new_state(r.rollout_id, r.attempt_id, r.attempt_number,
                                     next_call_index=r.next_call_index, next_event_index=r.next_event_index)
+            state.last_seen = time.monotonic() - idle_s  # its idle time goes on where it was
             for output in r.outputs:
                 state.keep_output(output)
             for call in r.recent:

@@ -76,6 +76,7 @@ class _AttemptSeen:
     finished: Tombstone | None = None
     calls: dict[int, _CallSeen] = field(default_factory=dict)
     template: dict[str, Any] | None = None  # a call of the attempt, its bulk left out (for stand-ins)
+    last_activity_us: int = 0
 
 
 class AttemptFold:
@@ -95,6 +96,7 @@ class AttemptFold:
         if record.get("rollout_id") == UNATTRIBUTED:
             return
         seen = self._attempt(record)
+        seen.last_activity_us = max(seen.last_activity_us, _activity_us(schema_name, record))
         if schema_name == "AttemptStarted":
             seen.attempt_number = int(record["attempt_number"])
             seen.started_at_us = int(record["created_at_us"])
@@ -157,7 +159,7 @@ class AttemptFold:
                             for c in sorted(seen.calls.values(), key=lambda c: c.call_index) if c.ok and c.chat)
             out.append(RestoredAttempt(seen.rollout_id, seen.attempt_id, seen.attempt_number, seen.start,
                                        seen.calls_upto + 1, seen.events_upto + 1, None,
-                                       _recent_prompts(seen.calls), outputs))
+                                       _recent_prompts(seen.calls), outputs, seen.last_activity_us))
         return out
 
 
@@ -186,6 +188,13 @@ def _recent_prompts(calls: dict[int, _CallSeen]) -> tuple[DeliveredCall, ...]:
         except PromptReconstructionError as exc:
             log.warning("call %s: prompt not rebuilt (%s); not kept as a delta base", call.call_id, exc)
     return tuple(kept)
+
+
+def _activity_us(schema_name: str, record: dict[str, Any]) -> int:
+    """When the gateway saw this record's call or event (wall clock, microseconds; 0 if not said)."""
+    if schema_name == "CallRecord":
+        return int((record.get("timings") or {}).get("received_at_us") or 0)
+    return int(record.get("created_at_us") or 0)
 
 
 _BULK = ("prompt", "output_ids", "output_logprobs", "request_json", "response_json")

@@ -4,6 +4,7 @@ with the right index; the rollout still completes. Records still in the spool at
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,9 +13,11 @@ from typing import Any
 import httpx
 import numpy as np
 import openai
+import pytest
 
 from processors.assembler import RolloutAssembly
-from producers.gateway.attempts import Tombstone
+from producers.gateway.attempts import AttemptRegistry, Tombstone
+from producers.gateway.errors import GatewayError
 from producers.gateway.recovery import AttemptFold
 from producers.gateway.testing import RunningGateway, embedded_gateway_app, running_gateway
 from producers.gateway.text_side import ModelTextSide
@@ -182,3 +185,18 @@ def test_a_call_lost_in_a_crash_gets_a_stand_in_and_the_attempt_can_still_comple
     (rollout,) = [r for name, rec in events for r in state.accept(name, rec).rollouts]
     assert rollout["status"] == "COMPLETE" and len(rollout["calls"]) == 3
     assert AttemptFold().add_all([*records, ("CallRecord", stand_in)]).lost_calls() == []
+
+
+def test_a_restart_does_not_revive_an_attempt_abandoned_before_it() -> None:
+    now_us = int(time.time() * 1e6)
+    abandoned = make_started("r-old", "a-old", created_at_us=now_us - 2 * 3600 * 10**6)
+    recent = make_started("r-new", "a-new", created_at_us=now_us - 60 * 10**6)
+    registry = AttemptRegistry(idle_ttl_s=3600, key_secret=b"k" * 32)
+    assert registry.restore(AttemptFold().add_all([("AttemptStarted", abandoned),
+                                                   ("AttemptStarted", recent)]).result()) == 1
+    with pytest.raises(GatewayError) as expired:
+        registry.get_active("r-old", "a-old")
+    assert expired.value.status == 410 and expired.value.code == "attempt_expired"
+    assert registry.by_api_key(registry.api_key_for("r-old", "a-old")) is None
+    live = registry.get_active("r-new", "a-new")
+    assert registry.by_api_key(live.api_key) == ("r-new", "a-new")
