@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -520,11 +520,13 @@ class AttemptRegistry:
         if now < self._next_expiry_check:
             return 0
         self._next_expiry_check = now + min(EXPIRY_CHECK_INTERVAL_S, self.idle_ttl_s / 4)
-        stale = [s for s in self._active.values() if not s.in_flight and now - s.last_seen >= self.idle_ttl_s]
+        stale = _stale(self._active.values(), now, self.idle_ttl_s)
         for state in stale:
             self._expire(state)
         for session, state in list(self._sessions.items()):
-            if not state.in_flight and now - state.last_seen >= self.idle_ttl_s:
+            if now - state.last_seen < self.idle_ttl_s:
+                break
+            if not state.in_flight:
                 del self._sessions[session]
                 state.release()
         return len(stale)
@@ -578,6 +580,18 @@ class AttemptRegistry:
             log.warning("attempt registry over its budget (%d > %d bytes) with nothing idle left to shed: "
                         "raise gateway.registry_max_bytes", self.ledger.used, self.ledger.limit)
 
+
+
+def _stale(states: Iterable[AttemptState], now: float, ttl_s: float) -> list[AttemptState]:
+    """Idle states past ``ttl_s``, walking least recently used first and stopping at the first recent one
+    (the order follows lookups, so the walk is short; one out of order is only expired a little later)."""
+    out = []
+    for state in states:
+        if now - state.last_seen < ttl_s:
+            break
+        if not state.in_flight:
+            out.append(state)
+    return out
 
 
 def _start_bytes(start: dict[str, Any]) -> int:
