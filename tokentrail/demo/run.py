@@ -4,6 +4,10 @@ Brings up Kafka, the embedded ClickHouse, the gateway on the embedded engine, th
 the ClickHouse sink and the trainer; runs agent rollouts of the lookup task through the official
 ``openai`` SDK; trains online (the engine follows each new policy version); then drains the pipeline,
 runs the four audit checks and writes the HTML report. Prints the reward per policy version.
+
+With ``--upstream vllm`` the gateway serves from a vLLM server (CPU build from .venv-vllm, started here)
+instead, and keeps it on the trainer's versions with the weight sync (docs/weight-sync.md): every call
+records the version vLLM sampled it with.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from tokentrail.demo.agent import RolloutOutcome, run_rollout
 from tokentrail.demo.environment import make_task
 from tokentrail.demo.progress import ProgressTracker, VersionStats
 from tokentrail.demo.services import Service, http_ok, log_dir, wait_until
+from tokentrail.demo.vllm import DemoVLLM
 from tokentrail.settings import REPO_ROOT, Settings, get_settings
 
 STATE_DIRS = ("kafka", "clickhouse", "policies", "spool", "processors", "logs")
@@ -100,8 +105,13 @@ def run_demo(args: argparse.Namespace) -> int:
 
     logs = log_dir()
     gateway_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
+    vllm: DemoVLLM | None = None
+    if args.upstream == "vllm":
+        vllm = DemoVLLM(settings.model.dir, settings.model.name, logs / "vllm.log")
+        print(f"  starting vLLM at {vllm.url} (2-4 minutes on 2 cores; log {vllm.log_path}) ...", flush=True)
+        print(f"  vLLM ready in {vllm.start():.0f} s", flush=True)
     services = [
-        Service("gateway", ["gateway"], logs / "gateway.log"),
+        Service("gateway", ["gateway"], logs / "gateway.log", env=vllm.gateway_env() if vllm else {}),
         # A stuck worker stops itself after 60 s (watchdog) and the supervision below restarts it.
         Service("processors", ["process", "--stall-timeout", "60"], logs / "processors.log"),
         Service("sink", ["sink"], logs / "sink.log"),
@@ -112,6 +122,7 @@ def run_demo(args: argparse.Namespace) -> int:
     ]
     _step(4, total, f"services: {', '.join(s.name for s in services)} (logs in {logs})")
     tracker: ProgressTracker | None = None
+    served_label = ""
     try:
         for service in services:
             service.start()
@@ -149,16 +160,25 @@ def run_demo(args: argparse.Namespace) -> int:
             service.stop()
         tracker.stop()
         tracker_summary = tracker.reward_by_version()
+        served_label = vllm.weight_label() if vllm else ""
     finally:
         for service in services:
             service.stop()
+        if vllm is not None:
+            vllm.stop()
     _step(7, total, "ClickHouse catch-up, then the four audit checks")
     _cli("sink", "--once")
     audit = subprocess.run([sys.executable, "-m", "tokentrail.cli", "audit"], cwd=REPO_ROOT)
     _step(8, total, "report")
     report_path = settings.var_dir / "report.html"
     _cli("report", "--out", str(report_path))
-    return _summarize(tracker_summary, audit.returncode, report_path)
+    extra = {"upstream": args.upstream}
+    if vllm is not None:
+        # The gateway records on each call the version its lease got, and leases open only at versions
+        # the weight sync has loaded into vLLM and labelled there; the last label must be the newest version.
+        extra.update(versions_served_by_vllm=len(tracker_summary), vllm_final_weight_label=served_label,
+                     newest_recorded_version=max(tracker_summary, default=0))
+    return _summarize(tracker_summary, audit.returncode, report_path, extra)
 
 
 def _gateway_delivery(gateway_url: str) -> str:
@@ -201,7 +221,8 @@ def version_bands(by_version: dict[int, VersionStats], bands: int = 5) -> list[t
     return out
 
 
-def _summarize(by_version: dict[int, VersionStats], audit_rc: int, report_path: Path) -> int:
+def _summarize(by_version: dict[int, VersionStats], audit_rc: int, report_path: Path,
+               extra: dict[str, object] | None = None) -> int:
     bands = version_bands(by_version)
     print("\nreward (fraction answered right) by policy version:")
     for first, last, mean, count in bands:
@@ -218,7 +239,7 @@ def _summarize(by_version: dict[int, VersionStats], audit_rc: int, report_path: 
     print(f"\naudit: {'PASSED' if audit_rc == 0 else 'FAILED'}   report: {report_path}")
     summary = {"policy_versions": len(by_version), "reward_first_band": first_mean,
                "reward_last_band": last_mean, "reward_improved": improved,
-               "audit_passed": audit_rc == 0, "report": str(report_path)}
+               "audit_passed": audit_rc == 0, "report": str(report_path), **(extra or {})}
     print(json.dumps(summary))
     return 0 if audit_rc == 0 else 1
 
@@ -234,6 +255,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="trainer learning rate (default: the trainer setting, 2e-4)")
     p.add_argument("--seed", type=int, default=0, help="first task seed (default 0)")
     p.add_argument("--drain-s", type=float, default=120.0, help="longest wait for the pipeline to drain")
+    p.add_argument("--upstream", choices=("embedded", "vllm"), default="embedded",
+                   help="the engine behind the gateway: the embedded reference engine (default) or a vLLM "
+                        "server started here from .venv-vllm (make setup-vllm), kept on each published "
+                        "version by the weight sync")
     p.add_argument("--keep-data", action="store_true",
                    help="keep var/ (Kafka data, ClickHouse, policies) from an earlier run instead of starting fresh")
     p.set_defaults(func=run_demo)
