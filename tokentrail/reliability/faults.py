@@ -34,7 +34,7 @@ from tokentrail.commands.process import settings_env
 from tokentrail.reliability.kafka_read import count_event_ids, create_topics, lost_and_duplicated
 from tokentrail.reliability.pipeline import Pipeline, compare, core_outputs, workload
 from tokentrail.reliability.results import FaultResult
-from tokentrail.reliability.sink_runner import query_sink, run_sink_until_idle, start_sink
+from tokentrail.reliability.sink_runner import query_sink, run_sink_until_caught_up, start_sink
 from tokentrail.settings import REPO_ROOT, KafkaSettings, Settings
 
 Progress = Callable[[str], None]
@@ -356,7 +356,7 @@ def _sink_kills(pipeline: Pipeline, inputs: list[Any], expected: dict[str, dict[
         proc.wait(30)
         progress(f"fault c: sink killed -9 ({k + 1}/{sizes.sink_kills}) "
                  f"{'while storing rows' if storing else 'before it stored anything'}")
-    run_sink_until_idle(pipeline.settings, prefix, dsn, group, log, idle_s=4.0)
+    runs = run_sink_until_caught_up(pipeline.settings, prefix, dsn, group, log)
     stored = query_sink(pipeline.settings, dsn)
     want: dict[str, set[str]] = {}
     for name, rec in inputs:
@@ -364,13 +364,17 @@ def _sink_kills(pipeline: Pipeline, inputs: list[Any], expected: dict[str, dict[
     for name, records in expected.items():
         if name != "DeadLetter":
             want.setdefault(TABLE_OF[name], set()).update(records)
-    lost = sum(len(ids - set(stored["ids"][table])) for table, ids in want.items())
+    missing = {table: len(ids - set(stored["ids"][table])) for table, ids in want.items()}
+    lost = sum(missing.values())
     duplicated = sum(t["final"] - t["unique"] for t in stored["tables"].values())
     raw_extra = sum(t["raw"] - t["final"] for t in stored["tables"].values())
     rows = sum(len(ids) for ids in want.values())
+    detail = f"{raw_extra} raw rows collapsed by FINAL; caught up in {runs} sink run(s) after the kills"
+    if lost or duplicated:
+        copies = {t: v["final"] - v["unique"] for t, v in stored["tables"].items() if v["final"] > v["unique"]}
+        detail += f"; missing by table {({t: n for t, n in missing.items() if n})}, duplicated by table {copies}"
     return FaultResult("c. ClickHouse sink kill -9", f"{sizes.sink_kills} kills, {rows} events to store",
-                       lost, duplicated, lost == duplicated == 0,
-                       f"{raw_extra} raw rows collapsed by FINAL", raw_extra, time.monotonic() - t0)
+                       lost, duplicated, lost == duplicated == 0, detail, raw_extra, time.monotonic() - t0)
 
 
 def _wait_for_rows(log: Path, mark: int, proc: subprocess.Popen, timeout_s: float) -> bool:
