@@ -22,6 +22,7 @@ from matplotlib.ticker import MaxNLocator
 
 from sinks.audit import CheckResult, run_audit
 from sinks.feedback_report import FeedbackSummary, feedback_summary
+from sinks.feedback_store import IS_FEEDBACK_REWARD
 from sinks.store import table_counts
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
@@ -72,11 +73,23 @@ def rolling_reward(rows: Sequence[tuple[int, float, int]], window: int) -> list[
     return out
 
 
+# Feedback rewards (issue 21) are plotted apart from the verifiers' rewards: they measure something else.
+FEEDBACK_CONFIGS = f"SELECT DISTINCT reward_config_id FROM rewards WHERE {IS_FEEDBACK_REWARD}"
+
+
+def _feedback_reward_by_version(client: Client) -> str:
+    rows = _q(client, "SELECT reward_config_id, policy_version, avg(reward), count() FROM v_reward_by_policy "
+                      f"WHERE NOT filtered AND reward_config_id IN ({FEEDBACK_CONFIGS}) "
+                      "GROUP BY reward_config_id, policy_version ORDER BY reward_config_id, policy_version")
+    return _table(["feedback config", "policy version", "mean feedback reward", "rollouts"], rows)
+
+
 def _plot_reward_by_version(client: Client) -> str:
     rows = _q(
         client,
         "SELECT policy_version, avg(raw_reward), stddevPop(raw_reward), avg(reward), count() "
-        "FROM v_reward_by_policy WHERE NOT filtered GROUP BY policy_version ORDER BY policy_version",
+        f"FROM v_reward_by_policy WHERE NOT filtered AND reward_config_id NOT IN ({FEEDBACK_CONFIGS}) "
+        "GROUP BY policy_version ORDER BY policy_version",
     )
     if not rows:
         return '<p class="empty">no rewards of counted, complete rollouts yet</p>'
@@ -154,7 +167,7 @@ def _audit_section(results: list[CheckResult]) -> str:
     )
 
 
-def _feedback_section(summary: FeedbackSummary) -> str:
+def _feedback_section(summary: FeedbackSummary, by_version: str) -> str:
     if summary.empty:
         return '<p class="empty">no feedback stored</p>'
     coverage = _table(["feedback config", "rollouts rewarded", "with a value", "filtered (no feedback)"],
@@ -166,7 +179,8 @@ def _feedback_section(summary: FeedbackSummary) -> str:
     outcomes = _table(["outcome", "feedback"], sorted(summary.outcomes.items()))
     return (f"<p>{summary.feedback} feedback events, {summary.rollouts} completed rollout attempts</p>"
             f"<h3>Coverage</h3>{coverage}<h3>Delay per kind</h3>{delays}"
-            f"<h3>Admitted, late, unmatched, invalid</h3>{outcomes}")
+            f"<h3>Admitted, late, unmatched, invalid</h3>{outcomes}"
+            f"<h3>Feedback reward against policy version</h3>{by_version}")
 
 
 def build_report(client: Client, title: str = "tokentrail report", audit: bool = True) -> str:
@@ -197,7 +211,7 @@ def build_report(client: Client, title: str = "tokentrail report", audit: bool =
                 ["prefix rate"],
             ),
         ),
-        ("Feedback", _feedback_section(feedback_summary(client))),
+        ("Feedback", _feedback_section(feedback_summary(client), _feedback_reward_by_version(client))),
         ("Staleness", _plot_staleness(client)),
         (
             "Throughput",

@@ -34,3 +34,7 @@ def test_report_has_the_feedback_section_and_five_passing_checks(ch: Client) -> 
     assert "<h2>Feedback</h2>" in html and "Delay per kind" in html and "unmatched" in html
     assert html.count('class="pass"') == 4 and html.count('class="fail"') == 1
     assert scenario.feedback["late"]["event_id"] in html
+    # Feedback rewards have a table of their own by policy version (two rollouts with a value, version 1)
+    # and stay out of the verifiers' reward plot.
+    section = html[html.index("Feedback reward against policy version"):]
+    assert f"<td>{CFG.id}</td><td>1</td>" in section and "<td>2</td></tr>" in section
