@@ -42,6 +42,10 @@ class GenerateRequest:
     # own logprob (RAW: before temperature, top-k and top-p); a test's way to make a harness take a path.
     # Only an upstream with ``supports_forced_output`` can; others refuse it (400).
     forced_ids: tuple[int, ...] | None = None
+    # The policy version that must serve this request (a release routes sessions to versions); None: the
+    # upstream's current one. An upstream that keeps several versions (the embedded engine) honours it;
+    # the result's policy_version is always the one that produced the tokens.
+    policy_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class ChatGenerateRequest:
     request_id: str
     rollout_id: str = ""
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    policy_version: int | None = None  # as GenerateRequest.policy_version
 
 
 @dataclass
