@@ -5,8 +5,8 @@ Per stored feedback reward of the stream (``components_json`` ``"source": "feedb
 it belongs to a stored completed rollout attempt, admits only stored feedback that names that attempt
 (its rollout id, one of its call or response ids, one of its calls' session ids), uses only feedback it
 admits, and, when its configuration is the one given, admits exactly the feedback that configuration
-admits by event time less what the stream recorded as late for that attempt, with the value the
-configuration gives them. Per stored feedback: admitted by a reward, or named by a dead letter of stage
+admits by event time less what the stream recorded as late for that attempt, unmatched or invalid, with
+the value the configuration gives them. Per stored feedback: admitted by a reward, or named by a dead letter of stage
 ``feedback_late``, ``feedback_join`` or ``feedback_router``. Feedback that is neither counts as pending
 (a note, not a failure) while the join may still decide it: its rollout's reward is not out yet, or it
 names no stored rollout and its match wait has not passed the newest window the join closed."""
@@ -18,10 +18,11 @@ from collections import defaultdict
 from clickhouse_connect.driver.client import Client
 
 from processors.feedback.config import FeedbackRewardConfig
-from processors.feedback.join import LATE_STAGE, FeedbackJoin, RolloutRef, reward_record, target_key
+from processors.feedback.join import LATE_STAGE, STAGE, FeedbackJoin, RolloutRef, reward_record, target_key
 from schemas.ids import event_id
 from sinks.audit import CheckResult
 from sinks.feedback_store import (
+    ROUTER_STAGE,
     components,
     load_feedback,
     load_feedback_letters,
@@ -80,7 +81,8 @@ def feedback_accounting(client: Client, cfg: FeedbackRewardConfig | None = None)
                 result.fail(reward["event_id"], "Reward", f"feedback reward of rollout {ref.rollout_id}: {what}: "
                             f"{sorted(ids)}")
         if cfg is not None and reward["reward_config_id"] == cfg.id:
-            _check_exact(result, reward, ref, admitted, feedback, late_reasons, cfg)
+            refused = {fid for fid, stages in recorded.items() if stages & {STAGE, ROUTER_STAGE}}
+            _check_exact(result, reward, ref, admitted, feedback, late_reasons, refused, cfg)
 
     newest_window_end = max((int(r["created_at_us"]) for r in rewards), default=None)
     wait_cfg = cfg or FeedbackRewardConfig()
@@ -106,14 +108,16 @@ def feedback_accounting(client: Client, cfg: FeedbackRewardConfig | None = None)
 
 
 def _check_exact(result: CheckResult, reward: Record, ref: RolloutRef, admitted: list[str],
-                 feedback: dict[str, Record], late_reasons: dict[str, list[str]], cfg: FeedbackRewardConfig) -> None:
+                 feedback: dict[str, Record], late_reasons: dict[str, list[str]], refused: set[str],
+                 cfg: FeedbackRewardConfig) -> None:
     """The reward admits what its configuration admits by event time, less what was recorded late for
-    this attempt, and has the value the configuration gives that feedback."""
+    this attempt or recorded unmatched (it waited out its match wait before the rollout came) or invalid,
+    and has the value the configuration gives that feedback."""
     eligible = {fid for fid, f in feedback.items()
                 if _names(f, ref) and f["event_time_us"] <= ref.closed_at_us + cfg.wait_us(f["kind"])}
     late_here = {fid for fid, reasons in late_reasons.items()
                  if any(ref.rollout_event_id in reason for reason in reasons)}
-    expected_ids = eligible - late_here
+    expected_ids = eligible - late_here - refused
     if set(admitted) != expected_ids:
         missing, extra = sorted(expected_ids - set(admitted)), sorted(set(admitted) - expected_ids)
         result.fail(reward["event_id"], "Reward", f"feedback reward of rollout {ref.rollout_id}: its config admits "

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from processors.dead_letters import dead_letter
 from processors.feedback.config import FeedbackRewardConfig
 from processors.feedback.join import (
     FeedbackJoin,
@@ -70,7 +71,15 @@ def feedback_scenario() -> FeedbackScenario:
     codec = get_codec()
     by_id = {f["event_id"]: name for name, f in fb.items()}
     offsets = {name: i for i, name in enumerate(fb)}
+    # Invalid feedback (a rating outside its scale) the router refused: stored by the sink all the same.
+    fb["invalid"] = dict(make("ROLLOUT", r0.rollout_id, "RATING", 15, FeedbackValue(rating=0.5)), rating=7.0)
     out.events += [("Feedback", f) for f in fb.values()]
+    out.letters["invalid"] = dead_letter(stage="feedback_router", source_topic="tokentrail.feedback", partition=0,
+                                         offset=9, key=r0.rollout_id.encode(), value=codec.encode("Feedback",
+                                                                                                  fb["invalid"]),
+                                         error="rating 7.0 is outside its scale", error_type="InvalidEvent",
+                                         created_at_us=fb["invalid"]["created_at_us"])
+    out.events.append(("DeadLetter", out.letters["invalid"]))
     for item in outputs:
         if isinstance(item, FeedbackReward):
             record = reward_record(item)
@@ -86,5 +95,5 @@ def feedback_scenario() -> FeedbackScenario:
                   else unmatched_dead_letter(item, **place))
         out.letters[name] = letter
         out.events.append(("DeadLetter", letter))
-    assert set(out.letters) == {"late", "ghost"} and len(out.rewards) == len(refs)
+    assert set(out.letters) == {"late", "ghost", "invalid"} and len(out.rewards) == len(refs)
     return out

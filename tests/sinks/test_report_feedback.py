@@ -16,14 +16,14 @@ def test_feedback_summary_counts_what_the_join_stored(ch: Client) -> None:
     scenario = feedback_scenario()
     write_records(ch, scenario.events)
     summary = feedback_summary(ch)
-    assert (summary.rollouts, summary.feedback) == (4, 4)
+    assert (summary.rollouts, summary.feedback) == (4, 5)
     # Four rollouts rewarded under the config; two have feedback (r0 the thumb, r1 the rating).
     assert summary.coverage == [(CFG.id, 4, 2, 2)]
-    assert summary.outcomes == {"admitted": 2, "late (after_close)": 1, "unmatched": 1}
+    assert summary.outcomes == {"admitted": 2, "late (after_close)": 1, "unmatched": 1, "invalid": 1}
     delays = {d.kind: d for d in summary.delays}
     assert set(delays) == {"BINARY", "RATING", "OUTCOME"}
     assert delays["OUTCOME"].median_after_close_s == 30.0  # the late outcome, 30 s after the close
-    assert delays["BINARY"].count == 2 and delays["RATING"].median_arrival_lag_s == 1e-6
+    assert delays["BINARY"].count == 2 and delays["RATING"].count == 2 and delays["RATING"].median_arrival_lag_s == 1e-6
 
 
 def test_report_has_the_feedback_section_and_five_passing_checks(ch: Client) -> None:
