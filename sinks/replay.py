@@ -17,9 +17,10 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
-from processors.errors import PipelineInputError
+from processors.errors import InvalidEvent, PipelineInputError
 from processors.feedback.config import FeedbackRewardConfig
 from processors.feedback.replay import event_time_rewards, replay_reward_record
+from processors.feedback.validate import check_feedback
 from processors.pipeline import StageConfigs, rederive
 from schemas.ids import event_id
 from schemas.kafka_config import KafkaSettings
@@ -161,6 +162,7 @@ class FeedbackSideBySide:
 class FeedbackReplay:
     config_id: str
     rows: list[FeedbackSideBySide] = field(default_factory=list)
+    invalid: list[str] = field(default_factory=list)  # stored feedback that is not valid: not used
 
     @property
     def events(self) -> list[Event]:
@@ -172,13 +174,20 @@ def replay_feedback(client: Client, cfg: FeedbackRewardConfig,
     """Every stored rollout's feedback reward re-derived from all stored feedback by event time
     (``event_time_rewards``: late feedback within its kind's wait counts), beside the stored originals."""
     refs = load_rollout_refs(client)
-    feedback = load_feedback(client)
+    feedback, invalid = [], []
+    for item in load_feedback(client):  # the sink stores what the join refused as invalid: replay skips it too
+        try:
+            check_feedback(item)
+            feedback.append(item)
+        except InvalidEvent:
+            invalid.append(item["event_id"])
     if progress:
-        progress(f"replay --feedback: {len(refs)} completed rollouts, {len(feedback)} feedback events")
+        progress(f"replay --feedback: {len(refs)} completed rollouts, {len(feedback)} feedback events "
+                 f"({len(invalid)} invalid skipped)")
     originals: dict[str, list[Record]] = {}
     for reward in load_feedback_rewards(client):
         originals.setdefault(reward["rollout_id"], []).append(reward)
-    result = FeedbackReplay(cfg.id)
+    result = FeedbackReplay(cfg.id, invalid=invalid)
     for ref, reward in zip(refs, event_time_rewards(refs, feedback, cfg), strict=True):
         mine = [o for o in originals.get(ref.rollout_id, [])
                 if o["event_id"] == event_id("feedback_reward", ref.rollout_event_id, o["reward_config_id"])]
@@ -192,7 +201,7 @@ def format_feedback_replay(result: FeedbackReplay) -> str:
         return "filtered" if reward["filtered"] else f"{reward['reward']:.4g}"
 
     lines = [f"feedback config {result.config_id} (replay); rollouts {len(result.rows)}, "
-             f"changed {sum(r.changed for r in result.rows)}",
+             f"changed {sum(r.changed for r in result.rows)}; invalid feedback skipped {len(result.invalid)}",
              f"{'rollout':<28} {'attempt':<10} {'original (config)':<30} {'replayed':<10} late feedback admitted"]
     for row in result.rows:
         original = ", ".join(f"{value(o)} ({o['reward_config_id']})" for o in row.originals) or "none"

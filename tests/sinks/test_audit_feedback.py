@@ -83,6 +83,8 @@ def test_replay_admits_the_late_feedback_beside_the_originals(ch: Client, chdb_d
     assert r1.originals == [scenario.rewards[scenario.rollout_ids[1]]]
     assert r1.originals[0]["reward"] == pytest.approx(0.8)
     assert all(row.replayed["event_id"] != o["event_id"] for row in rows.values() for o in row.originals)
+    assert result.invalid == [scenario.feedback["invalid"]["event_id"]]  # stored, refused, not replayed
+    assert rows[scenario.rollout_ids[0]].late_admitted == []
     table = format_feedback_replay(result)
     assert "changed 1" in table and late_id in table
 
