@@ -14,7 +14,9 @@ Driven by the policy store (``models.policy_store``), the trainer's publication:
 So no request runs while weights change, and vLLM's own label matches its weights whenever it
 samples. A server whose update fails is resumed labelled ``incomplete-N`` (its weights may be
 half-loaded), marked FAILED, reported, and left out of ``FleetView.routable``; every later tick
-tries it again, as it does a server that restarted (label ``default``), before it takes traffic.
+tries it again. Every tick also reads each server's label (GET /weight_info): a server that stopped
+answering leaves routing, and one that restarted (label ``default``, the base weights) is brought
+to the current version before it is routable again — within one tick of its restart.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ class WeightSync:
     def __init__(self, servers: Sequence[str], store: PolicyStore, *, pause_mode: PauseMode = "wait",
                  timeout_s: float = 120.0, hooks: SyncHooks | None = None,
                  log: Callable[[str], None] | None = None, initial_target: int = 0,
-                 base_dir: Path | None = None) -> None:
+                 base_dir: Path | None = None, client: httpx.AsyncClient | None = None) -> None:
         if not servers:
             raise ValueError("weight sync needs at least one vLLM server")
         self.store = store
@@ -85,7 +87,7 @@ class WeightSync:
         self.pause_mode: PauseMode = pause_mode
         self.hooks: SyncHooks = hooks or NoHooks()
         self._log = log or (lambda line: None)
-        self._client = httpx.AsyncClient()
+        self._client = client or httpx.AsyncClient()
         self._admins = {url.rstrip("/"): VLLMAdmin(url, self._client, timeout_s) for url in servers}
         self.view = initial_view(self._admins, initial_target)
         self.reports: list[SyncReport] = []
@@ -185,19 +187,19 @@ class WeightSync:
         step.resumed = True
 
     async def tick(self) -> SyncReport | None:
-        """One look at the store and the fleet: sync to a newer published version, or bring servers
-        that are behind (failed, restarted, unreachable before) to the current one."""
+        """One look at the store and the fleet: sync to a newer published version; otherwise ask every
+        server its label, so one that died leaves routing and one that restarted (on the base weights)
+        or failed before is brought to the current version before it takes calls again."""
         latest = self.store.latest_version()
         if latest is not None and latest != self.view.target:
             return await self.sync_to(latest)
-        behind = self.view.behind()
-        if not behind:
-            return None
+        routable_before = self.view.routable()
         view = await self.check()
         reachable_behind = [u for u in view.behind() if view.servers[u].status is not ServerStatus.UNREACHABLE]
         if reachable_behind:
             return await self.sync_to(view.target, reachable_behind)
-        await self.hooks.after_update(view)  # servers found at the target (at start, say) may take calls
+        if view.routable() != routable_before:  # at start, or a server went away: tell the router
+            await self.hooks.after_update(view)
         return None
 
     async def follow(self, stop: asyncio.Event, interval_s: float = 0.5) -> None:
