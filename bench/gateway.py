@@ -325,6 +325,12 @@ async def _c64(client: httpx.AsyncClient, post: Poster, target: Target, convs: l
                cpu / total * 1000, rss)
 
 
+def _check_alive(targets: dict[str, Target]) -> None:
+    for target in targets.values():
+        if target.proc.poll() is not None:
+            raise RuntimeError(f"the {target.name} server exited ({target.proc.returncode})")
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
@@ -432,6 +438,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
             c64_results: dict[str, C64] = {}
             for target in front:
+                _check_alive(targets)
                 print(f"concurrency 64: {target.name}, {sum(len(c) for c in c64)} calls ...", flush=True)
                 c64_results[target.name] = await _c64(client, post, target, c64)
 

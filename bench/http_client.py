@@ -52,12 +52,20 @@ class RawClient:
     async def post(self, url: str, body: bytes) -> tuple[int, bytes]:
         parts = urlsplit(url)
         idle = self._idle.setdefault(parts.netloc, [])
-        if idle:
+        # A kept connection the server closed while idle (servers time idle connections out) fails at
+        # once: the request goes again on a new connection.
+        while idle:
             conn = idle.pop()
-        else:
-            reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
-            conn = _RawConnection(reader, writer, parts.netloc)
-            self._all.append(conn)
+            try:
+                status, data = await conn.post(parts.path, body, self.headers)
+            except ConnectionError:
+                conn.writer.close()
+                continue
+            idle.append(conn)
+            return status, data
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+        conn = _RawConnection(reader, writer, parts.netloc)
+        self._all.append(conn)
         status, data = await conn.post(parts.path, body, self.headers)
         idle.append(conn)
         return status, data
