@@ -21,10 +21,10 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 from models.reference.fingerprint import MANIFEST_NAME, read_manifest, sha256_file, sha256_text
+from models.reference.harness_corpus import corpus_sha256, harness_texts
 from models.reference.spec import BUILD_VERSION, DEFAULT_SPEC, BuildSpec
 from models.reference.template import CHAT_TEMPLATE, MARKER_TOKENS, SPECIAL_TOKENS
 from models.reference.tokenizer import train_tokenizer
@@ -95,7 +95,7 @@ def _build_into(target: Path, spec: BuildSpec, progress: Progress) -> None:
     files = {p.name: sha256_file(p) for p in sorted(target.iterdir()) if p.is_file()}
     manifest = {
         "build_version": BUILD_VERSION,
-        "spec": asdict(spec),
+        "spec": spec.as_dict(),
         "spec_digest": spec.digest(),
         "parameters": params,
         "vocab": len(tokenizer),
@@ -105,5 +105,7 @@ def _build_into(target: Path, spec: BuildSpec, progress: Progress) -> None:
         "files": files,
         "token_ids": {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS + MARKER_TOKENS},
     }
+    if spec.corpus == "harness":  # the text outside the spec that the tokenizer was trained on
+        manifest["corpus_sha256"] = corpus_sha256(harness_texts())
     (target / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     progress(f"built in {time.perf_counter() - started:.1f} s")

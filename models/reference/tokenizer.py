@@ -3,11 +3,13 @@ text, with the chat template's special and marker tokens, checked to keep the ta
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from models.reference.harness_corpus import harness_texts
 from models.reference.spec import BuildSpec
 from models.reference.task import LOOKUP_TOOL, QUESTION_TEMPLATES, TASK_KEYS, TASK_VALUES, task_dialogue
 from models.reference.template import (
@@ -55,6 +57,16 @@ def _corpus(spec: BuildSpec, render: Callable[[list[dict[str, Any]], list[dict[s
         yield f"{rng.randint(0, 999)} {rng.choice(TASK_VALUES)}\n"
 
 
+def training_texts(spec: BuildSpec) -> Iterator[str]:
+    """The spec's corpus: the toy task's text, plus harness-like text for the ``harness`` corpus."""
+    task = _corpus(spec, render_template)
+    if spec.corpus == "task":
+        return task
+    if spec.corpus == "harness":
+        return itertools.chain(task, harness_texts())
+    raise ValueError(f"unknown corpus {spec.corpus!r} (task | harness)")
+
+
 # ---------------------------------------------------------------------------------------- tokenizer
 def train_tokenizer(spec: BuildSpec) -> Any:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -70,7 +82,7 @@ def train_tokenizer(spec: BuildSpec) -> Any:
         show_progress=False,
     )
     # The markers must stay single tokens even inside training text, so they are not learnt by BPE.
-    tokenizer.train_from_iterator(_corpus(spec, render_template), trainer)
+    tokenizer.train_from_iterator(training_texts(spec), trainer)
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKER_TOKENS])
     # Trained on GPT-2's split; used, as transformers will use it, with Qwen2's (the same ids on the corpus).
     tokenizer.normalizer = normalizers.NFC()

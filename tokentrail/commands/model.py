@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from models.reference.build import build_model
 from models.reference.fingerprint import read_manifest
-from models.reference.spec import DEFAULT_SPEC, BuildSpec
+from models.reference.spec import DEFAULT_SPEC, SPECS, spec_named
 from tokentrail.cli import CliError
 from tokentrail.settings import get_settings
 
@@ -21,8 +22,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--dir", type=Path, default=None,
                        help="output directory (default: settings model.dir)")
     build.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
-    build.add_argument("--warmup-steps", type=int, default=DEFAULT_SPEC.warmup_steps,
-                       help="format warm-up steps (0: plain random weights)")
+    build.add_argument("--spec", choices=sorted(SPECS), default="tiny",
+                       help="tiny: the demo's model (default); harness: a 16K-vocabulary, 64K-context "
+                            "random-weight variant that real harness prompts fit in")
+    build.add_argument("--warmup-steps", type=int, default=None,
+                       help=f"format warm-up steps (0: plain random weights; default: the spec's, "
+                            f"{DEFAULT_SPEC.warmup_steps} for tiny)")
     build.set_defaults(func=_cmd_build)
     info = sub.add_parser("info", help="print the build manifest of the model directory")
     info.add_argument("--dir", type=Path, default=None, help="model directory (default: settings model.dir)")
@@ -30,17 +35,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=lambda _args: parser.print_help() or 2)
 
 
-def _model_dir(arg: Path | None) -> Path:
+def _model_dir(arg: Path | None, spec_name: str = "tiny") -> Path:
     if arg is not None:
         return arg
-    return get_settings().model.dir
+    settings = get_settings().model
+    return settings.harness_dir if spec_name == "harness" else settings.dir
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    if args.warmup_steps < 0:
+    if args.warmup_steps is not None and args.warmup_steps < 0:
         raise CliError("--warmup-steps must be >= 0")
-    spec = BuildSpec(warmup_steps=args.warmup_steps)
-    out = build_model(_model_dir(args.dir), force=args.force, spec=spec, progress=print)
+    spec = spec_named(args.spec)
+    if args.warmup_steps is not None:
+        spec = replace(spec, warmup_steps=args.warmup_steps)
+    out = build_model(_model_dir(args.dir, args.spec), force=args.force, spec=spec, progress=print)
     manifest = read_manifest(out) or {}
     print(json.dumps({k: manifest.get(k) for k in ("spec_digest", "parameters", "vocab",
                                                    "tokenizer_fingerprint", "chat_template_fingerprint")}))
