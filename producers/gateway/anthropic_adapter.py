@@ -128,6 +128,21 @@ def _assistant_message(content: str | list[Any], where: str) -> Message:
     return message
 
 
+def _system_message(content: str | list[Any], where: str) -> Message:
+    """A system message inside ``messages``: its text blocks, joined as the top-level system's are."""
+    if isinstance(content, str):
+        return {"role": "system", "content": content}
+    texts = []
+    for i, block in enumerate(content):
+        if isinstance(block, OtherBlock):
+            raise _unsupported(block, f"{where}.content.{i}")
+        if not isinstance(block, TextBlock):
+            raise bad_request(f"a system message cannot carry a {block.type} block",
+                              param=f"{where}.content.{i}.type")
+        texts.append(block.text)
+    return {"role": "system", "content": SYSTEM_JOINER.join(texts)}
+
+
 def conversation(req: CountTokensRequest) -> tuple[list[Message], list[dict[str, Any]] | None]:
     messages: list[Message] = []
     system = _system_text(req.system)
@@ -137,6 +152,8 @@ def conversation(req: CountTokensRequest) -> tuple[list[Message], list[dict[str,
         where = f"messages.{i}"
         if msg.role == "user":
             messages.extend(_user_messages(msg.content, where))
+        elif msg.role == "system":
+            messages.append(_system_message(msg.content, where))
         else:
             messages.append(_assistant_message(msg.content, where))
     tools = None

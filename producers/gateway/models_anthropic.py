@@ -65,7 +65,8 @@ ContentBlock = Annotated[
 
 
 class Message(_Open):
-    role: Literal["user", "assistant"]
+    # "system" inside messages: Claude Code's per-turn context (its per-turn-control beta), after a user turn.
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
 
