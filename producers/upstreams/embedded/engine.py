@@ -4,6 +4,12 @@ Token ids in, sampled ids and their logprobs out. Generation runs on one worker 
 loop; requests that arrive together are decoded as one batch (left-padded prefill, shared KV cache
 steps). Each request has its own seeded generator, so its samples do not depend on its batch mates.
 New policy weights are swapped in between batches, so every result comes from exactly one version.
+
+Several versions serve at once (a release: docs/release.md): a request may name its version
+(``GenerateRequest.policy_version``); a batch is decoded in one group per version, the model switched to
+each group's weights first. The weights of up to ``max_resident_versions`` versions stay in memory
+(``versions.py``, LRU, never evicting one the release serves or the default); others are loaded from the
+policy store on first use. Requests that name no version get the default: the newest version followed.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from producers.upstreams.base import (
 )
 from producers.upstreams.embedded.decode import DecodeRow, decode_batch
 from producers.upstreams.embedded.sampling import RowParams
+from producers.upstreams.embedded.versions import ResidentVersions, StateDict
 from schemas.tokens import IDS_DTYPE, TokenIds
 
 ENGINE_VERSION = "0.1"
@@ -51,9 +58,22 @@ class _Job:
 
 @dataclass
 class _Swap:
+    """Make ``state`` the default version (and resident)."""
+
     version: int
-    state: dict[str, torch.Tensor]
+    state: StateDict
     done: Callable[[BaseException | None], None]
+
+
+@dataclass
+class _Serve:
+    """The versions a release serves now: kept resident (loaded from the store if missing)."""
+
+    versions: frozenset[int]
+    done: Callable[[BaseException | None], None]
+
+
+_Control = _Swap | _Serve
 
 
 class EmbeddedEngine:
@@ -63,7 +83,7 @@ class EmbeddedEngine:
 
     def __init__(self, model_dir: Path, *, name: str = "embedded", logprob_kind: LogprobKind = "PROCESSED",
                  threads: int | None = 1, max_batch: int = 16, batch_window_ms: float = 2.0,
-                 policy_version: int = 0) -> None:
+                 policy_version: int = 0, max_resident_versions: int = 4) -> None:
         from transformers import AutoModelForCausalLM
 
         if logprob_kind not in ("RAW", "PROCESSED"):
@@ -83,8 +103,14 @@ class EmbeddedEngine:
         self.eos_token_ids = frozenset(eos if isinstance(eos, list) else [eos])
         pad = config.pad_token_id
         self._pad_id = int(pad if pad is not None else min(self.eos_token_ids))
-        self._version = policy_version
-        self._jobs: queue.Queue[_Job | _Swap | None] = queue.Queue()
+        self._version = policy_version  # the default: serves requests that name no version
+        # Worker-thread state: resident weights, the version the model holds now, the release's versions.
+        self._resident = ResidentVersions(max_resident_versions)
+        self._resident.put(policy_version, {k: v.detach().clone() for k, v in self._model.state_dict().items()})
+        self._loaded = policy_version
+        self._served: frozenset[int] = frozenset()
+        self._store: PolicyStore | None = None  # where versions that are not resident are loaded from
+        self._jobs: queue.Queue[_Job | _Control | None] = queue.Queue()
         self._follower: asyncio.Task[None] | None = None
         self._renderer: ChatRenderer | None = None  # pass-through only: loaded on first use
         self._closed = False
@@ -116,7 +142,7 @@ class EmbeddedEngine:
             raise UpstreamError(str(exc), 400, "invalid_request_error") from None
         ids = np.asarray(prompt, dtype=IDS_DTYPE)
         inner = GenerateRequest(prompt_ids=ids, sampling=request.sampling, request_id=request.request_id,
-                                rollout_id=request.rollout_id)
+                                rollout_id=request.rollout_id, policy_version=request.policy_version)
         announced = False
         async with contextlib.aclosing(self._submit(inner, stream=True)) as items:
             async for item in items:
@@ -133,6 +159,10 @@ class EmbeddedEngine:
 
     async def policy_version(self) -> int:
         return self._version
+
+    def resident_versions(self) -> list[int]:
+        """The versions whose weights are in memory, least recently used first (a snapshot)."""
+        return self._resident.versions()
 
     async def close(self) -> None:
         if self._follower is not None:
@@ -152,6 +182,22 @@ class EmbeddedEngine:
         await self._swap_in(version, await asyncio.to_thread(load_weights_dir, weights_dir))
 
     async def _swap_in(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        await self._control(lambda done: _Swap(version, state, done))
+
+    async def serve_versions(self, versions: set[int] | frozenset[int], store: PolicyStore | None = None) -> None:
+        """Keep ``versions`` (those a release serves now) resident, loading missing ones from ``store`` (or
+        the store already in use); they are never evicted until a later call drops them. Raises when one
+        cannot be loaded; the others are kept."""
+        if store is not None:
+            self._store = store
+        await self._control(lambda done: _Serve(frozenset(versions), done))
+
+    def use_store(self, store: PolicyStore) -> None:
+        """Load versions that are not resident from ``store`` when a request names them."""
+        self._store = store
+
+    async def _control(self, make: Callable[[Callable[[BaseException | None], None]], _Control]) -> None:
+        """Hand a control item to the worker (between batches) and wait until it is applied."""
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[None] = loop.create_future()
 
@@ -163,7 +209,7 @@ class EmbeddedEngine:
             loop.call_soon_threadsafe(settle)
 
         self._ensure_open()
-        self._jobs.put(_Swap(version, state, done))
+        self._jobs.put(make(done))
         await finished
 
     async def refresh_policy(self, store: PolicyStore) -> bool:
@@ -183,6 +229,7 @@ class EmbeddedEngine:
                     await self.refresh_policy(store)
                 await asyncio.sleep(interval_s)
 
+        self._store = store
         if self._follower is None:
             self._follower = asyncio.get_running_loop().create_task(follow())
 
@@ -246,11 +293,11 @@ class EmbeddedEngine:
             item = self._jobs.get()
             if item is None:
                 return
-            if isinstance(item, _Swap):
+            if isinstance(item, _Swap | _Serve):
                 self._apply(item)
                 continue
             batch = [item]
-            deferred: _Swap | None = None
+            deferred: _Control | None = None
             stop = False
             deadline = time.perf_counter() + self._window_s
             while len(batch) < self.max_batch:
@@ -261,7 +308,7 @@ class EmbeddedEngine:
                 if more is None:
                     stop = True
                     break
-                if isinstance(more, _Swap):
+                if isinstance(more, _Swap | _Serve):
                     deferred = more
                     break
                 batch.append(more)
@@ -271,19 +318,67 @@ class EmbeddedEngine:
             if stop:
                 return
 
-    def _apply(self, swap: _Swap) -> None:
-        try:
-            self._model.load_state_dict(swap.state, strict=True)
-        except Exception as exc:
-            swap.done(ValueError(f"policy {swap.version} does not fit the model: {exc}"))
+    def _apply(self, item: _Control) -> None:
+        if isinstance(item, _Serve):
+            self._served = item.versions
+            self._resident.protect(self._served | {self._version})
+            failures = []
+            for version in sorted(item.versions):
+                try:
+                    self._weights(version)
+                except UpstreamError as exc:
+                    failures.append(str(exc))
+            item.done(UpstreamError("; ".join(failures), 503, "policy_version_unavailable") if failures else None)
             return
-        self._version = swap.version
-        swap.done(None)
+        try:
+            self._model.load_state_dict(item.state, strict=True)
+        except Exception as exc:
+            self._loaded = -1  # the model may hold part of the refused weights: reload before the next decode
+            item.done(ValueError(f"policy {item.version} does not fit the model: {exc}"))
+            return
+        self._loaded = self._version = item.version
+        self._resident.protect(self._served | {self._version})
+        self._resident.put(item.version, item.state)
+        item.done(None)
+
+    def _weights(self, version: int) -> StateDict:
+        """The resident weights of ``version``, loading them from the store (sha-checked) if needed."""
+        state = self._resident.get(version)
+        if state is not None:
+            return state
+        if self._store is None:
+            raise UpstreamError(f"policy version {version} is not loaded and the engine has no policy store",
+                                503, "policy_version_unavailable")
+        try:
+            state = self._store.load_state_dict(version)
+        except Exception as exc:
+            raise UpstreamError(f"policy version {version} cannot be loaded: {exc}", 503,
+                                "policy_version_unavailable") from None
+        self._resident.put(version, state)
+        return state
 
     def _decode(self, jobs: list[_Job]) -> None:
+        """Decode ``jobs`` in one group per policy version, switching the model's weights between groups."""
+        groups: dict[int, list[_Job]] = {}
+        for job in jobs:
+            wanted = job.request.policy_version
+            groups.setdefault(self._version if wanted is None else wanted, []).append(job)
+        # The version the model holds first, so a batch of one version never switches.
+        for version in sorted(groups, key=lambda v: v != self._loaded):
+            group = groups[version]
+            try:
+                if version != self._loaded:
+                    self._model.load_state_dict(self._weights(version), strict=True)
+                    self._loaded = version
+            except UpstreamError as exc:
+                for job in group:
+                    job.deliver(exc)
+                continue
+            self._decode_version(group, version)
+
+    def _decode_version(self, jobs: list[_Job], version: int) -> None:
         if not jobs:
             return
-        version = self._version
         started = time.perf_counter()
         rows = [self._row(job) for job in jobs]
         try:
