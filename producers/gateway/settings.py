@@ -63,6 +63,14 @@ class GatewaySettings(BaseModel):
     # How long start-up may spend on it (draining the spool first, then reading); past it nothing is
     # rebuilt and calls on earlier attempts get a 404, as before.
     recovery_timeout_s: float = Field(default=120.0, gt=0)
+    # Follow the release decisions (tokentrail.release-decisions, docs/release.md): each rollout is served
+    # the policy version its release assigns (sticky by rollout id) and /health shows the plan followed.
+    # The release track is release_model, empty: model.name.
+    follow_releases: bool = False
+    release_model: str = ""
+    # The embedded engine keeps the weights of at most this many versions in memory (LRU), more only when
+    # the release serves more at once.
+    max_resident_versions: int = Field(default=4, ge=1)
 
 
 class GatewayStackSettings(Protocol):
