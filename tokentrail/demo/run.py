@@ -3,7 +3,7 @@
 Brings up Kafka, the embedded ClickHouse, the gateway on the embedded engine, the stream processors,
 the ClickHouse sink and the trainer; runs agent rollouts of the lookup task through the official
 ``openai`` SDK; trains online (the engine follows each new policy version); then drains the pipeline,
-runs the four audit checks and writes the HTML report. Prints the reward per policy version.
+runs the five audit checks and writes the HTML report. Prints the reward per policy version.
 
 With ``--upstream vllm`` the gateway serves from a vLLM server (CPU build from .venv-vllm, started here)
 instead, and keeps it on the trainer's versions with the weight sync (docs/weight-sync.md): every call
@@ -166,7 +166,7 @@ def run_demo(args: argparse.Namespace) -> int:
             service.stop()
         if vllm is not None:
             vllm.stop()
-    _step(7, total, "ClickHouse catch-up, then the four audit checks")
+    _step(7, total, "ClickHouse catch-up, then the five audit checks")
     _cli("sink", "--once")
     audit = subprocess.run([sys.executable, "-m", "tokentrail.cli", "audit"], cwd=REPO_ROOT)
     _step(8, total, "report")
