@@ -1,0 +1,113 @@
+"""An upstream that serves each rollout the policy version its release assigns (docs/release.md).
+
+The session key is the rollout id: every call of a rollout (all its attempts and turns, one user session
+of an agent) is routed alike, so a rollout's tokens come from one version, which is what the release
+controller compares (it leaves out rollouts served by several versions). ``route`` is sticky, so a rollout
+keeps its version while the candidate's fraction ramps up; a rollback or promotion moves it at its next call.
+
+The version goes to the upstream in ``GenerateRequest.policy_version``; the embedded engine honours it
+(and is told which versions to keep resident whenever the plan changes); an upstream that serves one
+version ignores it, and the record always carries the version that produced the tokens. Everything else
+(``max_model_len``, ``logprob_kind``, ``follow_policies``, ...) is the wrapped upstream's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+from producers.gateway.release_follower import ReleaseFollower
+from producers.upstreams.base import (
+    ChatGenerateRequest,
+    GenerateRequest,
+    GenerateResult,
+    TokenChunk,
+    Upstream,
+    UpstreamError,
+)
+from schemas.release_traffic import Traffic
+
+log = logging.getLogger(__name__)
+Request = TypeVar("Request", GenerateRequest, ChatGenerateRequest)
+
+
+class ReleaseRoutedUpstream:
+    def __init__(self, inner: Upstream, follower: ReleaseFollower, ready_timeout_s: float = 30.0) -> None:
+        self._inner = inner
+        self.follower = follower
+        self.ready_timeout_s = ready_timeout_s
+        self._synced: Traffic | None = None
+        self._sync_lock = asyncio.Lock()
+
+    def __getattr__(self, name: str) -> Any:  # only called for what this class does not define
+        return getattr(self._inner, name)
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        return await self._inner.generate(await self._routed(request))
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+        async with contextlib.aclosing(self._inner.generate_stream(await self._routed(request))) as items:
+            async for item in items:
+                yield item
+
+    async def generate_chat_stream(self, request: ChatGenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+        routed = await self._routed(request)
+        async with contextlib.aclosing(self._inner.generate_chat_stream(routed)) as items:  # type: ignore[attr-defined]
+            async for item in items:
+                yield item
+
+    async def policy_version(self) -> int:
+        return await self._inner.policy_version()
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.follower.close)
+        await self._inner.close()
+
+    def release_status(self) -> dict[str, Any]:
+        """What /health shows: the plan followed and the versions the engine keeps."""
+        status = self.follower.status()
+        resident = getattr(self._inner, "resident_versions", None)
+        if resident is not None:
+            status["resident_versions"] = sorted(resident())
+        return status
+
+    # ------------------------------------------------------------------------------ routing
+    async def version_for(self, session_key: str) -> int | None:
+        """The version that serves ``session_key`` now; None while the track has no decision."""
+        if not self.follower.caught_up.is_set():
+            await asyncio.to_thread(self.follower.caught_up.wait, self.ready_timeout_s)
+            if not self.follower.caught_up.is_set():
+                raise UpstreamError(f"the release decisions on {self.follower.topic} are not read yet "
+                                    f"({self.follower.status()['error'] or 'still reading'})", 503,
+                                    "release_plan_unavailable")
+        traffic = self.follower.traffic()
+        if traffic is None:
+            return None
+        await self._keep_resident(traffic)
+        return traffic.version_for(session_key)
+
+    async def _routed(self, request: Request) -> Request:
+        version = await self.version_for(request.rollout_id or request.request_id)
+        return request if version is None else dataclasses.replace(request, policy_version=version)
+
+    async def _keep_resident(self, traffic: Traffic) -> None:
+        """Tell an engine that keeps several versions which ones the plan serves, once per plan change."""
+        serve = getattr(self._inner, "serve_versions", None)
+        if serve is None or traffic is self._synced:
+            return
+        async with self._sync_lock:
+            if traffic is self._synced:
+                return
+            try:
+                await serve(set(traffic.served_versions()))
+            except UpstreamError as exc:  # its requests get the error; the others are served
+                log.warning("release %s: %s", traffic.model, exc)
+            self._synced = traffic
