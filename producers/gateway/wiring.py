@@ -23,7 +23,7 @@ def make_upstream(settings: GatewayStackSettings, progress: Any = print) -> Any:
         from producers.upstreams.embedded.engine import EmbeddedEngine
 
         model_dir = build_model(settings.model.dir, progress=progress)
-        return EmbeddedEngine(model_dir)
+        return EmbeddedEngine(model_dir, max_resident_versions=settings.gateway.max_resident_versions)
     from producers.upstreams.vllm import VLLMUpstream
 
     return VLLMUpstream.from_settings(settings.gateway)
@@ -43,20 +43,36 @@ def make_text_side(settings: GatewayStackSettings, progress: Any = print) -> Any
 
 
 def build_app(settings: GatewayStackSettings, *, upstream: Any = None, publisher: Any = None, text: Any = None,
-              progress: Any = print, policy_dir: Path | None = None, **create_kwargs: Any) -> Starlette:
+              progress: Any = print, policy_dir: Path | None = None, release_topic: str | None = None,
+              **create_kwargs: Any) -> Starlette:
     """The standard app: given parts are used as they are, missing ones are made from ``settings``.
 
-    With ``policy_dir`` (the trainer's policy store) an upstream that can follows the published versions."""
+    With ``policy_dir`` (the trainer's policy store) an upstream that can follows the published versions.
+    With ``gateway.follow_releases`` each rollout is served the version its release assigns, the decisions
+    read from ``release_topic`` (default tokentrail.release-decisions)."""
     from producers.delivery import CallPublisher
     from producers.gateway.app import create_app
 
     text = text if text is not None else make_text_side(settings, progress)
     upstream = upstream if upstream is not None else make_upstream(settings, progress)
+    if settings.gateway.follow_releases:
+        upstream = release_routed(settings, upstream, release_topic)
     publisher = publisher if publisher is not None else CallPublisher.from_settings(settings.kafka, settings.gateway)
     create_kwargs.setdefault("close_upstream", True)
     create_kwargs.setdefault("recovery", make_recovery_source(settings, create_kwargs.get("topics")))
     create_kwargs.setdefault("progress", progress)
     return create_app(settings, upstream, publisher, text, policy_dir=policy_dir, **create_kwargs)
+
+
+def release_routed(settings: GatewayStackSettings, upstream: Any, topic: str | None = None) -> Any:
+    """``upstream`` behind the release's routing, following the decisions of the settings' release track."""
+    from producers.gateway.release_follower import ReleaseFollower
+    from producers.gateway.release_routed import ReleaseRoutedUpstream
+    from schemas.topics import RELEASE_DECISIONS_TOPIC
+
+    model = settings.gateway.release_model or settings.model.name
+    follower = ReleaseFollower(settings.kafka, model, topic or RELEASE_DECISIONS_TOPIC).start()
+    return ReleaseRoutedUpstream(upstream, follower)
 
 
 def make_recovery_source(settings: GatewayStackSettings, topics: dict[str, str] | None = None) -> Any:
