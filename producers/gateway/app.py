@@ -193,6 +193,9 @@ class Gateway:
                                 "calls_in_flight": len(self._tasks)}
         if self.recovery is not None:
             body["recovery"] = self.recovery.as_dict()
+        release = getattr(self.upstream, "release_status", None)  # set when the gateway follows a release
+        if release is not None:
+            body["release"] = release()
         if hasattr(self.publisher, "stats"):
             stats = self.publisher.stats()
             body["sink"] = {"spool_depth": stats.spool_depth, "kafka_reachable": stats.kafka_reachable,
