@@ -46,6 +46,9 @@ class GenerateRequest:
     # upstream's current one. An upstream that keeps several versions (the embedded engine) honours it;
     # the result's policy_version is always the one that produced the tokens.
     policy_version: int | None = None
+    # The user's session, the key a release routes by (the rollout id, or the harness session of calls
+    # that name no rollout); empty: the rollout id.
+    session_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class ChatGenerateRequest:
     rollout_id: str = ""
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     policy_version: int | None = None  # as GenerateRequest.policy_version
+    session_key: str = ""  # as GenerateRequest.session_key
 
 
 @dataclass
