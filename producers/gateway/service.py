@@ -27,6 +27,7 @@ from producers.gateway.errors import GatewayError, bad_request
 from producers.gateway.generation import Generated, PromptSink, run_generation
 from producers.gateway.identity import CallIdentity
 from producers.gateway.ports import Rendered, TextSide
+from producers.gateway.release_routed import session_key
 from producers.rendering import RenderError, check_template_kwargs
 from producers.upstreams.base import (
     ChatGenerateRequest,
@@ -183,15 +184,16 @@ class CallService:
         s = prep.call.sampling
         sampling = Sampling(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
                             seed=s.seed, stop_token_ids=tuple(self.text.stop_token_ids))
+        key = session_key(prep.identity.rollout_id, prep.identity.session_id)  # a release routes by it
         if prep.passthrough:
             assert prep.call.messages is not None
             chat = ChatGenerateRequest(messages=prep.call.messages, tools=prep.call.tools, sampling=sampling,
                                        request_id=prep.call_id, rollout_id=prep.identity.rollout_id,
-                                       template_kwargs=dict(prep.call.template_kwargs))
+                                       template_kwargs=dict(prep.call.template_kwargs), session_key=key)
             return cast(ChatUpstream, self.upstream).generate_chat_stream(chat)
         return self.upstream.generate_stream(GenerateRequest(
             prompt_ids=prep.rendered.prompt_ids, sampling=sampling, request_id=prep.call_id,
-            rollout_id=prep.identity.rollout_id, forced_ids=prep.forced_ids))
+            rollout_id=prep.identity.rollout_id, forced_ids=prep.forced_ids, session_key=key))
 
     async def _run(self, prep: PreparedCall, respond: ResponseBuilder,
                    error_body: ErrorBody, on_text: TextListener | None,
