@@ -1,9 +1,11 @@
 """An upstream that serves each rollout the policy version its release assigns (docs/release.md).
 
-The session key is the rollout id: every call of a rollout (all its attempts and turns, one user session
-of an agent) is routed alike, so a rollout's tokens come from one version, which is what the release
-controller compares (it leaves out rollouts served by several versions). ``route`` is sticky, so a rollout
-keeps its version while the candidate's fraction ramps up; a rollback or promotion moves it at its next call.
+The session key (``session_key``) is the rollout id: every call of a rollout (all its attempts and turns,
+one user session of an agent) is routed alike, so a rollout's tokens come from one version, which is what
+the release controller compares (it leaves out rollouts served by several versions). Calls that name no
+rollout are keyed by the harness's session id (one user's conversation), else each call by its own id.
+``route`` is sticky, so a session keeps its version while the candidate's fraction ramps up; a rollback or
+promotion moves it at its next call.
 
 The version goes to the upstream in ``GenerateRequest.policy_version``; the embedded engine honours it
 (and is told which versions to keep resident whenever the plan changes); an upstream that serves one
@@ -20,6 +22,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
+from producers.gateway.attempts import UNATTRIBUTED
 from producers.gateway.release_follower import ReleaseFollower
 from producers.upstreams.base import (
     ChatGenerateRequest,
@@ -33,6 +36,13 @@ from schemas.release_traffic import Traffic
 
 log = logging.getLogger(__name__)
 Request = TypeVar("Request", GenerateRequest, ChatGenerateRequest)
+
+
+def session_key(rollout_id: str, harness_session_id: str | None) -> str:
+    """The key a release routes a call by; empty: the call's own id (no session to keep it on)."""
+    if rollout_id and rollout_id != UNATTRIBUTED:
+        return rollout_id
+    return f"session:{harness_session_id}" if harness_session_id else ""
 
 
 class ReleaseRoutedUpstream:
@@ -95,7 +105,7 @@ class ReleaseRoutedUpstream:
         return traffic.version_for(session_key)
 
     async def _routed(self, request: Request) -> Request:
-        version = await self.version_for(request.rollout_id or request.request_id)
+        version = await self.version_for(request.session_key or request.rollout_id or request.request_id)
         return request if version is None else dataclasses.replace(request, policy_version=version)
 
     async def _keep_resident(self, traffic: Traffic) -> None:

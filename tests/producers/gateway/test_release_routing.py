@@ -32,6 +32,7 @@ from tokentrail.settings import Settings
 from .helpers import read_records
 
 SESSIONS = [f"release-session-{i:02d}" for i in range(16)]
+HARNESS_SESSIONS = [f"harness-{i}" for i in range(3)]
 PLAN = load_plan({"ramp": [0.3, 0.7]})
 
 
@@ -104,12 +105,25 @@ def test_sessions_follow_start_ramp_and_rollback(tokentrail_settings: Settings, 
         decide(lambda s: manual_decision(s, "ramp", "test"))
         _wait_for(gw.url, lambda r: r["traffic"]["candidate_fraction"] == 0.7)
         call_all(1)
+        for harness_session in HARNESS_SESSIONS:  # no rollout named: routed by the harness's session id
+            for turn in range(2):
+                httpx.post(f"{gw.url}/v1/chat/completions", headers={"x-session-id": harness_session}, timeout=60,
+                           json={"model": model, "max_tokens": 2, "seed": turn,
+                                 "messages": [{"role": "user", "content": f"turn {turn}"}]}).raise_for_status()
         decide(lambda s: manual_decision(s, "rollback", "test"))
         rollback_seen_s = _wait_for(gw.url, lambda r: r["traffic"]["candidate_version"] is None)
         call_all(2)
 
     assert rollback_seen_s < 5.0
-    records = [r for _name, r in read_records(settings, topics["calls_topic"], 3 * len(SESSIONS))]
+    records = [r for _name, r in read_records(settings, topics["calls_topic"],
+                                              3 * len(SESSIONS) + 2 * len(HARNESS_SESSIONS))]
+    by_harness: dict[str, list[int]] = {}
+    for r in records:
+        if r["rollout_id"] == "unattributed":
+            by_harness.setdefault(r["session_id"], []).append(r["versions"]["policy_version"])
+    assert by_harness == {h: [route(f"session:{h}", release_id=state.release_id, serving_version=0,
+                                    candidate_version=1, candidate_fraction=0.7)] * 2 for h in HARNESS_SESSIONS}
+    records = [r for r in records if r["rollout_id"] != "unattributed"]
     served = {(r["rollout_id"], r["call_index"]): r["versions"]["policy_version"] for r in records}
     assert all(r["error"] is None for r in records)
     assert {s: served[(s, 0)] for s in SESSIONS} == at_start  # the hash decides; the record says so
