@@ -13,6 +13,9 @@ class ModelSettings(BaseModel):
     # The embedded reference model (built locally, random weights; `tokentrail model build`).
     dir: Path = VAR_DIR / "models" / "tiny-chat"
     name: str = "tokentrail-tiny"
+    # The build spec of the model in ``dir`` (models.reference.spec.SPECS): "tiny" (the demo's) or "harness".
+    # A gateway on the harness variant: spec "harness", dir = harness_dir, name = harness_name.
+    spec: str = "tiny"
     # The harness variant (spec "harness": 16K vocabulary, 64K positions), where real harness prompts fit;
     # its own directory, so building it never replaces the demo's model.
     harness_dir: Path = VAR_DIR / "models" / "harness-chat"

@@ -20,9 +20,10 @@ def make_upstream(settings: GatewayStackSettings, progress: Any = print) -> Any:
     spec = settings.gateway.upstream.strip()
     if spec == "embedded":
         from models.reference.build import build_model
+        from models.reference.spec import spec_named
         from producers.upstreams.embedded.engine import EmbeddedEngine
 
-        model_dir = build_model(settings.model.dir, progress=progress)
+        model_dir = build_model(settings.model.dir, spec=spec_named(settings.model.spec), progress=progress)
         return EmbeddedEngine(model_dir, max_resident_versions=settings.gateway.max_resident_versions)
     from producers.upstreams.vllm import VLLMUpstream
 
@@ -31,10 +32,11 @@ def make_upstream(settings: GatewayStackSettings, progress: Any = print) -> Any:
 
 def make_text_side(settings: GatewayStackSettings, progress: Any = print) -> Any:
     from models.reference.build import build_model
+    from models.reference.spec import spec_named
     from producers.gateway.text_side import ModelTextSide
 
     if settings.gateway.upstream.strip() == "embedded":
-        build_model(settings.model.dir, progress=progress)
+        build_model(settings.model.dir, spec=spec_named(settings.model.spec), progress=progress)
     text = ModelTextSide.from_dir(settings.model.dir, fast_ascii=settings.gateway.fast_ascii_tokenize)
     fast = text.renderer.token_cache.ascii_encoder is not None
     progress("ASCII text is tokenized by the exact fast path" if fast else
