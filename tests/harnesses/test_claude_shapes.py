@@ -25,7 +25,6 @@ from producers.gateway.models_anthropic import MessagesRequest
 from producers.gateway.testing import running_embedded_gateway
 from producers.gateway.text_side import ModelTextSide
 from producers.sdk import Rollout
-from producers.upstreams.embedded.engine import EmbeddedEngine
 from tests.producers.gateway.helpers import prompts_of, read_records
 from tokentrail.settings import Settings
 
@@ -51,8 +50,9 @@ def test_claude_code_request_shapes_are_served_counted_or_refused_clearly(
         new_topic: Callable[..., str], tmp_path: Path) -> None:
     topics = {"calls_topic": new_topic(partitions=1), "env_topic": new_topic(partitions=1)}
     served = tokentrail_settings.model.harness_name
-    settings = tokentrail_settings.model_copy(
-        update={"model": tokentrail_settings.model.model_copy(update={"name": served})})
+    # The gateway's own wiring on the variant, as `tokentrail gateway` with TOKENTRAIL_MODEL__SPEC=harness etc.
+    settings = tokentrail_settings.model_copy(update={"model": tokentrail_settings.model.model_copy(
+        update={"spec": "harness", "dir": harness_model_dir, "name": served})})
     text = ModelTextSide.from_dir(harness_model_dir)
     headers, first = _captured("claude", 0)
     _, all_tools = _captured("claude-refuse", 3)
@@ -61,8 +61,8 @@ def test_claude_code_request_shapes_are_served_counted_or_refused_clearly(
                                                        "cache_control": {"type": "ephemeral"}}],
             "messages": [{"role": "user", "content": "A file hi.txt was written."}]}
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
-    with (running_embedded_gateway(settings, spool_dir=tmp_path / "spool", topics=topics, text=text,
-                                   upstream=EmbeddedEngine(harness_model_dir), model_aliases={"*": served}) as gw,
+    with (running_embedded_gateway(settings, spool_dir=tmp_path / "spool", topics=topics,
+                                   model_aliases={"*": served}) as gw,
           Rollout(gw.url, task_input={"harness": "claude"}) as rollout,
           httpx.Client(base_url=rollout.anthropic_base_url, timeout=600,
                        headers={**headers, "authorization": f"Bearer {rollout.api_key}"}) as http):
