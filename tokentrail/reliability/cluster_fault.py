@@ -25,6 +25,7 @@ from tokentrail.kafka_cluster import LocalCluster, PartitionState
 from tokentrail.reliability.faults import Driver, GatewayProcess, Progress, free_port
 from tokentrail.reliability.kafka_read import count_event_ids, lost_and_duplicated
 from tokentrail.reliability.results import FaultResult
+from tokentrail.reliability.side_by_side import start_gateway_beside
 from tokentrail.settings import Settings
 
 NAME = "g. 3-broker cluster (RF 3, min ISR 2): calls leader killed -9"
@@ -105,26 +106,27 @@ def run_cluster_fault(settings: Settings, workdir: Path, sizes: ClusterSizes, pr
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     cluster = LocalCluster(workdir / "cluster", settings.kafka.lib_dir)
-    gateway: GatewayProcess | None = None
+    gw = settings.gateway.model_copy(update={"port": free_port(), "spool_dir": workdir / "spool",
+                                             "delivery_timeout_s": 2.0, "recover_on_start": False})
+    gateway = GatewayProcess(settings.model_copy(update={"kafka": cluster.client, "gateway": gw}),
+                             workdir / "gateway.log")
     try:
-        cluster.start(wait_s=240, echo=lambda line: progress(f"fault g: {line}"))
-        admin = cluster.admin()
-        new = [NewTopic(t, 1, cluster.size, config={"min.insync.replicas": str(cluster.min_insync_replicas)})
-               for t in TOPICS]
-        for future in admin.create_topics(new, operation_timeout=30).values():
-            future.result(timeout=60)
-        gw = settings.gateway.model_copy(update={"port": free_port(), "spool_dir": workdir / "spool",
-                                                 "delivery_timeout_s": 2.0})
-        gateway = GatewayProcess(settings.model_copy(update={"kafka": cluster.client, "gateway": gw}),
-                                 workdir / "gateway.log")
-        gateway.start()
+        start_gateway_beside(gateway, lambda: _start_cluster(cluster, progress))
         progress(f"fault g: 3-broker cluster on {cluster.client.bootstrap_servers} and a gateway process up "
                  f"({time.monotonic() - t0:.0f}s)")
         return _kill_leader_and_count(cluster, gateway, settings.model.name, sizes, progress, t0)
     finally:
-        if gateway is not None:
-            gateway.stop()
+        gateway.stop()
         cluster.stop()
+
+
+def _start_cluster(cluster: LocalCluster, progress: Progress) -> None:
+    """Boot the cluster and create the gateway's topics: one partition, every node a replica."""
+    cluster.start(wait_s=240, echo=lambda line: progress(f"fault g: {line}"))
+    new = [NewTopic(t, 1, cluster.size, config={"min.insync.replicas": str(cluster.min_insync_replicas)})
+           for t in TOPICS]
+    for future in cluster.admin().create_topics(new, operation_timeout=30).values():
+        future.result(timeout=60)
 
 
 def _kill_leader_and_count(cluster: LocalCluster, gateway: GatewayProcess, model: str, sizes: ClusterSizes,

@@ -36,6 +36,7 @@ from tokentrail.reliability.bad_inputs import CORPUS_MAX_RECORD_BYTES, LONG_FOR_
 from tokentrail.reliability.faults import Driver, GatewayProcess, Progress, free_port
 from tokentrail.reliability.kafka_read import create_topics, lost_and_duplicated, read_records
 from tokentrail.reliability.results import FaultResult
+from tokentrail.reliability.side_by_side import start_gateway_beside
 from tokentrail.settings import KafkaSettings, Settings
 
 POISON_NAME = "j. poison record: ~5 MB chat request, record over Kafka's limit"
@@ -142,15 +143,17 @@ def poison_and_disk(settings: Settings, workdir: Path, sizes: PoisonDiskSizes, p
     disk = workdir / "disk"
     mount_tmpfs(disk, sizes.disk_mb)
     gw = settings.gateway.model_copy(update={"port": free_port(), "spool_dir": disk / "spool",
-                                             "delivery_timeout_s": 1.0})
+                                             "delivery_timeout_s": 1.0, "recover_on_start": False})
     private = settings.model_copy(update={"kafka": kafka, "gateway": gw})
     quiet: Progress = lambda _line: None  # noqa: E731
     gateway = GatewayProcess(private, workdir / "gateway.log")
     t0 = time.monotonic()
     try:
-        kafka_local.start(wait_s=180, kafka=kafka, echo=quiet)
-        create_topics(kafka.client_config(), TOPICS)
-        gateway.start()
+        def start_broker() -> None:
+            kafka_local.start(wait_s=180, kafka=kafka, echo=quiet)
+            create_topics(kafka.client_config(), TOPICS)
+
+        start_gateway_beside(gateway, start_broker)
         progress(f"faults j/k: private broker on {kafka.bootstrap_servers}, a gateway whose spool is on a "
                  f"{sizes.disk_mb} MiB tmpfs ({time.monotonic() - t0:.0f}s)")
         results = [_poison(gateway, kafka, settings.model.name, sizes, progress)]
