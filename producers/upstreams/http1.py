@@ -142,6 +142,21 @@ class Response:
                 return
             await conn.wait()
 
+    async def drain(self, timeout_s: float) -> None:
+        """Read what is left of the body (a stream's end after its last event) within ``timeout_s``, so
+        the connection can be kept; past it, or on a failure, ``release`` closes the connection."""
+        conn = self._conn
+
+        async def to_end() -> None:
+            while not conn.complete:
+                conn.body.clear()
+                await conn.wait()
+
+        try:
+            await asyncio.wait_for(to_end(), timeout_s)
+        except (TimeoutError, TransportError):
+            pass
+
     def release(self) -> None:
         """Give the connection back (when its answer was read to the end) or close it."""
         if self._released:

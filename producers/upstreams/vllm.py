@@ -42,6 +42,9 @@ from schemas.tokens import TokenIds
 if TYPE_CHECKING:
     from producers.gateway.settings import GatewaySettings
 
+# How long a finished stream may take to end its body (vLLM ends it right after [DONE]) before its
+# connection is closed instead of kept.
+STREAM_END_WAIT_S = 1.0
 LOGPROB_KINDS: dict[str, LogprobKind] = {"raw_logprobs": "RAW", "processed_logprobs": "PROCESSED"}
 
 
@@ -682,7 +685,9 @@ class _OpenStream:
     async def __aenter__(self) -> Response:
         return self.response
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:  # read past [DONE] to the body's end, so the connection is kept
+            await self.response.drain(STREAM_END_WAIT_S)
         self.response.release()
 
 

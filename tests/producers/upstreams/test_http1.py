@@ -131,3 +131,29 @@ def test_connect_failure_and_deadline_are_told_apart() -> None:
                 await Http1Pool(timeout_s=0.2).post(server.url + "/x", b"")
 
     asyncio.run(run())
+
+
+def test_a_stream_read_to_its_last_event_then_drained_keeps_its_connection() -> None:
+    async def stream(body: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(b"%x\r\n%s\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n"))
+        await writer.drain()
+        await asyncio.sleep(0.05)  # the body's end comes after the last event, in a packet of its own
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    async def run() -> int:
+        async with Server(stream) as server:
+            pool = Http1Pool()
+            for _ in range(3):
+                response = await pool.request("POST", server.url + "/s", b"{}")
+                async for piece in response.chunks():
+                    if b"[DONE]" in piece:
+                        break  # a reader stops at the last event, as the SSE parser does
+                await response.drain(5.0)
+                response.release()
+            await pool.aclose()
+            return server.connections
+
+    assert asyncio.run(run()) == 1
