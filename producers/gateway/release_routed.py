@@ -54,6 +54,8 @@ class ReleaseRoutedUpstream:
         self._sync_lock = asyncio.Lock()
 
     def __getattr__(self, name: str) -> Any:  # only called for what this class does not define
+        if name == "_inner":  # not set yet (a half-built object): no recursion
+            raise AttributeError(name)
         return getattr(self._inner, name)
 
     @property

@@ -4,8 +4,8 @@ A release serves several versions at once (docs/release.md); switching the model
 ``load_state_dict`` from a resident copy, while loading a version from the policy store reads and checks
 its file. So the engine keeps up to ``max_versions`` copies, evicting the least recently used one, but
 never a protected version (one the release plan serves, or the engine's default): when only protected
-versions are left the bound is exceeded rather than a served version dropped. Used by the engine's one
-worker thread only, so it needs no lock.
+versions are left the bound is exceeded rather than a served version dropped. Changed by the engine's one
+worker thread only, so it needs no lock; other threads (/health) read ``versions()``, an immutable snapshot.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ class ResidentVersions:
         self.max_versions = max_versions
         self._states: OrderedDict[int, StateDict] = OrderedDict()
         self._protected: frozenset[int] = frozenset()
+        self._order: tuple[int, ...] = ()  # snapshot of the LRU order, replaced whole after each change
 
     def __contains__(self, version: int) -> bool:
         return version in self._states
 
     def versions(self) -> list[int]:
-        """Resident versions, least recently used first."""
-        return list(self._states)
+        """Resident versions, least recently used first (safe to call from any thread)."""
+        return list(self._order)
 
     @property
     def protected(self) -> frozenset[int]:
@@ -41,6 +42,7 @@ class ResidentVersions:
         state = self._states.get(version)
         if state is not None:
             self._states.move_to_end(version)
+            self._order = tuple(self._states)
         return state
 
     def put(self, version: int, state: StateDict) -> list[int]:
@@ -63,4 +65,5 @@ class ResidentVersions:
                 continue
             del self._states[version]
             evicted.append(version)
+        self._order = tuple(self._states)
         return evicted
