@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reliability": ("tokentrail.reliability.cli", "fault and bad-input suite; prints what was lost or duplicated"),
     "release": ("tokentrail.commands.release", "safe policy release: status | start | promote | rollback | pin"),
     "weight-sync": ("tokentrail.commands.weight_sync", "keep vLLM servers on the trainer's latest published policy"),
+    "harnesses": ("tokentrail.commands.harnesses", "real agent harnesses through the gateway: check"),
 }
 
 
