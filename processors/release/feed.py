@@ -10,7 +10,9 @@ Feed it every record in the order it was read; it returns the ReleaseDecision re
   of the policy and are skipped.
 - Rewards: ``raw_reward``, the combined metric before group normalization (the normalized ``reward`` has
   mean zero within each group and says nothing about versions), of the rollout's version. A reward
-  filtered for a score error has no meaningful value and is skipped.
+  filtered for a score error has no meaningful value and is skipped. Rewards of one source are compared:
+  the verifiers' (default) or the feedback join's (``components_json`` says ``"source": "feedback"``), never
+  the two mixed, since they measure different things on different scales.
 - Decisions: the topic is the truth. A decision (the controller's own or an operator's) changes the
   state only when it is read back, through the same fold every reader uses (``DecisionLog``); until its
   own decision on a model is read back the controller makes no other decision on it. A ramp or pin read
@@ -19,6 +21,7 @@ Feed it every record in the order it was read; it returns the ReleaseDecision re
 
 from __future__ import annotations
 
+import json
 from collections import Counter, OrderedDict
 from dataclasses import replace
 from typing import Any
@@ -34,8 +37,27 @@ DEFAULT_MAX_WAITING = 20_000  # rewards waiting for their rollout's calls (oldes
 MIXED = -1  # the version of a rollout whose calls were served by different versions
 
 
+REWARD_SOURCES = ("verifier", "feedback")
+
+
+def reward_source(record: Record) -> str:
+    """``feedback`` for a reward the feedback join derived, else ``verifier``."""
+    components = record.get("components_json") or ""
+    if '"feedback"' not in components:  # cheap: most rewards never need parsing
+        return "verifier"
+    try:
+        parsed = json.loads(components)
+    except ValueError:
+        return "verifier"
+    return "feedback" if isinstance(parsed, dict) and parsed.get("source") == "feedback" else "verifier"
+
+
 class ReleaseFeed:
-    def __init__(self, max_rollouts: int = DEFAULT_MAX_ROLLOUTS, max_waiting: int = DEFAULT_MAX_WAITING) -> None:
+    def __init__(self, max_rollouts: int = DEFAULT_MAX_ROLLOUTS, max_waiting: int = DEFAULT_MAX_WAITING,
+                 source: str = "verifier") -> None:
+        if source not in REWARD_SOURCES:
+            raise ValueError(f"reward source must be one of {REWARD_SOURCES}, not {source!r}")
+        self.source = source
         self.log = DecisionLog.fold([])
         self.states: dict[str, ReleaseState] = {}  # the log's states plus the totals counted since
         self.rollouts: OrderedDict[str, tuple[str, int]] = OrderedDict()
@@ -89,6 +111,9 @@ class ReleaseFeed:
         return out
 
     def on_reward(self, record: Record) -> list[Record]:
+        if reward_source(record) != self.source:
+            self.skipped[f"reward from the other source (comparing {self.source} rewards)"] += 1
+            return []
         reason = record.get("filter_reason") or ""
         if record.get("filtered") and reason.startswith("score_error"):
             self.skipped["reward filtered for a score error"] += 1

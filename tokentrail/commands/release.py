@@ -172,7 +172,8 @@ def _cmd_control(args: argparse.Namespace) -> int:
     topics = ControllerTopics(args.calls_topic, args.rewards_topic, args.topic)
     try:
         feed = run_controller(settings.kafka, topics, idle_s=args.idle_timeout, progress_every_s=args.progress_every,
-                              timeout_s=_timeout(settings, args), log=lambda line: print(line, flush=True))
+                              timeout_s=_timeout(settings, args), log=lambda line: print(line, flush=True),
+                              reward_source=settings.release.reward_source)
     except KafkaException as exc:
         raise CliError(f"the controller stopped on a Kafka error: {exc.args[0].str()}") from None
     for reason, count in sorted(feed.skipped.items()):

@@ -130,10 +130,11 @@ class ControllerTopics:
 def run_controller(
     kafka: KafkaSettings, topics: ControllerTopics, *, idle_s: float | None = None, progress_every_s: float = 10.0,
     timeout_s: float = 30.0, log: Log = print, should_stop: Callable[[], bool] = lambda: False,
+    reward_source: str = "verifier",
 ) -> ReleaseFeed:
     """Run until ``should_stop()``, or (with ``idle_s``) until it has read what the topics held when it started
     and then ``idle_s`` passed without a record; returns the feed (its counts and states)."""
-    feed = ReleaseFeed()
+    feed = ReleaseFeed(source=reward_source)
     read = read_decisions(kafka, topics.decisions, timeout_s)
     for reason in read.unreadable:
         log(f"controller: skipped a record on {topics.decisions}: {reason}")

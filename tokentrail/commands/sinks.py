@@ -270,7 +270,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fail-on-dead-letters", action="store_true", help="exit 1 if any message was dead-lettered")
     p.set_defaults(func=_sink)
 
-    p = sub.add_parser("audit", help="the five audit checks (the design's four and feedback accounting); exit 1 when any fails")
+    p = sub.add_parser("audit", help="the five audit checks (incl. feedback accounting); exit 1 on a failure")
     _add_target(p)
     p.add_argument("--json", action="store_true", help="machine-readable output with every failing id")
     p.add_argument("--check", action="append", help="run only this check (repeatable)")

@@ -144,3 +144,21 @@ def test_the_rollout_map_and_the_waiting_rewards_are_bounded() -> None:
         feed.on_reward(reward)
     assert list(feed.waiting) == [f"r{i}" for i in range(103, 108)]
     assert feed.skipped["reward of a rollout with no call seen"] == 3
+
+
+def test_rewards_of_one_source_are_compared_never_verifier_and_feedback_rewards_mixed() -> None:
+    import json
+
+    traffic = _traffic(40, 0.5, 0.5, seed=3)
+    as_feedback = [(c, {**r, "components_json": json.dumps({"source": "feedback", "admitted": []})})
+                   for c, r in traffic]
+    verifier, feedback = ReleaseFeed(), ReleaseFeed(source="feedback")
+    for feed in (verifier, feedback):
+        feed.on_decision(_start())
+        _feed(feed, traffic + as_feedback)
+    for feed in (verifier, feedback):
+        state = feed.states[MODEL]
+        assert state.candidate.rewards + state.serving.rewards == 40  # one source's 40, not 80
+        assert sum(n for reason, n in feed.skipped.items() if "other source" in reason) == 40
+    # Each source's rewards are the ones counted: the same draws, so the same totals.
+    assert verifier.states[MODEL].candidate == feedback.states[MODEL].candidate
