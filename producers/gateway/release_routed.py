@@ -16,10 +16,9 @@ version ignores it, and the record always carries the version that produced the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from producers.gateway.attempts import UNATTRIBUTED
@@ -65,16 +64,11 @@ class ReleaseRoutedUpstream:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         return await self._inner.generate(await self._routed(request))
 
-    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
-        async with contextlib.aclosing(self._inner.generate_stream(await self._routed(request))) as items:
-            async for item in items:
-                yield item
+    def generate_stream(self, request: GenerateRequest) -> _RoutedStream:
+        return _RoutedStream(lambda: self._routed(request), self._inner.generate_stream)
 
-    async def generate_chat_stream(self, request: ChatGenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
-        routed = await self._routed(request)
-        async with contextlib.aclosing(self._inner.generate_chat_stream(routed)) as items:  # type: ignore[attr-defined]
-            async for item in items:
-                yield item
+    def generate_chat_stream(self, request: ChatGenerateRequest) -> _RoutedStream:
+        return _RoutedStream(lambda: self._routed(request), self._inner.generate_chat_stream)  # type: ignore[attr-defined]
 
     async def policy_version(self) -> int:
         return await self._inner.policy_version()
@@ -123,3 +117,33 @@ class ReleaseRoutedUpstream:
             except UpstreamError as exc:  # its requests get the error; the others are served
                 log.warning("release %s: %s", traffic.model, exc)
             self._synced = traffic
+
+
+class _RoutedStream:
+    """The inner upstream's stream for the routed request, made at the first item (routing may wait for
+    the plan); a ``prefer_whole`` said before then reaches it, so a client that does not stream still
+    costs one whole upstream answer, not a stream of per-token events."""
+
+    def __init__(self, route: Callable[[], Awaitable[Any]], make: Callable[[Any], Any]) -> None:
+        self._route, self._make = route, make
+        self._prefer_whole = False
+        self._items: Any = None
+
+    def prefer_whole(self) -> None:
+        self._prefer_whole = True
+
+    def __aiter__(self) -> _RoutedStream:
+        return self
+
+    async def __anext__(self) -> TokenChunk | GenerateResult:
+        if self._items is None:
+            self._items = self._make(await self._route())
+            prefer = getattr(self._items, "prefer_whole", None)
+            if self._prefer_whole and prefer is not None:
+                prefer()
+        return await self._items.__anext__()
+
+    async def aclose(self) -> None:
+        close = getattr(self._items, "aclose", None)
+        if close is not None:
+            await close()
