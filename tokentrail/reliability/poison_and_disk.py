@@ -42,6 +42,7 @@ from tokentrail.settings import KafkaSettings, Settings
 POISON_NAME = "j. poison record: ~5 MB chat request, record over Kafka's limit"
 DISK_NAME = "k. disk-full spool (size-limited tmpfs), broker down"
 TOPICS = ["tokentrail.calls", "tokentrail.env"]
+WHILE_FULL = 3  # rollouts tried while the disk is full
 
 
 @dataclass(frozen=True)
@@ -218,9 +219,10 @@ def _disk_full(gateway: GatewayProcess, kafka: KafkaSettings, disk: Path, model:
     depth = int(_sink(gateway).get("spool_depth", 0))
     filler = fill(disk)
     while_full = Driver(gateway.url, model, sizes.calls_per_rollout, f"j-full-{tag}")
-    while_full.run_n(2)
+    # Several: the first may still fit in the slack of the spool file's last page; together they cannot.
+    while_full.run_n(WHILE_FULL)
     alive_while_full = httpx.get(f"{gateway.url}/health", timeout=30).status_code == 200
-    progress(f"fault k: broker down, {depth} records spooled, disk filled; {len(while_full.errors)} of 2 "
+    progress(f"fault k: broker down, {depth} records spooled, disk filled; {len(while_full.errors)} of {WHILE_FULL} "
              f"rollouts refused while full, /health {'200' if alive_while_full else 'NOT 200'}")
     filler.unlink()
     kafka_local.start(wait_s=180, kafka=kafka, echo=quiet)
@@ -243,8 +245,8 @@ def _disk_full(gateway: GatewayProcess, kafka: KafkaSettings, disk: Path, model:
               if failed]
     progress(f"fault k: lost {lost}, duplicated {dup}")
     return FaultResult(DISK_NAME, f"{spooled.done} rollout spooled ({depth} records), disk filled, "
-                       f"{refused} of 2 rollouts refused meanwhile, then {after.done} after space and broker "
-                       f"returned ({len(expected)} records)", lost, dup, passed, "; ".join(notes + errors[:3]),
+                       f"{refused} of {WHILE_FULL} rollouts refused meanwhile, then {after.done} after space and "
+                       f"broker returned ({len(expected)} records)", lost, dup, passed, "; ".join(notes + errors[:3]),
                        seconds=time.monotonic() - t0)
 
 

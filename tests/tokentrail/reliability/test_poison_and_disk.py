@@ -5,6 +5,7 @@ or duplicated, and the gateway's spool is empty again afterwards."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tokentrail.reliability.poison_and_disk import DISK_NAME, POISON_NAME, PoisonDiskSizes, poison_and_disk
@@ -21,6 +22,7 @@ def test_a_poison_record_and_a_full_spool_disk_lose_and_block_nothing(
         assert result.passed, f"{result.name}: {result.tried}; {result.detail}"
         assert (result.lost, result.duplicated) == (0, 0), result
     assert "refused up front" in poison.detail and "quarantined whole" in poison.detail
-    assert "2 of 2 rollouts refused meanwhile" in disk.tried
+    # The first may fit in the slack of the spool file's last page; never all of them.
+    assert re.search(r"disk filled, [1-9] of 3 rollouts refused meanwhile", disk.tried), disk.tried
     assert not any(line.startswith("tmpfs") and str(tmp_path) in line
                    for line in Path("/proc/mounts").read_text().splitlines()), "the tmpfs was left mounted"
