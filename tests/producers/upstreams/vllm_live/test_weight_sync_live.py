@@ -163,3 +163,25 @@ def test_a_server_that_cannot_be_updated_is_reported_and_left_out_of_routing(
         assert httpx.get(f"{vllm_server.url}/is_paused", timeout=10).json() == {"is_paused": False}
     finally:
         restore_base(vllm_server, live_model_dir, store)
+
+
+def test_the_weight_sync_command_brings_the_server_to_the_published_version(
+    vllm_server: VLLMServer, live_model_dir: Path, tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    from schemas.local_paths import REPO_ROOT
+
+    store = PolicyStore(tmp_path / "policies")
+    store.publish(3, perturbed(load_file(str(live_model_dir / "model.safetensors")), seed=3))
+    command = [sys.executable, "-m", "tokentrail.cli", "weight-sync", "--servers", vllm_server.url,
+               "--checkpoint-dir", str(store.root), "--base-dir", str(live_model_dir), "--once"]
+    try:
+        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "weight sync to version 3: 1/1 servers" in done.stdout, done.stdout
+        assert f"{vllm_server.url} v3 current" in done.stdout, done.stdout
+        assert httpx.get(f"{vllm_server.url}/weight_info", timeout=10).json()["weight_version"] == "3"
+    finally:
+        restore_base(vllm_server, live_model_dir, store)
