@@ -18,14 +18,10 @@ the rollout (every attempt of it), since a completed rollout does not carry its 
 
 from __future__ import annotations
 
-import asyncio
-from collections import Counter
 from typing import Any
 
-import faust
 import orjson
 
-from processors.feedback.config import FeedbackRewardConfig
 from processors.feedback.join import (
     FeedbackJoin,
     FeedbackReward,
@@ -35,13 +31,10 @@ from processors.feedback.join import (
     reward_record,
 )
 from processors.stream import tables
-from processors.stream.clock import PartitionClocks
 from processors.stream.entries import pack_entry, read_body, read_head
-from processors.stream.feedback_letters import FeedbackLetters
 from processors.stream.feedback_messages import Source, read_message
-from processors.stream.health import WorkerHealth
-from processors.stream.outputs import BAD_INPUT, Encoded, Outputs
-from processors.stream.topics import StreamTopics
+from processors.stream.feedback_stage import FeedbackStage
+from processors.stream.outputs import BAD_INPUT, Encoded
 
 Record = dict[str, Any]
 STAGE = "feedback_join"
@@ -65,20 +58,7 @@ class _State:
         return orjson.dumps({"join": self.join.snapshot(), "held": self.held, "used": self.used})
 
 
-class FeedbackJoinAgent:
-    def __init__(self, cfg: FeedbackRewardConfig, app: faust.App, table: Any, topics: StreamTopics,
-                 outputs: Outputs, letters: FeedbackLetters, health: WorkerHealth, stats: Counter[str]) -> None:
-        self.cfg = cfg
-        self.app = app
-        self.table = table
-        self.topics = topics
-        self.outputs = outputs
-        self.letters = letters
-        self.health = health
-        self.stats = stats
-        self.lock = asyncio.Lock()
-        self.clock = PartitionClocks()
-
+class FeedbackJoinAgent(FeedbackStage):
     def _load(self, stored: bytes | None) -> _State:
         if stored is None:
             return _State(FeedbackJoin(self.cfg), {}, {})

@@ -12,7 +12,6 @@ Effects per input, as in the other agents: outputs sent and acknowledged, then t
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from typing import Any
 
@@ -22,10 +21,10 @@ import orjson
 from processors.feedback.config import FeedbackRewardConfig
 from processors.feedback.join import UnmatchedFeedback, unmatched_reason
 from processors.stream import tables
-from processors.stream.clock import PartitionClocks
 from processors.stream.entries import pack_entry, read_body, read_head
 from processors.stream.feedback_letters import FeedbackLetters
 from processors.stream.feedback_messages import Source, feedback_message, read_message
+from processors.stream.feedback_stage import FeedbackStage
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import BAD_INPUT, Encoded, Outputs
 from processors.stream.topics import StreamTopics
@@ -34,19 +33,10 @@ Record = dict[str, Any]
 STAGE = "feedback_resolver"
 
 
-class FeedbackResolver:
+class FeedbackResolver(FeedbackStage):
     def __init__(self, cfg: FeedbackRewardConfig, app: faust.App, table: Any, topics: StreamTopics,
                  outputs: Outputs, letters: FeedbackLetters, health: WorkerHealth, stats: Counter[str]) -> None:
-        self.cfg = cfg
-        self.app = app
-        self.table = table
-        self.topics = topics
-        self.outputs = outputs
-        self.letters = letters
-        self.health = health
-        self.stats = stats
-        self.lock = asyncio.Lock()
-        self.clock = PartitionClocks()
+        super().__init__(cfg, app, table, topics, outputs, letters, health, stats)
         self.keep_index_us = cfg.window_us + cfg.retention_us + cfg.match_wait_us
 
     def _forward(self, waiting: Record, rollout_id: str, via: str) -> Encoded:
