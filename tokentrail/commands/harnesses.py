@@ -20,7 +20,6 @@ import os
 import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,28 +116,11 @@ def _run(harness: Harness, gateway_url: str, model: str, timeout_s: float) -> tu
 
 def _calls(settings: Settings, topic: str, rollout_id: str, count: int, timeout_s: float = 120.0
            ) -> list[dict[str, Any]]:
-    from confluent_kafka import Consumer
+    from tokentrail.reliability.kafka_read import first_records
 
-    from schemas.codec import get_codec
-    from schemas.kafka_config import consumer_config
-
-    consumer = Consumer({**consumer_config(settings.kafka, f"harness-check-{uuid.uuid4().hex}"),
-                         "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    codec, found = get_codec(), []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(found) < count and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            name, record = codec.decode(msg.value(), topic=msg.topic(), partition=msg.partition(),
-                                        offset=msg.offset())
-            if name == "CallRecord" and record["rollout_id"] == rollout_id:
-                found.append(record)
-    finally:
-        consumer.close()
-    return sorted(found, key=lambda r: r["call_index"])
+    found = first_records(settings.kafka, topic, count, timeout_s=timeout_s,
+                          where=lambda name, r: name == "CallRecord" and r["rollout_id"] == rollout_id)
+    return sorted((record for _, record in found), key=lambda r: r["call_index"])
 
 
 def _prompts(calls: list[dict[str, Any]]) -> list[Any]:

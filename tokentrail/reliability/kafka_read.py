@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from schemas.codec import DecodeError, get_codec
+from schemas.kafka_config import KafkaSettings, consumer_config
 
 
 def count_event_ids(config: dict[str, Any], topics: list[str], expected: set[str], *, timeout_s: float = 60.0,
@@ -73,3 +75,27 @@ def delete_topics(config: dict[str, Any], names: list[str]) -> None:
             future.result(timeout=60)
         except Exception:  # already gone
             pass
+
+
+def first_records(kafka: KafkaSettings, topic: str, count: int, *,
+                  where: Callable[[str, dict[str, Any]], bool] | None = None,
+                  timeout_s: float = 60.0) -> list[tuple[str, dict[str, Any]]]:
+    """The first ``count`` records of ``topic`` that ``where(schema name, record)`` accepts, read from the
+    beginning by a throwaway consumer group, as (schema name, record); fewer when ``timeout_s`` passes."""
+    consumer = Consumer({**consumer_config(kafka, f"read-{uuid.uuid4().hex}"), "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    codec = get_codec()
+    found: list[tuple[str, dict[str, Any]]] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(found) < count and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            name, record = codec.decode(msg.value(), topic=msg.topic(), partition=msg.partition(),
+                                        offset=msg.offset())
+            if where is None or where(name, record):
+                found.append((name, record))
+    finally:
+        consumer.close()
+    return found

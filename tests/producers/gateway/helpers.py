@@ -2,40 +2,21 @@
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any
 
 import numpy as np
-from confluent_kafka import Consumer
 
-from schemas.codec import get_codec
-from schemas.kafka_config import consumer_config
 from schemas.prompt_delta import reconstruct_prompt
 from schemas.tokens import IdArray, unpack_floats, unpack_ids
+from tokentrail.reliability.kafka_read import first_records
 from tokentrail.settings import Settings
 
 
 def read_records(settings: Settings, topic: str, count: int, *, timeout_s: float = 60.0,
                  where: dict[str, Any] | None = None) -> list[tuple[str, dict[str, Any]]]:
     """The first ``count`` records of ``topic`` (matching ``where``), as (schema name, record)."""
-    consumer = Consumer(consumer_config(settings.kafka, f"test-{uuid.uuid4().hex}"))
-    consumer.subscribe([topic])
-    codec = get_codec()
-    found: list[tuple[str, dict[str, Any]]] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(found) < count and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            name, record = codec.decode(msg.value(), topic=msg.topic(), partition=msg.partition(),
-                                        offset=msg.offset())
-            if where and any(record.get(k) != v for k, v in where.items()):
-                continue
-            found.append((name, record))
-    finally:
-        consumer.close()
+    found = first_records(settings.kafka, topic, count, timeout_s=timeout_s,
+                          where=lambda _, r: not where or all(r.get(k) == v for k, v in where.items()))
     assert len(found) == count, f"expected {count} records on {topic}, found {len(found)}"
     return found
 

@@ -2,39 +2,22 @@
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any
 
 import numpy as np
-from confluent_kafka import Consumer
 
-from schemas.codec import get_codec
-from schemas.kafka_config import consumer_config
 from schemas.prompt_delta import reconstruct_prompt
 from schemas.tokens import IdArray, unpack_floats, unpack_ids
+from tokentrail.reliability.kafka_read import first_records
 from tokentrail.settings import Settings
 
 
 def read_calls(settings: Settings, topic: str, rollout_id: str, count: int,
                timeout_s: float = 60.0) -> list[dict[str, Any]]:
     """The first ``count`` CallRecords of ``rollout_id`` on ``topic``, in call order."""
-    consumer = Consumer(consumer_config(settings.kafka, f"test-vllm-live-{uuid.uuid4().hex}"))
-    consumer.subscribe([topic])
-    codec = get_codec()
-    found: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(found) < count and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            _, record = codec.decode(msg.value(), expect="CallRecord", topic=msg.topic(),
-                                     partition=msg.partition(), offset=msg.offset())
-            if record["rollout_id"] == rollout_id:
-                found.append(record)
-    finally:
-        consumer.close()
+    found = [record for _, record in first_records(
+        settings.kafka, topic, count, timeout_s=timeout_s,
+        where=lambda name, r: name == "CallRecord" and r["rollout_id"] == rollout_id)]
     assert len(found) == count, f"expected {count} call records of {rollout_id} on {topic}, found {len(found)}"
     return sorted(found, key=lambda r: r["call_index"])
 
