@@ -33,7 +33,13 @@ from producers.gateway.env_api import EnvApi
 from producers.gateway.errors import GatewayError, Protocol
 from producers.gateway.feedback_api import FeedbackApi
 from producers.gateway.heap import serving_heap
-from producers.gateway.identity import CallIdentity, check_any_key, resolve_call
+from producers.gateway.identity import (
+    CallIdentity,
+    check_any_key,
+    resolve_named,
+    resolve_unattributed,
+    session_id_of,
+)
 from producers.gateway.keys import resolve_secret
 from producers.gateway.metrics import GatewayMetrics
 from producers.gateway.models_anthropic import CountTokensRequest, MessagesRequest
@@ -42,6 +48,7 @@ from producers.gateway.models_responses import ResponsesRequest
 from producers.gateway.ports import TextEvent, TextSide
 from producers.gateway.recovery import KafkaRecoverySource, RecoveryReport, recover
 from producers.gateway.service import CallService, ErrorBody, PreparedCall, ResponseBuilder
+from producers.gateway.sessions import OrganicSessions, session_key
 from producers.gateway.settings import GatewayStackSettings
 from producers.gateway.sse import SSE_HEADERS
 from producers.upstreams.base import Upstream
@@ -81,6 +88,9 @@ class GatewayOptions:
     # ``key_secret_dir`` (the spool's folder).
     key_secret: str = ""
     key_secret_dir: Path | None = None
+    # Organic sessions (sessions.py): calls that name no rollout but carry a session key become attempts.
+    organic_sessions: bool = False
+    session_idle_s: float = 900.0
 
     @classmethod
     def from_settings(cls, settings: GatewayStackSettings) -> GatewayOptions:
@@ -89,7 +99,8 @@ class GatewayOptions:
                    prefix_mode=g.prefix_mode, unattributed=g.unattributed, max_body_bytes=g.max_body_bytes,
                    max_tokens_limit=g.max_tokens_limit, admin_key=g.admin_key, require_auth=g.require_auth,
                    registry_max_bytes=g.registry_max_bytes, attempt_idle_timeout_s=g.attempt_idle_timeout_s,
-                   key_secret=g.key_secret, key_secret_dir=g.spool_dir)
+                   key_secret=g.key_secret, key_secret_dir=g.spool_dir,
+                   organic_sessions=g.organic_sessions, session_idle_s=g.session_idle_s)
 
     def make_registry(self) -> AttemptRegistry:
         secret = resolve_secret(self.key_secret, self.admin_key, self.key_secret_dir)
@@ -139,6 +150,10 @@ class Gateway:
         self.service = CallService(self.ctx, upstream, text, model_name=options.model_name,
                                    model_aliases=options.model_aliases, prefix_mode=options.prefix_mode)
         self.env_api = EnvApi(self.ctx)
+        if options.organic_sessions and options.session_idle_s >= options.attempt_idle_timeout_s:
+            raise ValueError("gateway.session_idle_s must be below gateway.attempt_idle_timeout_s (an organic "
+                             "session would be dropped unfinished before it ends)")
+        self.sessions = OrganicSessions(self.env_api, options.session_idle_s) if options.organic_sessions else None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.metrics.watch_attempts(lambda: self.ctx.registry.counts()["active"])
         self._watch_registry_memory()
@@ -165,6 +180,8 @@ class Gateway:
             await self.ctx.deliver(self.ctx.calls_topic, record["rollout_id"], "CallRecord", record)
 
         self.recovery = await recover(self.ctx.registry, self.publisher, source, progress, deliver_call)
+        if self.sessions is not None:
+            self.sessions.adopt()  # rebuilt organic attempts still end when idle
         return self.recovery
 
     # -- routes ----------------------------------------------------------------------------------
@@ -180,7 +197,8 @@ class Gateway:
         ]
         routes = [Route("/health", self.health, methods=["GET"]),
                   Route("/metrics", self.metrics_endpoint, methods=["GET"]),
-                  *self.env_api.routes(), *FeedbackApi(self.ctx).routes()]
+                  *self.env_api.routes(), *FeedbackApi(self.ctx).routes(),
+                  *(self.sessions.routes() if self.sessions is not None else [])]
         for path, endpoint, methods in model_routes:
             routes.append(Route(path, endpoint, methods=methods))
             routes.append(Route(ATTEMPT_PREFIX + path, endpoint, methods=methods))
@@ -193,6 +211,8 @@ class Gateway:
                                 "calls_in_flight": len(self._tasks)}
         if self.recovery is not None:
             body["recovery"] = self.recovery.as_dict()
+        if self.sessions is not None:
+            body["organic_sessions"] = self.sessions.counts()
         release = getattr(self.upstream, "release_status", None)  # set when the gateway follows a release
         if release is not None:
             body["release"] = release()
@@ -283,8 +303,9 @@ class Gateway:
 
     async def count_tokens(self, request: Request) -> Response:
         try:
-            identity = self._identity(request)
-            req, _ = await read_model(request, CountTokensRequest, self.options.max_body_bytes)
+            named = self._named(request)
+            req, raw = await read_model(request, CountTokensRequest, self.options.max_body_bytes)
+            identity = named or self._unnamed(request, raw, "anthropic")
             self.service.check_model(req.model)
             messages, tools = anthropic_adapter.conversation(req)
             call = InternalCall(protocol=anthropic_adapter.PROTOCOL, model=req.model, stream=False,
@@ -301,20 +322,41 @@ class Gateway:
         model and the prepared call, or the refusal as an error response in the route's protocol."""
         started, received = time.perf_counter(), records.now_us()
         try:
-            identity = self._identity(request)
+            named = self._named(request)
             req, raw = await read_model(request, route.model, self.options.max_body_bytes)
             self.service.check_model(req.model)
             call = route.to_internal(req, self.options.max_tokens_limit)
+            # An organic session's first call starts its attempt here (its start on Kafka first); nothing
+            # is awaited after this until the call has its index, so a sweep cannot end it in between.
+            identity = named or await self._organic(request, raw, route.protocol) \
+                or self._unnamed(request, raw, route.protocol)
             prep = self._prepare(request, identity, call, raw, received, started,
                                  route.adapter_version, route.tool_call_prefix)
         except GatewayError as exc:
             return self._refuse(exc, route.protocol, route.call_protocol)
         return req, prep
 
-    def _identity(self, request: Request) -> CallIdentity:
-        return resolve_call(request.path_params, request.headers, self.ctx.registry,
-                            unattributed=self.options.unattributed, require_auth=self.options.require_auth,
-                            admin_key=self.options.admin_key)
+    def _named(self, request: Request) -> CallIdentity | None:
+        """The attempt the call names (path, headers, minted key), None when it names none (identity.py)."""
+        return resolve_named(request.path_params, request.headers, self.ctx.registry,
+                             require_auth=self.options.require_auth, admin_key=self.options.admin_key)
+
+    async def _organic(self, request: Request, raw: dict[str, Any], protocol: Protocol) -> CallIdentity | None:
+        """The organic session's attempt (started if it has none), None when off or there is no key."""
+        found = session_key(request.headers, raw, protocol) if self.sessions is not None else None
+        if found is None or self.sessions is None:
+            return None
+        state = await self.sessions.attempt_for(*found)
+        return CallIdentity(state, "session", session_id_of(request.headers))
+
+    def _unnamed(self, request: Request, raw: dict[str, Any], protocol: Protocol) -> CallIdentity:
+        """A call that names no attempt and starts none: its session's live organic attempt if there is one
+        (count_tokens renders with its history), else the unattributed pseudo-attempt (or a refusal)."""
+        found = session_key(request.headers, raw, protocol) if self.sessions is not None else None
+        state = self.sessions.current(found[0]) if found is not None and self.sessions is not None else None
+        if state is not None:
+            return CallIdentity(state, "session", session_id_of(request.headers))
+        return resolve_unattributed(request.headers, self.ctx.registry, unattributed=self.options.unattributed)
 
     def _prepare(self, request: Request, identity: CallIdentity, call: InternalCall, raw: dict[str, Any],
                  received: int, started: float, adapter_version: str, tool_prefix: str) -> PreparedCall:
@@ -482,10 +524,16 @@ def create_app(settings: GatewayStackSettings, upstream: Upstream, publisher: An
             from models.policy_store import PolicyStore
 
             follow(PolicyStore(policy_dir))
+        # Organic sessions idle past their window end in the background, with no call to notice them.
+        sweeper = asyncio.create_task(gateway.sessions.run_sweeper()) if gateway.sessions is not None else None
         with serving_heap():
             try:
                 yield
             finally:
+                if sweeper is not None:  # open sessions stay open: a restart rebuilds them (recovery.py)
+                    sweeper.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await sweeper
                 await gateway.drain()
                 if manage_publisher and hasattr(publisher, "close"):
                     await publisher.close()

@@ -465,6 +465,18 @@ class AttemptRegistry:
         raise not_found(f"unknown attempt {attempt_id!r} of rollout {rollout_id!r} (not started on this "
                         "gateway)", code="unknown_attempt")
 
+    def active(self, rollout_id: str, attempt_id: str) -> AttemptState | None:
+        """The attempt if it is live here, else None; a look that touches nothing (no LRU, no idle time)."""
+        return self._active.get((rollout_id, attempt_id))
+
+    def active_states(self) -> list[AttemptState]:
+        return list(self._active.values())
+
+    def latest_attempt(self, rollout_id: str) -> tuple[str, int] | None:
+        """The rollout's latest attempt id and number, None for a rollout this registry does not know."""
+        info = self._rollouts.get(rollout_id)
+        return None if info is None else (info.latest_attempt_id, info.latest_number)
+
     def latest_attempt_id(self, rollout_id: str) -> str:
         info = self._rollouts.get(rollout_id)
         if info is None:

@@ -157,17 +157,7 @@ class EnvApi:
 
     async def _announce(self, request: Request, state: AttemptState, start: dict[str, Any],
                         status_code: int) -> JSONResponse:
-        try:
-            record = _built(lambda: records.attempt_started(
-                rollout_id=state.rollout_id, attempt_id=state.attempt_id, attempt_number=state.attempt_number,
-                group_id=start.get("group_id"), group_key=start.get("group_key") or {},
-                expected_group_size=start.get("expected_group_size"), task_input=start.get("task_input"),
-                metadata=start.get("metadata") or {}))
-            value = self.ctx.encode("AttemptStarted", record, state.rollout_id)
-            await self.ctx.deliver(self.ctx.env_topic, state.rollout_id, "AttemptStarted", record, value)
-        except GatewayError:
-            self.ctx.registry.abandon(state)
-            raise
+        record = await self.publish_start(state, start)
         root = str(request.base_url).rstrip("/")
         prefix = f"{root}/rollouts/{state.rollout_id}/attempts/{state.attempt_id}"
         return JSONResponse({
@@ -179,6 +169,23 @@ class EnvApi:
             "gateway_url": root,
             "headers": {"X-Rollout-Id": state.rollout_id, "X-Attempt-Id": state.attempt_id},
         }, status_code=status_code)
+
+    async def publish_start(self, state: AttemptState, start: dict[str, Any]) -> dict[str, Any]:
+        """The AttemptStarted of a just-started attempt, on Kafka (or the spool) before this returns; an
+        attempt whose start cannot be stored is forgotten again. Also how organic sessions start
+        (sessions.py), so their starts are the same records as POST /v1/rollouts makes."""
+        try:
+            record = _built(lambda: records.attempt_started(
+                rollout_id=state.rollout_id, attempt_id=state.attempt_id, attempt_number=state.attempt_number,
+                group_id=start.get("group_id"), group_key=start.get("group_key") or {},
+                expected_group_size=start.get("expected_group_size"), task_input=start.get("task_input"),
+                metadata=start.get("metadata") or {}))
+            value = self.ctx.encode("AttemptStarted", record, state.rollout_id)
+            await self.ctx.deliver(self.ctx.env_topic, state.rollout_id, "AttemptStarted", record, value)
+        except GatewayError:
+            self.ctx.registry.abandon(state)
+            raise
+        return record
 
     async def attempt_status(self, request: Request) -> JSONResponse:
         rid, aid = request.path_params["rollout_id"], request.path_params["attempt_id"]
@@ -243,23 +250,29 @@ class EnvApi:
             state = self.ctx.registry.get_active(rid, aid, for_what="finish")
             self._require_attempt_key(request, state)
             body = validate(Finish, await read_json(request, self.ctx.max_body_bytes, allow_empty=True))
-            # Calls still delivering their records count: they have their indices already.
-            await state.wait_idle(self.ctx.finish_wait_s)
-            # Built and encoded before the attempt is marked finished (a record that cannot be stored
-            # leaves it open); nothing is awaited between the counts read here and the finish.
-            record = _built(lambda: records.attempt_finished(
-                rollout_id=rid, attempt_id=aid, status=body.status, call_count=state.next_call_index,
-                event_count=state.next_event_index, final_artifacts=body.final_artifacts))
-            value = self.ctx.encode("AttemptFinished", record, rid)
-            state = self.ctx.registry.finish(rid, aid, body.status)
-            try:
-                await self.ctx.deliver(self.ctx.env_topic, rid, "AttemptFinished", record, value)
-            except GatewayError:
-                self.ctx.registry.unfinish(state)
-                raise
+            record = await self.publish_finish(state, body.status, body.final_artifacts)
         except GatewayError as exc:
             return _error(exc)
         return JSONResponse({"rollout_id": rid, "attempt_id": aid, "status": body.status,
                              "call_count": record["call_count"], "event_count": record["event_count"],
                              "event_id": record["event_id"]})
 
+    async def publish_finish(self, state: AttemptState, status: str, final_artifacts: Any) -> dict[str, Any]:
+        """Finish the attempt and put its AttemptFinished, with the counts, on Kafka (or the spool); an
+        attempt whose finish cannot be stored stays open. Also how organic sessions end (sessions.py)."""
+        # Calls still delivering their records count: they have their indices already.
+        await state.wait_idle(self.ctx.finish_wait_s)
+        rid, aid = state.rollout_id, state.attempt_id
+        # Built and encoded before the attempt is marked finished (a record that cannot be stored
+        # leaves it open); nothing is awaited between the counts read here and the finish.
+        record = _built(lambda: records.attempt_finished(
+            rollout_id=rid, attempt_id=aid, status=status, call_count=state.next_call_index,
+            event_count=state.next_event_index, final_artifacts=final_artifacts))
+        value = self.ctx.encode("AttemptFinished", record, rid)
+        state = self.ctx.registry.finish(rid, aid, status)
+        try:
+            await self.ctx.deliver(self.ctx.env_topic, rid, "AttemptFinished", record, value)
+        except GatewayError:
+            self.ctx.registry.unfinish(state)
+            raise
+        return record

@@ -2,8 +2,9 @@
 
 In order of precedence: the path prefix ``/rollouts/{rollout_id}/attempts/{attempt_id}/v1/...``, the
 ``X-Rollout-Id`` / ``X-Attempt-Id`` headers (attempt defaults to the rollout's latest), or a per-attempt
-API key minted by ``POST /v1/rollouts`` (``Authorization: Bearer`` or ``x-api-key``). Anything else is
-unattributed: recorded under rollout id "unattributed" or refused, as configured.
+API key minted by ``POST /v1/rollouts`` (``Authorization: Bearer`` or ``x-api-key``). Anything else names
+no attempt: with ``gateway.organic_sessions`` a call that carries a session key joins its session's attempt
+(sessions.py); otherwise it is unattributed: recorded under rollout id "unattributed" or refused, as configured.
 
 Authentication (docs/operations.md, "Security"): with ``gateway.admin_key`` set (or the deprecated
 ``gateway.require_auth``) every call needs a key: a call on an attempt (path or headers) the attempt's own
@@ -30,7 +31,7 @@ ATTEMPT_HEADER = "x-attempt-id"
 @dataclass(frozen=True)
 class CallIdentity:
     state: AttemptState
-    via: str  # "path" | "header" | "api_key" | "unattributed"
+    via: str  # "path" | "header" | "api_key" | "session" (organic, sessions.py) | "unattributed"
     session_id: str | None
 
     @property
@@ -87,6 +88,14 @@ def check_any_key(headers: Mapping[str, str], registry: AttemptRegistry, *, requ
 def resolve_call(path_params: Mapping[str, str], headers: Mapping[str, str], registry: AttemptRegistry, *,
                  unattributed: str, require_auth: bool, admin_key: str) -> CallIdentity:
     """The attempt a call belongs to; raises GatewayError (404/409/401/400) when it cannot be served."""
+    named = resolve_named(path_params, headers, registry, require_auth=require_auth, admin_key=admin_key)
+    return named if named is not None else resolve_unattributed(headers, registry, unattributed=unattributed)
+
+
+def resolve_named(path_params: Mapping[str, str], headers: Mapping[str, str], registry: AttemptRegistry, *,
+                  require_auth: bool, admin_key: str) -> CallIdentity | None:
+    """The attempt the call names (path, headers or minted key), checked; None when it names none (and
+    is allowed to: keys off, or the admin key). Organic sessions (sessions.py) take over from there."""
     session = session_id_of(headers)
     key = presented_key(headers)
     if "rollout_id" in path_params:
@@ -108,6 +117,13 @@ def resolve_call(path_params: Mapping[str, str], headers: Mapping[str, str], reg
     if auth_required(admin_key, require_auth) and not is_admin(key, admin_key):
         raise GatewayError(401, "this gateway requires a rollout API key (from POST /v1/rollouts) or, for "
                            "calls that name no rollout, the admin key", "authentication", code="invalid_api_key")
+    return None
+
+
+def resolve_unattributed(headers: Mapping[str, str], registry: AttemptRegistry, *,
+                         unattributed: str) -> CallIdentity:
+    """A call that names no attempt: the replica's per-session pseudo-attempt, or refused (400)."""
+    session = session_id_of(headers)
     if unattributed == "refuse":
         raise GatewayError(400, "no rollout identity: use the /rollouts/{rollout_id}/attempts/{attempt_id} "
                            "path prefix, the X-Rollout-Id header or a rollout API key",

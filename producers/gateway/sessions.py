@@ -1,0 +1,202 @@
+"""Organic sessions: calls that name no rollout become real rollout attempts, keyed by their session.
+
+Production traffic never calls ``POST /v1/rollouts``. With ``gateway.organic_sessions`` a call that names
+no attempt (no path prefix, no ``X-Rollout-Id``, no minted key) but carries a session key joins that
+session's attempt. The key is, first match: a harness session header (``identity.SESSION_HEADERS``), the
+OpenAI body's ``user``, the Anthropic body's ``metadata.user_id``. The rollout id is derived from the key
+alone (``session-`` + a hash), so a restart or another replica maps the session to the same rollout.
+
+The session's first call starts an attempt and puts its ``AttemptStarted`` on Kafka (the same code path
+as ``POST /v1/rollouts``; empty task input; metadata ``organic``, ``session`` (the key) and
+``session_source``) before that call gets its index. The attempt ends with an ``AttemptFinished`` stating
+the counts (status SUCCESS, as the schema has no dedicated one; ``final_artifacts`` says how it ended) on
+``POST /v1/sessions/{key}/end``, or after ``gateway.session_idle_s`` with no call (swept in the background,
+as the registry expires idle attempts). A later call with the same key starts the rollout's next attempt.
+Organic attempts are ordinary attempts on Kafka, so a restarted gateway rebuilds them (recovery.py) and
+``adopt`` resumes sweeping them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from producers.gateway.attempts import AttemptState
+from producers.gateway.body import read_json, validate
+from producers.gateway.env_api import EnvApi, Finish
+from producers.gateway.errors import GatewayError, not_found
+from producers.gateway.identity import SESSION_HEADERS, is_admin, presented_key
+
+log = logging.getLogger("tokentrail.gateway")
+
+ROLLOUT_PREFIX = "session-"
+MAX_KEY_CHARS = 200
+SWEEP_INTERVAL_S = 1.0
+
+
+def session_key(headers: Mapping[str, str], body: Mapping[str, Any], protocol: str) -> tuple[str, str] | None:
+    """The call's session key and where it came from, first match; None when it carries none."""
+    for name in SESSION_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value[:MAX_KEY_CHARS], f"header:{name}"
+    if protocol == "openai":
+        user = body.get("user")
+        if isinstance(user, str) and user:
+            return user[:MAX_KEY_CHARS], "openai.user"
+    elif protocol == "anthropic":
+        metadata = body.get("metadata")
+        user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+        if isinstance(user_id, str) and user_id:
+            return user_id[:MAX_KEY_CHARS], "anthropic.metadata.user_id"
+    return None
+
+
+def rollout_id_for(key: str) -> str:
+    """Deterministic in the key alone (a restart, another replica: the same rollout); hashed, so a user id
+    does not become a Kafka key and the id always fits the rollout id pattern."""
+    return ROLLOUT_PREFIX + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+
+
+class OrganicSessions:
+    """Starts, finds and ends the attempts of organic sessions; ``env`` publishes their starts and finishes."""
+
+    def __init__(self, env: EnvApi, idle_s: float) -> None:
+        self.env, self.ctx, self.idle_s = env, env.ctx, idle_s
+        self._open: dict[str, AttemptState] = {}  # rollout id -> its open organic attempt (swept)
+        self._locks: dict[str, asyncio.Lock] = {}  # one start at a time per session
+        self.started = 0
+        self.ended = 0
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    def current(self, key: str) -> AttemptState | None:
+        """The session's live attempt, if any (no start; for count_tokens)."""
+        rid = rollout_id_for(key)
+        latest = self.ctx.registry.latest_attempt(rid)
+        state = self.ctx.registry.active(rid, latest[0]) if latest else None
+        if state is not None and not self._stale(state):
+            self._open[rid] = state
+            return state
+        return None
+
+    async def attempt_for(self, key: str, source: str) -> AttemptState:
+        """The session's live attempt, started (and its AttemptStarted delivered) when it has none."""
+        state = self.current(key)
+        if state is not None:
+            return state
+        rid = rollout_id_for(key)
+        lock = self._locks.setdefault(rid, asyncio.Lock())
+        try:
+            async with lock:  # concurrent first calls: one start, the others join it
+                state = self.current(key)
+                if state is not None:
+                    return state
+                stale = self._live_latest(rid)
+                if stale is not None:  # idle past the window but not swept yet: that session is over
+                    await self._end(stale, "idle")
+                start = {"task_input": {}, "group_id": None, "group_key": {}, "expected_group_size": None,
+                         "metadata": {"organic": True, "session": key, "session_source": source}}
+                state = self.ctx.registry.start(rid, start)
+                await self.env.publish_start(state, start)
+                self._open[rid] = state
+                self.started += 1
+                return state
+        finally:
+            if not lock.locked() and self._locks.get(rid) is lock:
+                del self._locks[rid]
+
+    def _live_latest(self, rid: str) -> AttemptState | None:
+        latest = self.ctx.registry.latest_attempt(rid)
+        return self.ctx.registry.active(rid, latest[0]) if latest else None
+
+    def _stale(self, state: AttemptState) -> bool:
+        return not state.in_flight and time.monotonic() - state.last_seen >= self.idle_s
+
+    # -- ends ------------------------------------------------------------------------------------
+
+    async def _end(self, state: AttemptState, how: str, status: str = "SUCCESS",
+                   final_artifacts: Any = None) -> dict[str, Any]:
+        artifacts = {"organic": {"ended_by": how}} if final_artifacts is None else final_artifacts
+        record = await self.env.publish_finish(state, status, artifacts)
+        if self._open.get(state.rollout_id) is state:
+            del self._open[state.rollout_id]
+        self.ended += 1
+        log.info("organic session %s ended (%s): %d calls", state.rollout_id, how, record["call_count"])
+        return record
+
+    async def sweep(self) -> int:
+        """End the sessions idle for ``idle_s``; returns how many ended. Attempts finished or dropped by
+        other means are only forgotten here."""
+        ended = 0
+        for rid, state in list(self._open.items()):
+            if self.ctx.registry.active(rid, state.attempt_id) is not state:
+                self._open.pop(rid, None)
+                continue
+            if not self._stale(state):
+                continue
+            try:
+                await self._end(state, "idle")
+                ended += 1
+            except GatewayError as exc:  # e.g. Kafka and spool both refuse: tried again next sweep
+                log.warning("organic session %s: idle end not recorded yet: %s", rid, exc.message)
+        return ended
+
+    async def run_sweeper(self) -> None:
+        interval = max(0.02, min(SWEEP_INTERVAL_S, self.idle_s / 4))
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.sweep()
+            except Exception:  # the sweeper must outlive one bad sweep
+                log.exception("organic session sweep failed")
+
+    def adopt(self) -> int:
+        """Sweep the organic attempts a restart rebuilt from Kafka (recovery.py) too."""
+        adopted = 0
+        for state in self.ctx.registry.active_states():
+            if not state.rollout_id.startswith(ROLLOUT_PREFIX) or state.rollout_id in self._open:
+                continue
+            with contextlib.suppress(GatewayError):
+                metadata = self.ctx.registry.start_info(state.rollout_id).get("metadata") or {}
+                if metadata.get("organic"):
+                    self._open[state.rollout_id] = state
+                    adopted += 1
+        return adopted
+
+    def counts(self) -> dict[str, int]:
+        return {"open": len(self._open), "started": self.started, "ended": self.ended}
+
+    # -- POST /v1/sessions/{key}/end ---------------------------------------------------------------
+
+    def routes(self) -> list[Route]:
+        return [Route("/v1/sessions/{key:path}/end", self.end_route, methods=["POST"])]
+
+    async def end_route(self, request: Request) -> JSONResponse:
+        key = request.path_params["key"][:MAX_KEY_CHARS]
+        try:
+            if self.ctx.admin_key and not is_admin(presented_key(request.headers), self.ctx.admin_key):
+                raise GatewayError(401, "ending a session needs the gateway admin key", "authentication",
+                                   code="invalid_api_key")
+            body = validate(Finish, await read_json(request, self.ctx.max_body_bytes, allow_empty=True))
+            rid = rollout_id_for(key)
+            state = self._live_latest(rid)
+            if state is None:
+                raise not_found(f"no open session for this key (rollout {rid})", code="unknown_session")
+            artifacts = body.final_artifacts if "final_artifacts" in body.model_fields_set else None
+            record = await self._end(state, "request", body.status, artifacts)
+        except GatewayError as exc:
+            return JSONResponse(exc.body("openai"), status_code=exc.status)
+        return JSONResponse({"rollout_id": rid, "attempt_id": state.attempt_id,
+                             "attempt_number": state.attempt_number, "status": body.status,
+                             "call_count": record["call_count"], "event_count": record["event_count"],
+                             "event_id": record["event_id"]})
