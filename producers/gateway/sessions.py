@@ -74,6 +74,8 @@ class OrganicSessions:
         self.env, self.ctx, self.idle_s = env, env.ctx, idle_s
         self._open: dict[str, AttemptState] = {}  # rollout id -> its open organic attempt (swept)
         self._locks: dict[str, asyncio.Lock] = {}  # one start at a time per session
+        # Ends in progress: a sweep, an end request and a call that finds the session stale share one.
+        self._ending: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
         self.started = 0
         self.ended = 0
 
@@ -86,7 +88,8 @@ class OrganicSessions:
         state = self.ctx.registry.active(rid, latest[0]) if latest else None
         if state is not None and not self._stale(state):
             self._open[rid] = state
-            return state
+            # Through get_active, so the registry's LRU order (idle expiry, room for new attempts) sees the use.
+            return self.ctx.registry.get_active(rid, state.attempt_id)
         return None
 
     async def attempt_for(self, key: str, source: str) -> AttemptState:
@@ -126,6 +129,16 @@ class OrganicSessions:
 
     async def _end(self, state: AttemptState, how: str, status: str = "SUCCESS",
                    final_artifacts: Any = None) -> dict[str, Any]:
+        """Finish the session's attempt once: whoever comes while its end is being recorded gets that end's
+        record (else the second finish would be refused as a duplicate)."""
+        pending = self._ending.get(state.key)
+        if pending is None:
+            pending = asyncio.ensure_future(self._finish(state, how, status, final_artifacts))
+            self._ending[state.key] = pending
+            pending.add_done_callback(lambda _done, key=state.key: self._ending.pop(key, None))
+        return await asyncio.shield(pending)
+
+    async def _finish(self, state: AttemptState, how: str, status: str, final_artifacts: Any) -> dict[str, Any]:
         artifacts = {"organic": {"ended_by": how}} if final_artifacts is None else final_artifacts
         record = await self.env.publish_finish(state, status, artifacts)
         if self._open.get(state.rollout_id) is state:
@@ -197,6 +210,6 @@ class OrganicSessions:
         except GatewayError as exc:
             return JSONResponse(exc.body("openai"), status_code=exc.status)
         return JSONResponse({"rollout_id": rid, "attempt_id": state.attempt_id,
-                             "attempt_number": state.attempt_number, "status": body.status,
+                             "attempt_number": state.attempt_number, "status": record["status"],
                              "call_count": record["call_count"], "event_count": record["event_count"],
                              "event_id": record["event_id"]})

@@ -4,6 +4,7 @@ finishes it with the counts, so the assembler builds a COMPLETE rollout from the
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -73,20 +74,25 @@ def test_harness_sessions_with_no_rollout_become_complete_rollouts(
         for n in range(3):
             an.messages.create(model=MODEL, max_tokens=4, metadata={"user_id": "claude-user-7"},
                                messages=[{"role": "user", "content": f"hello {n}"}])
+        # Two first calls of a new session at once: one start, both calls in its attempt.
+        racing = openai.OpenAI(base_url=gw.openai_base_url, api_key="x", max_retries=0,
+                               default_headers={"x-session-id": "pi-racing"})
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda _: _chat(racing, 1), range(2)))
         # No session key at all: unattributed, as without organic sessions.
         bare = openai.OpenAI(base_url=gw.openai_base_url, api_key="x", max_retries=0)
         _chat(bare, 1)
         ended = [httpx.post(f"{gw.url}/v1/sessions/{quote(key, safe='')}/end", timeout=60)
-                 for key in ("pi-organic-1", "claude-user-7")]
+                 for key in ("pi-organic-1", "claude-user-7", "pi-racing")]
         unknown = httpx.post(f"{gw.url}/v1/sessions/nobody/end", timeout=60)
         # After the end, the same key starts the rollout's next attempt.
         _chat(oa, 1)
         health = httpx.get(f"{gw.url}/health").json()
 
-    assert [r.status_code for r in ended] == [200, 200]
-    assert [r.json()["call_count"] for r in ended] == [3, 3]
+    assert [r.status_code for r in ended] == [200, 200, 200]
+    assert [r.json()["call_count"] for r in ended] == [3, 3, 2]
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_session"  # OpenAI shape
-    assert health["organic_sessions"] == {"open": 1, "started": 3, "ended": 2}
+    assert health["organic_sessions"] == {"open": 1, "started": 4, "ended": 3}  # the race started one
     for key, source in (("pi-organic-1", "header:x-session-id"), ("claude-user-7", "anthropic.metadata.user_id")):
         rid = rollout_id_for(key)
         first = ended[0 if key == "pi-organic-1" else 1].json()
@@ -95,6 +101,7 @@ def test_harness_sessions_with_no_rollout_become_complete_rollouts(
         assert [name for name, _ in env_records] == ["AttemptStarted", "AttemptFinished"]  # start first
         assert orjson.loads(started["task_input_json"]) == {} and started["attempt_number"] == 1
         assert orjson.loads(started["metadata_json"]) == {"organic": True, "session": key, "session_source": source}
+    _complete(tokentrail_settings, topics, rollout_id_for("pi-racing"), 2)  # indices 0 and 1 of one attempt
     (_, bare_call), = read_records(tokentrail_settings, topics["calls_topic"], 1, where={"session_id": None,
                                                                                          "protocol": "openai.chat"})
     assert bare_call["rollout_id"] == "unattributed"
