@@ -266,8 +266,11 @@ def anthropic_cases(model: str) -> list[HttpCase]:
           "what fits", _an(200), req(max_tokens=64000)),
         c("max_tokens.zero", "max_tokens too large", "max_tokens 0", _an(400, contains="max_tokens"),
           req(max_tokens=0)),
-        c("role.system", "bad role", "role 'system' inside messages", _an(400, contains="role"),
-          req(messages=[{"role": "system", "content": "x"}])),
+        c("role.system", "harness shape", "role 'system' inside messages, as Claude Code sends its per-turn "
+          "context: rendered as a system turn where it stands", _an(200),
+          req(messages=[*user, {"role": "system", "content": "x"}])),
+        c("role.system_image", "bad role", "an image block in a 'system' message (text-only model)", _an(400),
+          req(messages=[*user, {"role": "system", "content": [{"type": "image", "source": {}}]}])),
         c("role.tool", "bad role", "role 'tool' (an OpenAI role)", _an(400, contains="role"),
           req(messages=[{"role": "tool", "content": "x"}])),
         c("content.document", "bad role", "document block (text-only model)", _an(400),
