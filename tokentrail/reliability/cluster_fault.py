@@ -89,15 +89,6 @@ def _wait_done(driver: Driver, target: int, timeout_s: float, gateway: GatewayPr
     return deepest
 
 
-def _wait_drained(gateway: GatewayProcess, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if gateway.health().get("sink", {}).get("spool_depth", 1) == 0:
-            return True
-        time.sleep(0.5)
-    return False
-
-
 def cluster_fault(settings: Settings, workdir: Path, sizes: ClusterSizes, progress: Progress) -> FaultResult:
     return run_cluster_fault(settings, workdir, sizes, progress).result
 
@@ -170,7 +161,7 @@ def _kill_leader_and_count(cluster: LocalCluster, gateway: GatewayProcess, model
     target = driver.done + sizes.rollouts_after
     _wait_done(driver, target, 240)
     driver.stop_background()
-    drained = _wait_drained(gateway, 120)
+    drained = gateway.wait_drained(120)
     counts = count_event_ids(cluster.client.client_config(), list(TOPICS), driver.ids, timeout_s=120)
     lost, dup = lost_and_duplicated(counts, driver.ids)
     held = acks_all_held(run, cluster.size, cluster.min_insync_replicas)

@@ -97,6 +97,15 @@ class GatewayProcess:
                 return float(line.split()[1])
         raise KeyError(f"{name} is not among the gateway's metrics")
 
+    def wait_drained(self, timeout_s: float) -> bool:
+        """Whether the gateway's spool emptied (everything it acknowledged reached Kafka) in time."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.health().get("sink", {}).get("spool_depth", 1) == 0:
+                return True
+            time.sleep(0.5)
+        return False
+
     def kill9(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
@@ -179,15 +188,6 @@ class Driver:
             self._thread.join(300)
 
 
-def _wait_drained(gateway: GatewayProcess, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if gateway.health().get("sink", {}).get("spool_depth", 1) == 0:
-            return True
-        time.sleep(0.5)
-    return False
-
-
 def broker_and_gateway(settings: Settings, workdir: Path, sizes: Sizes, progress: Progress) -> list[FaultResult]:
     """Faults (a) and (e) on a private broker; returns one result for each."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -227,7 +227,7 @@ def broker_and_gateway(settings: Settings, workdir: Path, sizes: Sizes, progress
         kafka_local.start(wait_s=180, kafka=kafka, echo=quiet)
         time.sleep(1.0)
         driver.stop_background()
-        drained = _wait_drained(gateway, 120)
+        drained = gateway.wait_drained(120)
         counts = count_event_ids(kafka.client_config(), topics, driver.ids, timeout_s=90)
         lost, dup = lost_and_duplicated(counts, driver.ids)
         drained_metric = gateway.metric("tokentrail_gateway_spool_depth") if drained else -1.0
@@ -252,7 +252,7 @@ def broker_and_gateway(settings: Settings, workdir: Path, sizes: Sizes, progress
         kafka_local.start(wait_s=180, kafka=kafka, echo=quiet)
         gateway = GatewayProcess(private, workdir / "gateway.log")
         gateway.start()
-        drained = _wait_drained(gateway, 120)
+        drained = gateway.wait_drained(120)
         after = Driver(gateway.url, model, sizes.calls_per_rollout, "e2")
         after.run_n(2)
         expected = spooled.ids | after.ids

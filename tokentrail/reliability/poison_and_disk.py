@@ -92,15 +92,6 @@ def fill(disk: Path) -> Path:
 # ------------------------------------------------------------------------------------ helpers
 
 
-def _wait_drained(gateway: GatewayProcess, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if gateway.health().get("sink", {}).get("spool_depth", 1) == 0:
-            return True
-        time.sleep(0.5)
-    return False
-
-
 def _sink(gateway: GatewayProcess) -> dict[str, Any]:
     return dict(gateway.health().get("sink", {}))
 
@@ -179,7 +170,7 @@ def _poison(gateway: GatewayProcess, kafka: KafkaSettings, model: str, sizes: Po
     good[1].run_n(sizes.rollouts_around)
     over_status, _code, over = send_one_call(gateway, model, LONG_FOR_THE_RECORD, f"over-{tag}")
     good[2].run_n(sizes.rollouts_around)
-    drained = _wait_drained(gateway, 60)
+    drained = gateway.wait_drained(60)
     sink = _sink(gateway)
     progress(f"fault j: {sizes.poison_bytes / 1e6:.0f} MB request answered {big_status} {big_code}; the record "
              f"over the limit answered {over_status}; quarantined {sink.get('quarantined')}, spool depth "
@@ -226,10 +217,10 @@ def _disk_full(gateway: GatewayProcess, kafka: KafkaSettings, disk: Path, model:
              f"rollouts refused while full, /health {'200' if alive_while_full else 'NOT 200'}")
     filler.unlink()
     kafka_local.start(wait_s=180, kafka=kafka, echo=quiet)
-    drained = _wait_drained(gateway, 120)
+    drained = gateway.wait_drained(120)
     after = Driver(gateway.url, model, sizes.calls_per_rollout, f"j-after-{tag}")
     after.run_n(sizes.rollouts_around)
-    drained_after = _wait_drained(gateway, 60)
+    drained_after = gateway.wait_drained(60)
     expected = spooled.ids | while_full.ids | after.ids
     counts = _count(read_records(kafka.client_config(), TOPICS, expected, timeout_s=90))
     lost, dup = lost_and_duplicated(counts, expected)
