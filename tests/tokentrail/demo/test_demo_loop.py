@@ -2,7 +2,7 @@
 
 Runs ``tokentrail demo`` as a person would, in a private ``TOKENTRAIL_VAR_DIR`` with a private
 Kafka broker on free ports, and checks what it prints last: reward rose from the first band of
-policy versions to the last, and the four audit checks passed on everything it stored.
+policy versions to the last, and the five audit checks passed on everything it stored.
 """
 
 from __future__ import annotations
