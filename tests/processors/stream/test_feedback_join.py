@@ -27,10 +27,12 @@ from .stream_rig import Collected, StreamRig, group_events, interleave
 
 S = 1_000_000
 # BINARY counts only up to its rollout's close (so a thumbs-up a second later is late, without moving
-# stream time far); every other kind 15 s after. Unmatched after 8 s; closed rollouts kept a minute.
+# stream time far); every other kind 15 s after. Unmatched after 30 s: longer than a restarted worker's
+# calls partition may sit before the watchdog's seek (about 15 s), or feedback whose call index is still
+# unread would be declared unmatched (seen in CI with 8 s); closed rollouts kept a minute.
 CONFIG = {"name": "feedback-stream-test", "wait_s": {"BINARY": 0, "RATING": 15, "OUTCOME": 15, "TASK_OUTCOME": 15,
                                                      "TEXT": 15},
-          "watermark_lag_s": 1, "match_wait_s": 8, "closed_retention_s": 60, "combine": "mean"}
+          "watermark_lag_s": 1, "match_wait_s": 30, "closed_retention_s": 60, "combine": "mean"}
 
 
 def feedback(target_kind: str, target_id: str, kind: str, at_us: int, value: FeedbackValue, n: int) -> dict:
