@@ -37,8 +37,6 @@ API_KEY = "tokentrail-harness-check"
 NOT_YET = {
     "codex": "not run by this check yet: Codex CLI's Responses requests (namespace/custom tools, issue 18 item 4) "
              "are not known to pass through the gateway",
-    "openclaw": "not run by this check yet: OpenClaw's runs are captured (tests/harnesses/captured) but not yet "
-                "run through the gateway",
 }
 
 
@@ -64,6 +62,12 @@ def _pi(root: str, key: str, home: Path, work: Path, model: str) -> tuple[list[s
     return ["pi", "-p", TASK, "--model", f"gateway/{model}"], {}
 
 
+def _openclaw(root: str, key: str, home: Path, work: Path, model: str) -> tuple[list[str], dict[str, str]]:
+    from tokentrail.commands.harness_openclaw import openclaw_command
+
+    return openclaw_command(root, key, home, work, model, TASK)
+
+
 def _claude(root: str, key: str, home: Path, work: Path, model: str) -> tuple[list[str], dict[str, str]]:
     return (["claude", "-p", TASK, "--output-format", "json", "--max-turns", "4", "--allowedTools", "Bash"],
             {"ANTHROPIC_BASE_URL": root, "ANTHROPIC_AUTH_TOKEN": key})
@@ -75,6 +79,8 @@ HARNESSES = {
     "claude": Harness("claude", "anthropic.messages",
                       [_tool_call("Bash", {"command": WRITE, "description": "Write hi.txt"}),
                        _tool_call("Bash", {"command": COUNT, "description": "Count its bytes"}), ANSWER], _claude),
+    "openclaw": Harness("openclaw", "openai.chat", [_tool_call("exec", {"command": WRITE}),
+                                                    _tool_call("exec", {"command": COUNT}), ANSWER], _openclaw),
 }
 
 
