@@ -14,6 +14,14 @@ the fleet runs with; it is recorded with every call.
 Several servers: every call of a rollout goes to the same server (rendezvous hashing of the rollout
 id, so adding or removing a server moves only that server's share), which keeps its prefix cache
 warm. A server that refuses the connection is skipped for the next one in the same order.
+
+With ``token_endpoint="generate"`` token-in goes to vLLM's ``POST /inference/v1/generate`` instead (the
+server needs ``--enable-scale-out``): the same ids in and out, the sampled token's logprob in
+``logprobs.content[j].logprob``, and, the reason to use it, ``weight_versions``: which weight label
+(``POST /update_weight_version``) sampled which output tokens, as spans ``{version, start, end}``. The
+result's ``policy_version`` is then the version vLLM says sampled the first output token, and the
+spans go into ``extra["weight_versions"]`` (recorded with the call's engine details): exact whatever
+process pushes the weights. The completions answer carries no version at all.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import hashlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
@@ -45,6 +53,10 @@ if TYPE_CHECKING:
 # How long a finished stream may take to end its body (vLLM ends it right after [DONE]) before its
 # connection is closed instead of kept.
 STREAM_END_WAIT_S = 1.0
+TokenEndpoint = Literal["completions", "generate"]
+TOKEN_PATHS: dict[str, str] = {"completions": "/v1/completions", "generate": "/inference/v1/generate"}
+# vLLM's label for the weights a server started with: the base model, policy version 0.
+BASE_WEIGHT_LABEL = "default"
 LOGPROB_KINDS: dict[str, LogprobKind] = {"raw_logprobs": "RAW", "processed_logprobs": "PROCESSED"}
 
 
@@ -108,6 +120,62 @@ def rendezvous_order(key: str, servers: Sequence[str]) -> list[str]:
     return sorted(servers, key=weight, reverse=True)
 
 
+@dataclass(frozen=True)
+class VersionSpan:
+    """Output tokens ``[start, end)`` were sampled by the weights vLLM labelled ``version``."""
+
+    version: str
+    start: int
+    end: int
+
+
+def label_version(label: str) -> int | None:
+    """A weight label as a policy version: ``default`` is the base model (0); a foreign label is None."""
+    if label == BASE_WEIGHT_LABEL:
+        return 0
+    return int(label) if label.isdigit() else None
+
+
+def parse_spans(raw: object, n_tokens: int, server: str) -> list[VersionSpan]:
+    """vLLM's ``weight_versions`` of a finished choice, checked to cover the output tokens exactly."""
+    if not isinstance(raw, list) or (n_tokens and not raw):
+        raise UpstreamError(f"vLLM ({server}) reported no weight_versions for {n_tokens} tokens", 502,
+                            "upstream_error")
+    spans = [VersionSpan(str(s["version"]), int(s["start"]), int(s["end"])) for s in raw]
+    cursor = 0
+    for span in spans:
+        if span.start != cursor or span.end <= span.start:
+            raise UpstreamError(f"vLLM ({server}) sent weight_versions that do not tile the output: {raw}", 502,
+                                "upstream_error")
+        cursor = span.end
+    if cursor != n_tokens:
+        raise UpstreamError(f"vLLM ({server}) sent weight_versions over {cursor} tokens for {n_tokens}", 502,
+                            "upstream_error")
+    return spans
+
+
+def spans_text(spans: Sequence[VersionSpan]) -> str:
+    """The spans as the compact text kept in a call's engine details: ``1:0-4,2:4-400``."""
+    return ",".join(f"{s.version}:{s.start}-{s.end}" for s in spans)
+
+
+def spans_from_text(text: str) -> list[VersionSpan]:
+    """Inverse of ``spans_text``."""
+    spans = []
+    for part in filter(None, text.split(",")):
+        version, _, bounds = part.rpartition(":")
+        start, _, end = bounds.partition("-")
+        spans.append(VersionSpan(version, int(start), int(end)))
+    return spans
+
+
+def spans_version(spans: Sequence[VersionSpan], fallback: int) -> int:
+    """The policy version a call records: that of its first sampled token (the oldest weights, so its
+    staleness is never understated); ``fallback`` when no token was sampled or the label is foreign."""
+    version = label_version(spans[0].version) if spans else None
+    return fallback if version is None else version
+
+
 @dataclass
 class PassthroughChoice:
     index: int
@@ -143,6 +211,7 @@ class VLLMUpstream:
         timeout_s: float = 600.0,
         policy_version: int = 0,
         max_model_len: int | None = None,
+        token_endpoint: TokenEndpoint = "completions",
     ) -> None:
         if isinstance(servers, str):
             servers = [s for s in servers.split(",") if s.strip()]
@@ -155,6 +224,9 @@ class VLLMUpstream:
                 f"({' or '.join(LOGPROB_KINDS)}), not logits"
             )
         self.logprob_kind: LogprobKind = LOGPROB_KINDS[logprobs_mode]
+        if token_endpoint not in TOKEN_PATHS:
+            raise ValueError(f"token_endpoint {token_endpoint!r}: one of {', '.join(TOKEN_PATHS)}")
+        self.token_endpoint: TokenEndpoint = token_endpoint
         self._model = model
         self._policy_version = policy_version
         self._engines: dict[str, str] = {}
@@ -236,11 +308,7 @@ class VLLMUpstream:
 
     async def completion_body(self, request: GenerateRequest, stream: bool) -> dict[str, Any]:
         """The ``/v1/completions`` request for exact token-in generation."""
-        if request.forced_ids is not None:
-            raise UpstreamError("scripted outputs need the embedded engine: vLLM samples every token", 400,
-                                "invalid_request_error")
-        model = await self.model()
-        self._check_context(len(request.prompt_ids), request.sampling.max_tokens)
+        model = await self._token_in_model(request)
         body: dict[str, Any] = {
             "model": model,
             "prompt": request.prompt_ids,
@@ -258,12 +326,43 @@ class VLLMUpstream:
             body["stream_options"] = {"include_usage": True}
         return body
 
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        body = await self.completion_body(request, stream=False)
+    async def generate_body(self, request: GenerateRequest, stream: bool) -> dict[str, Any]:
+        """The ``/inference/v1/generate`` request: ids in, ids, logprobs and weight-version spans out."""
+        model = await self._token_in_model(request)
+        # logprobs 0: the sampled token's own logprob only; no detokenizing (the gateway decodes).
+        sampling = {**_sampling_fields(request.sampling), "logprobs": 0, "detokenize": False}
+        body: dict[str, Any] = {"model": model, "token_ids": request.prompt_ids, "sampling_params": sampling,
+                                "return_token_ids": True, "request_id": request.request_id}
+        if stream:
+            body["stream"] = True
+        return body
+
+    async def _token_in_model(self, request: GenerateRequest) -> str:
+        if request.forced_ids is not None:
+            raise UpstreamError("scripted outputs need the embedded engine: vLLM samples every token", 400,
+                                "invalid_request_error")
+        model = await self.model()
+        self._check_context(len(request.prompt_ids), request.sampling.max_tokens)
+        return model
+
+    async def _token_body(self, request: GenerateRequest, stream: bool) -> tuple[dict[str, Any], bytes]:
+        """The token-in request for this upstream's endpoint, with the prompt serialized once (returned too,
+        for the check of what the engine ran)."""
+        if self.token_endpoint == "generate":
+            body = await self.generate_body(request, stream)
+            key = "token_ids"
+        else:
+            body = await self.completion_body(request, stream)
+            key = "prompt"
         sent = _ids_json(request.prompt_ids)
-        body["prompt"] = orjson.Fragment(sent)
+        body[key] = orjson.Fragment(sent)
+        return body, sent
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        body, sent = await self._token_body(request, stream=False)
+        path = TOKEN_PATHS[self.token_endpoint]
         began = time.perf_counter()
-        server, response = await self._post(request.rollout_id or request.request_id, "/v1/completions", body)
+        server, response = await self._post(request.rollout_id or request.request_id, path, body)
         total_ms = (time.perf_counter() - began) * 1000
         if response.status_code != 200:
             raise error_from_response(response.status_code, response.content, server)
@@ -273,8 +372,18 @@ class VLLMUpstream:
             raise UpstreamError(f"vLLM ({server}) answered without choices", 502, "upstream_error")
         choice = choices[0]
         output_ids = list(choice.get("token_ids") or [])
-        logprobs = _sampled_logprobs(choice.get("logprobs"), output_ids, server)
-        prompt_ids = choice.get("prompt_token_ids")
+        policy_version = self._policy_version
+        extra: dict[str, object] = {"stop_reason": choice.get("stop_reason")}
+        if self.token_endpoint == "generate":
+            logprobs = _generate_logprobs(choice.get("logprobs"), output_ids, server)
+            prompt_ids = parsed.get("prompt_token_ids")
+            spans = parse_spans(choice.get("weight_versions"), len(output_ids), server)
+            policy_version = spans_version(spans, policy_version)
+            extra.update(vllm_id=parsed.get("request_id"), weight_versions=spans_text(spans))
+        else:
+            logprobs = _sampled_logprobs(choice.get("logprobs"), output_ids, server)
+            prompt_ids = choice.get("prompt_token_ids")
+            extra.update(vllm_id=parsed.get("id"), system_fingerprint=parsed.get("system_fingerprint"))
         self._check_prompt(request, sent, prompt_ids, server)
         metrics = parsed.get("metrics") or {}
         return GenerateResult(
@@ -283,14 +392,13 @@ class VLLMUpstream:
             output_logprobs=logprobs,
             finish_reason=str(choice.get("finish_reason") or "stop"),
             logprob_kind=self.logprob_kind,
-            policy_version=self._policy_version,
+            policy_version=policy_version,
             engine=await self.engine(server),
             upstream=server,
             queue_ms=float(metrics.get("queue_time_ms") or 0.0),
             first_token_ms=float(metrics.get("time_to_first_token_ms") or 0.0),
             total_ms=total_ms,
-            extra={"vllm_id": parsed.get("id"), "stop_reason": choice.get("stop_reason"),
-                   "system_fingerprint": parsed.get("system_fingerprint")},
+            extra=extra,
         )
 
     def generate_stream(self, request: GenerateRequest) -> WholeOrStreamed:
@@ -299,28 +407,39 @@ class VLLMUpstream:
         return WholeOrStreamed(lambda: self._generate_streamed(request), lambda: self.generate(request))
 
     async def _generate_streamed(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
-        body = await self.completion_body(request, stream=True)
-        sent = _ids_json(request.prompt_ids)
-        body["prompt"] = orjson.Fragment(sent)
+        body, sent = await self._token_body(request, stream=True)
+        versioned = self.token_endpoint == "generate"
+        read_logprobs = _generate_logprobs if versioned else _sampled_logprobs
         policy_version = self._policy_version
         got = _Streamed()
-        server, stream = await self._open_stream(request.rollout_id or request.request_id, "/v1/completions", body)
+        server, stream = await self._open_stream(request.rollout_id or request.request_id,
+                                                 TOKEN_PATHS[self.token_endpoint], body)
         async with stream as response:
             async for chunk in _sse_json(response, server):
                 got.saw(chunk)
+                if versioned and chunk.get("prompt_token_ids") is not None:  # first chunk, top level
+                    got.prompt_ids = list(chunk["prompt_token_ids"])
                 for choice in chunk.get("choices") or []:
                     if choice.get("index", 0) != 0:
                         continue
                     if choice.get("prompt_token_ids") is not None:
                         got.prompt_ids = list(choice["prompt_token_ids"])
+                    if choice.get("weight_versions") is not None:  # the final chunk: over the whole output
+                        got.weight_versions = choice["weight_versions"]
                     ids = list(choice.get("token_ids") or [])
-                    chunk_logprobs = got.add(ids, _sampled_logprobs(choice.get("logprobs"), ids, server), choice)
+                    chunk_logprobs = got.add(ids, read_logprobs(choice.get("logprobs"), ids, server), choice)
                     if ids:
                         yield TokenChunk(ids, chunk_logprobs)
         self._check_prompt(request, sent, got.prompt_ids, server)
         got.prompt_ids = request.prompt_ids  # checked equal: the gateway's array, not a new list
-        yield got.result(server, got.finish_reason_or_raise(server), self.logprob_kind, policy_version,
-                         await self.engine(server))
+        finish_reason = got.finish_reason_or_raise(server)
+        if versioned:
+            spans = parse_spans(got.weight_versions, len(got.output_ids), server)
+            policy_version = spans_version(spans, policy_version)
+        result = got.result(server, finish_reason, self.logprob_kind, policy_version, await self.engine(server))
+        if versioned:
+            result.extra["weight_versions"] = spans_text(spans)
+        yield result
 
     @staticmethod
     def _check_prompt(request: GenerateRequest, sent: bytes, prompt_ids: TokenIds | None,
@@ -645,9 +764,10 @@ class _Streamed:
     stop_reason: object = None
     vllm_id: str | None = None
     fingerprint: str | None = None
+    weight_versions: object = None  # /inference/v1/generate: the final chunk's spans
 
     def saw(self, chunk: dict[str, Any]) -> None:
-        self.vllm_id = self.vllm_id or chunk.get("id")
+        self.vllm_id = self.vllm_id or chunk.get("id") or chunk.get("request_id")
         self.fingerprint = chunk.get("system_fingerprint") or self.fingerprint
 
     def add(self, ids: list[int], logprobs: list[float], choice: dict[str, Any]) -> list[float]:
@@ -746,6 +866,25 @@ def _sampled_logprobs(logprobs: dict[str, Any] | None, ids: list[int], server: s
     if tokens and tokens[0].startswith("token_id:") and tokens != [f"token_id:{i}" for i in ids]:
         raise UpstreamError(f"vLLM ({server}) logprob tokens disagree with token_ids", 502, "upstream_error")
     return [float(v) for v in values]
+
+
+def _generate_logprobs(logprobs: dict[str, Any] | None, ids: list[int], server: str) -> list[float]:
+    """``logprobs.content[j]`` of a ``/inference/v1/generate`` choice: each entry names its token id, checked
+    against the sampled ids; vLLM's sentinel -9999.0 (no logprob for the sampled token) is refused."""
+    if not ids:
+        return []
+    content = (logprobs or {}).get("content")
+    if content is None or len(content) != len(ids):
+        raise UpstreamError(
+            f"vLLM ({server}) returned {0 if content is None else len(content)} logprobs for {len(ids)} "
+            "token ids", 502, "upstream_error")
+    values = []
+    for token_id, entry in zip(ids, content, strict=True):
+        if entry.get("token_id") != token_id or entry.get("logprob") in (None, -9999.0):
+            raise UpstreamError(f"vLLM ({server}) logprobs disagree with token_ids at {token_id}: {entry}", 502,
+                                "upstream_error")
+        values.append(float(entry["logprob"]))
+    return values
 
 
 def _chat_logprobs(logprobs: dict[str, Any] | None, ids: list[int], server: str) -> list[float]:

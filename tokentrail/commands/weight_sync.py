@@ -19,16 +19,24 @@ from typing import TYPE_CHECKING, Any
 
 from models.policy_store import PolicyStore
 from producers.upstreams.base import ChatGenerateRequest, GenerateRequest, GenerateResult, TokenChunk
-from producers.upstreams.vllm import VLLMUpstream
+from producers.upstreams.vllm import VLLMUpstream, label_version, spans_from_text
 from trainer_consumer.weight_sync import FleetView, VersionGate, WeightSync
 
 if TYPE_CHECKING:
     from tokentrail.settings import Settings
 
+_log = logging.getLogger("tokentrail.weight_sync")
+
 
 class GatedUpstream:
     """``VLLMUpstream`` whose token generations hold a lease of ``gate`` from their first item to their
     end; the result's ``policy_version`` is the leased one. (Chat pass-through is not gated.)
+
+    When vLLM reports which weights sampled the tokens (``token_endpoint="generate"``: per-token
+    ``weight_versions`` spans), that report is the call's version and the lease is the check: the
+    leased version goes into the result's ``extra["gate_version"]`` beside the spans, and a call where
+    the two disagree is counted in ``checks["mismatched"]`` and logged. Under the gate they cannot
+    disagree (no call runs while weights change); the count says so on real traffic.
 
     With ``sync``, the gateway's ``policy_dir`` start-up hook (``follow_policies``) runs the sync on the
     gateway's event loop, where the gate lives; ``close`` stops it."""
@@ -41,6 +49,9 @@ class GatedUpstream:
         self.interval_s = interval_s
         self._stop: asyncio.Event | None = None
         self._follower: asyncio.Task[None] | None = None
+        # calls whose version vLLM reported and that were compared with their lease; those that disagreed;
+        # those whose tokens span more than one version (impossible under pause mode "wait")
+        self.checks = {"checked": 0, "mismatched": 0, "spanning": 0}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -57,14 +68,33 @@ class GatedUpstream:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         async with self.gate.lease() as version:
             result = await self.inner.generate(request)
-        result.policy_version = version
+        self.settle_version(result, version)
         return result
 
+    def settle_version(self, result: GenerateResult, leased: int) -> None:
+        """The version ``result`` records: vLLM's own report where it gave one (checked against the lease),
+        else the leased one."""
+        reported = result.extra.get("weight_versions")
+        if not isinstance(reported, str):
+            result.policy_version = leased
+            return
+        result.extra["gate_version"] = leased
+        spans = spans_from_text(reported)
+        self.checks["checked"] += 1
+        if len({s.version for s in spans}) > 1:
+            self.checks["spanning"] += 1
+        if spans and label_version(spans[0].version) is None:  # a foreign label names no policy version
+            result.policy_version = leased
+        if any(label_version(s.version) != leased for s in spans):
+            self.checks["mismatched"] += 1
+            _log.warning("call %s: vLLM sampled it with weights %s, the gate leased version %d",
+                         result.extra.get("vllm_id"), reported, leased)
+
     def generate_stream(self, request: GenerateRequest) -> _LeasedStream:
-        return _LeasedStream(self.inner.generate_stream(request), self.gate)
+        return _LeasedStream(self.inner.generate_stream(request), self.gate, self)
 
     def generate_chat_stream(self, request: ChatGenerateRequest) -> _LeasedStream:
-        return _LeasedStream(self.inner.generate_chat_stream(request), self.gate)
+        return _LeasedStream(self.inner.generate_chat_stream(request), self.gate, self)
 
     async def policy_version(self) -> int:
         return self.gate.version
@@ -80,9 +110,10 @@ class GatedUpstream:
 
 
 class _LeasedStream:
-    def __init__(self, inner: Any, gate: VersionGate) -> None:
+    def __init__(self, inner: Any, gate: VersionGate, owner: GatedUpstream) -> None:
         self._inner = inner
         self._gate = gate
+        self._owner = owner
         self._lease: contextlib.AbstractAsyncContextManager[int] | None = None
         self._version = gate.version
 
@@ -105,7 +136,7 @@ class _LeasedStream:
             await self._release()
             raise
         if isinstance(item, GenerateResult):
-            item.policy_version = self._version
+            self._owner.settle_version(item, self._version)
         return item
 
     async def aclose(self) -> None:
@@ -142,6 +173,7 @@ class GateHooks:
         routable = [s for s in self.all_servers if s in set(view.routable())]
         if routable:
             self.upstream.servers = routable  # VLLMUpstream routes by this list (rendezvous order)
+            self.upstream.set_policy_version(view.target)
             await self.gate.reopen(view.target)
 
 
@@ -158,8 +190,9 @@ def gate_upstream(upstream: VLLMUpstream, store: PolicyStore, *, base_dir: Path 
 def gateway_upstream(settings: Settings) -> GatedUpstream:
     """``tokentrail gateway``'s vLLM upstream when ``weight_sync.in_gateway`` is on: the settings' vLLM
     fleet, gated by a weight sync that follows ``trainer.checkpoint_dir``."""
-    upstream = VLLMUpstream.from_settings(settings.gateway)
     section = settings.weight_sync
+    upstream = VLLMUpstream.from_settings(settings.gateway,
+                                          token_endpoint="generate" if section.engine_versions else "completions")
     return gate_upstream(upstream, PolicyStore(settings.trainer.checkpoint_dir), base_dir=settings.model.dir,
                          interval_s=section.interval_s, pause_mode=section.pause_mode, timeout_s=section.timeout_s,
                          log=logging.getLogger("tokentrail.weight_sync").info)

@@ -29,7 +29,7 @@ from tokentrail.demo.agent import RolloutOutcome, run_rollout
 from tokentrail.demo.environment import make_task
 from tokentrail.demo.progress import ProgressTracker, VersionStats
 from tokentrail.demo.services import Service, http_ok, log_dir, wait_until
-from tokentrail.demo.vllm import DemoVLLM
+from tokentrail.demo.vllm import DemoVLLM, stored_version_evidence
 from tokentrail.settings import REPO_ROOT, Settings, get_settings
 
 STATE_DIRS = ("kafka", "clickhouse", "policies", "spool", "processors", "logs")
@@ -107,8 +107,9 @@ def run_demo(args: argparse.Namespace) -> int:
     gateway_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
     vllm: DemoVLLM | None = None
     if args.upstream == "vllm":
-        vllm = DemoVLLM(settings.model.dir, settings.model.name, logs / "vllm.log")
-        print(f"  starting vLLM at {vllm.url} (2-4 minutes on 2 cores; log {vllm.log_path}) ...", flush=True)
+        vllm = DemoVLLM(settings.model.dir, settings.model.name, logs / "vllm.log", url=args.vllm_url)
+        print(f"  {'using' if vllm.external else 'starting'} vLLM at {vllm.url} (2-4 minutes on 2 cores; "
+              f"log {vllm.log_path}) ...", flush=True)
         print(f"  vLLM ready in {vllm.start():.0f} s", flush=True)
     services = [
         Service("gateway", ["gateway"], logs / "gateway.log", env=vllm.gateway_env() if vllm else {}),
@@ -149,6 +150,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 print(f"         {tracker.topic_counts()}; gateway {_gateway_delivery(gateway_url)}", flush=True)
 
         workload.run_until(start + args.minutes * 60, tick)
+        failed_rollouts = len(workload.errors)
         correct = sum(o.correct for o in workload.outcomes)
         print(f"  workload done: {len(workload.outcomes)} rollouts, {correct} answered right, "
               f"{len(workload.errors)} failed" + (f" (first: {workload.errors[0]})" if workload.errors else ""))
@@ -172,13 +174,17 @@ def run_demo(args: argparse.Namespace) -> int:
     _step(8, total, "report")
     report_path = settings.var_dir / "report.html"
     _cli("report", "--out", str(report_path))
-    extra = {"upstream": args.upstream}
+    extra: dict[str, object] = {"upstream": args.upstream}
+    versions_wrong = False
     if vllm is not None:
-        # The gateway records on each call the version its lease got, and leases open only at versions
-        # the weight sync has loaded into vLLM and labelled there; the last label must be the newest version.
-        extra.update(versions_served_by_vllm=len(tracker_summary), vllm_final_weight_label=served_label,
+        # Checked, not assumed: every stored call's recorded version against the weights vLLM says sampled
+        # its tokens (and the gate's lease); a mismatch or a call vLLM gave no version for fails the run.
+        evidence = stored_version_evidence(settings.clickhouse)
+        print(f"  versions, call by call: {evidence}", flush=True)
+        extra.update(evidence, failed_rollouts=failed_rollouts, vllm_final_weight_label=served_label,
                      newest_recorded_version=max(tracker_summary, default=0))
-    return _summarize(tracker_summary, audit.returncode, report_path, extra)
+        versions_wrong = bool(evidence["version_mismatches"] or evidence["calls_without_vllm_version"])
+    return _summarize(tracker_summary, audit.returncode, report_path, extra) or int(versions_wrong)
 
 
 def _gateway_delivery(gateway_url: str) -> str:
@@ -259,6 +265,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the engine behind the gateway: the embedded reference engine (default) or a vLLM "
                         "server started here from .venv-vllm (make setup-vllm), kept on each published "
                         "version by the weight sync")
+    p.add_argument("--vllm-url", default=None, metavar="URL",
+                   help="with --upstream vllm: use this running server (started like the demo starts one: "
+                        "VLLM_SERVER_DEV_MODE=1, --enable-scale-out, processed logprobs, the reference model) "
+                        "instead of starting one; its weights are left at the last version")
     p.add_argument("--keep-data", action="store_true",
                    help="keep var/ (Kafka data, ClickHouse, policies) from an earlier run instead of starting fresh")
     p.set_defaults(func=run_demo)

@@ -11,6 +11,10 @@ class WeightSyncSettings(BaseModel):
     # The gateway runs the sync for its own vLLM servers (`tokentrail gateway` with a vLLM upstream) and
     # records on each call the version it leased; the servers must run with VLLM_SERVER_DEV_MODE=1.
     in_gateway: bool = False
+    # Token-in calls go to vLLM's /inference/v1/generate (servers started with --enable-scale-out), which
+    # reports the weight label that sampled each output token; each call then records vLLM's version,
+    # checked against the gate's lease. Off: /v1/completions, and the call records the lease.
+    engine_versions: bool = False
     # vLLM base URLs (without /v1), comma-separated; empty: take the gateway's upstream list.
     servers: str = ""
     # How often the policy store's `latest` is read, and lagging servers retried.
