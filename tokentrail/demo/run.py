@@ -28,6 +28,8 @@ import httpx
 from tokentrail.demo.agent import RolloutOutcome, run_rollout
 from tokentrail.demo.environment import make_task
 from tokentrail.demo.progress import ProgressTracker, VersionStats
+from tokentrail.demo.release import add_arguments as add_release_arguments
+from tokentrail.demo.release import run_release_demo
 from tokentrail.demo.services import Service, http_ok, log_dir, wait_until
 from tokentrail.demo.vllm import DemoVLLM, stored_version_evidence
 from tokentrail.settings import REPO_ROOT, Settings, get_settings
@@ -91,6 +93,8 @@ class Workload:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    if getattr(args, "release", False):
+        return run_release_demo(args)
     settings = get_settings()
     total = 8
     if not args.keep_data:
@@ -271,4 +275,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "instead of starting one; its weights are left at the last version")
     p.add_argument("--keep-data", action="store_true",
                    help="keep var/ (Kafka data, ClickHouse, policies) from an earlier run instead of starting fresh")
+    add_release_arguments(p)
     p.set_defaults(func=run_demo)
