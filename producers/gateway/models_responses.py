@@ -57,6 +57,50 @@ def _text_as_parts(value: Any) -> Any:
 Content = Annotated[list[ContentPart], BeforeValidator(_text_as_parts)]
 
 
+# --------------------------------------------------------------------------------------------- tools
+
+class FunctionTool(_Open):
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class CustomTool(_Open):
+    """A freeform tool: the model writes one string (``format`` text, or a lark/regex grammar)."""
+
+    type: Literal["custom"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    format: dict[str, Any] | None = None
+
+
+class OtherTool(_Open):
+    """Hosted tools (web_search, file_search, computer_use, mcp, ...) and unknown types: the adapter
+    omits web_search with a record of it and refuses the rest."""
+
+    type: str
+
+
+NestedTool = Annotated[Annotated[FunctionTool, Tag("function")] | Annotated[CustomTool, Tag("custom")]
+                       | Annotated[OtherTool, Tag("other")], Discriminator(_tagger({"function", "custom"}))]
+
+
+class NamespaceTool(_Open):
+    """A named group of function/custom tools (Codex's ``multi_agent_v1``, ``functions``, ...)."""
+
+    type: Literal["namespace"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    tools: list[NestedTool]
+
+
+ToolDef = Annotated[Annotated[FunctionTool, Tag("function")] | Annotated[CustomTool, Tag("custom")]
+                    | Annotated[NamespaceTool, Tag("namespace")] | Annotated[OtherTool, Tag("other")],
+                    Discriminator(_tagger({"function", "custom", "namespace"}))]
+
+
 # ---------------------------------------------------------------------------------------- input items
 
 class MessageItem(_Open):
@@ -71,10 +115,23 @@ class FunctionCallItem(_Open):
     name: str = Field(min_length=1)
     arguments: str
     id: str | None = None
+    namespace: str | None = None  # a call of a function inside a namespace tool
+
+
+class CustomToolCallItem(_Open):
+    """A call of a custom (freeform) tool: one string of input, no JSON arguments."""
+
+    type: Literal["custom_tool_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: str
+    id: str | None = None
+    namespace: str | None = None
 
 
 class FunctionCallOutputItem(_Open):
-    type: Literal["function_call_output"]
+    # custom_tool_call_output has the same shape (Codex sends its output as a list of input_text parts).
+    type: Literal["function_call_output", "custom_tool_call_output"]
     call_id: str = Field(min_length=1)
     output: Content
 
@@ -92,37 +149,37 @@ class ReasoningItem(_Open):
     encrypted_content: str | None = None
 
 
+class AdditionalToolsItem(_Open):
+    """Tools declared inside ``input`` (Codex's default models send all their tools this way): they join
+    the request's ``tools``, in order, after them."""
+
+    type: Literal["additional_tools"]
+    tools: list[ToolDef]
+    id: str | None = None
+    role: str | None = None
+
+
 class OtherItem(_Open):
     """Item types that need server-side tools or state (item_reference, web_search_call, ...)."""
 
     type: str
 
 
-_ITEM_TYPES = {"message", "function_call", "function_call_output", "reasoning"}
+_ITEM_TYPES = {"message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output",
+               "reasoning", "additional_tools"}
+
+
+def _item_tag(value: Any) -> str:
+    tag = _tagger(_ITEM_TYPES, default="message")(value)
+    return "function_call_output" if tag == "custom_tool_call_output" else tag
+
+
 InputItem = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+                      | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
                       | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
-                      | Annotated[ReasoningItem, Tag("reasoning")] | Annotated[OtherItem, Tag("other")],
-                      Discriminator(_tagger(_ITEM_TYPES, default="message"))]
-
-
-# --------------------------------------------------------------------------------------------- tools
-
-class FunctionTool(_Open):
-    type: Literal["function"]
-    name: str = Field(min_length=1)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class OtherTool(_Open):
-    """Hosted tools (web_search, file_search, computer_use, mcp, ...): refused by the adapter."""
-
-    type: str
-
-
-ToolDef = Annotated[Annotated[FunctionTool, Tag("function")] | Annotated[OtherTool, Tag("other")],
-                    Discriminator(_tagger({"function"}))]
+                      | Annotated[ReasoningItem, Tag("reasoning")]
+                      | Annotated[AdditionalToolsItem, Tag("additional_tools")] | Annotated[OtherItem, Tag("other")],
+                      Discriminator(_item_tag)]
 
 
 # ------------------------------------------------------------------------------------------- request

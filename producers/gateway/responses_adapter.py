@@ -1,16 +1,21 @@
 """OpenAI Responses <-> the internal chat form.
 
 Requests: ``instructions`` becomes the system message; input items become chat messages. A run of
-assistant-side items (reasoning, an assistant message, function calls) is one assistant turn, in the
-order this adapter writes them (reasoning, message, calls), so a response sent back as input renders
-as the turn the gateway recorded. ``function_call_output`` items become tool messages. The gateway
-keeps no responses, so ``previous_response_id`` / ``conversation`` are refused: send the full input.
+assistant-side items (reasoning, an assistant message, function and custom tool calls) is one assistant
+turn, in the order this adapter writes them (reasoning, message, calls), so a response sent back as input
+renders as the turn the gateway recorded. ``function_call_output`` / ``custom_tool_call_output`` items
+become tool messages; ``additional_tools`` items add their tools to ``tools``. Namespace, custom and
+hosted tools: responses_tools. The gateway keeps no responses, so ``previous_response_id`` /
+``conversation`` are refused: send the full input. What the request asks that the gateway does not apply
+(reasoning options, encrypted reasoning, ``include``, ``prompt_cache_key``, ``text.verbosity``, ``parallel_tool_calls:
+false``, omitted hosted tools, unenforced tool grammars) is listed in the call record's ``ignored_by_upstream``.
 
 Responses: output items reasoning (with its text, when the parser found some), message (output_text)
-and function_call. Streams are named SSE events with a running ``sequence_number``: response.created,
-response.in_progress, output_item.added/done, content_part.added/done, output_text / reasoning_text
-delta and done, function_call_arguments delta and done, then response.completed (response.incomplete
-when ``max_output_tokens`` cut the output).
+and function_call / custom_tool_call (namespaced as declared). Streams are named SSE events with a running
+``sequence_number``: response.created, response.in_progress, output_item.added/done,
+content_part.added/done, output_text / reasoning_text delta and done, function_call_arguments
+(custom_tool_call_input) delta and done, then response.completed (response.incomplete when
+``max_output_tokens`` cut the output).
 """
 
 from __future__ import annotations
@@ -20,24 +25,36 @@ from typing import Any
 from producers.gateway.chat import CallOutcome, InternalCall, Message, SamplingSpec, resolve_max_tokens
 from producers.gateway.errors import GatewayError, bad_request
 from producers.gateway.models_responses import (
+    AdditionalToolsItem,
+    CustomToolCallItem,
     FunctionCallItem,
     FunctionCallOutputItem,
-    FunctionTool,
     MessageItem,
     OtherContent,
     OtherItem,
     ReasoningItem,
     ResponsesRequest,
 )
+from producers.gateway.responses_tools import (
+    TOOL_CALL_PREFIX,
+    ToolSet,
+    call_item,
+    call_name,
+    custom_call_of,
+    function_call_of,
+    tool_set,
+)
 from producers.gateway.sse import named_event
 from schemas.tokens import TokenIds
 
 PROTOCOL = "openai.responses"
 ADAPTER_VERSION = "openai-responses/1"
-TOOL_CALL_PREFIX = "call_"
+__all__ = ["ADAPTER_VERSION", "PROTOCOL", "TOOL_CALL_PREFIX", "ResponseStream", "conversation", "response_body",
+           "to_internal"]
 
 # Rank of assistant-side items within one turn, in the order the adapter writes them.
-_RANK = {ReasoningItem: 0, MessageItem: 1, FunctionCallItem: 2}
+_CALLS = 2
+_RANK = {ReasoningItem: 0, MessageItem: 1, FunctionCallItem: _CALLS, CustomToolCallItem: _CALLS}
 
 
 # ------------------------------------------------------------------------------------------- requests
@@ -59,7 +76,7 @@ def _refuse_stored_state(req: ResponsesRequest) -> None:
                               "send the full conversation in input", param=param, code="unsupported_parameter")
 
 
-def _add_to_turn(turn: Message, item: Any, where: str) -> None:
+def _add_to_turn(turn: Message, item: Any, where: str, tools: ToolSet) -> None:
     if isinstance(item, ReasoningItem):
         # Only the reasoning text can be rendered; summaries and encrypted content are not the model's text.
         text = "".join(p.text for p in item.content or [] if p.type == "reasoning_text")
@@ -68,11 +85,14 @@ def _add_to_turn(turn: Message, item: Any, where: str) -> None:
     elif isinstance(item, MessageItem):
         turn["content"] = _text(item.content, f"{where}.content")
     else:
-        turn.setdefault("tool_calls", []).append(
-            {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}})
+        name = call_name(item.name, item.namespace, tools.targets)
+        function = (custom_call_of(name, item.input) if isinstance(item, CustomToolCallItem)
+                    else function_call_of(name, item.arguments))
+        turn.setdefault("tool_calls", []).append({"id": item.call_id, "type": "function", "function": function})
 
 
-def conversation(req: ResponsesRequest) -> list[Message]:
+def conversation(req: ResponsesRequest, tools: ToolSet | None = None) -> list[Message]:
+    tools = request_tools(req) if tools is None else tools
     messages: list[Message] = []
     if req.instructions:
         messages.append({"role": "system", "content": req.instructions})
@@ -84,7 +104,10 @@ def conversation(req: ResponsesRequest) -> list[Message]:
         where = f"input.{i}"
         if isinstance(item, OtherItem):
             raise bad_request(f"input item type {item.type!r} is not supported; supported are message, "
-                              "function_call, function_call_output and reasoning", param=f"{where}.type")
+                              "function_call, function_call_output, custom_tool_call, custom_tool_call_output, "
+                              "reasoning and additional_tools", param=f"{where}.type")
+        if isinstance(item, AdditionalToolsItem):
+            continue  # its tools join the request's tools (_declared_tools); it is no turn
         if isinstance(item, FunctionCallOutputItem):
             turn = None
             messages.append({"role": "tool", "tool_call_id": item.call_id,
@@ -96,35 +119,52 @@ def conversation(req: ResponsesRequest) -> list[Message]:
         else:
             rank = _RANK[type(item)]
             # A new turn starts where the order reasoning < message < calls restarts (calls may repeat).
-            if turn is None or rank < last_rank or (rank == last_rank and rank != _RANK[FunctionCallItem]):
+            if turn is None or rank < last_rank or (rank == last_rank and rank != _CALLS):
                 turn = {"role": "assistant", "content": ""}
                 messages.append(turn)
-            _add_to_turn(turn, item, where)
+            _add_to_turn(turn, item, where, tools)
             last_rank = rank
     return messages
 
 
-def _tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
-    functions: list[FunctionTool] = []
-    for i, tool in enumerate(req.tools or []):
-        if not isinstance(tool, FunctionTool):
-            raise bad_request(f"tool type {tool.type!r} is not supported; only function tools are",
-                              param=f"tools.{i}.type")
-        functions.append(tool)
+def request_tools(req: ResponsesRequest) -> ToolSet:
+    """The request's tools: ``tools``, then those of ``additional_tools`` input items, in order."""
+    declared = [(tool, f"tools.{i}") for i, tool in enumerate(req.tools or [])]
+    for i, item in enumerate(req.input):
+        if isinstance(item, AdditionalToolsItem):
+            declared += [(tool, f"input.{i}.tools.{j}") for j, tool in enumerate(item.tools)]
+    return tool_set(declared)
+
+
+def _tools(req: ResponsesRequest, tools: ToolSet) -> list[dict[str, Any]] | None:
     choice = req.tool_choice
     if isinstance(choice, dict):
-        if choice.get("type") != "function":
+        if choice.get("type") not in ("function", "custom"):
             raise bad_request(f"tool_choice type {choice.get('type')!r} is not supported; use none, auto, "
-                              "required or a function", param="tool_choice")
-        if choice.get("name") not in {t.name for t in functions}:
-            raise bad_request(f"tool_choice names function {choice.get('name')!r}, which is not among the tools",
-                              param="tool_choice")
-    if not functions or choice == "none":
+                              "required, a function or a custom tool", param="tool_choice")
+        named = choice.get("name")
+        if not any(named in (name, target.name) for name, target in tools.targets.items()):
+            raise bad_request(f"tool_choice names tool {named!r}, which is not among the tools", param="tool_choice")
+    if not tools.functions or choice == "none":
         return None
-    # The chat form's key order (name, description, parameters): templates serialise tools as they are.
-    return [{"type": "function", "function": {k: v for k, v in (
-        ("name", t.name), ("description", t.description), ("parameters", t.parameters)) if v is not None}}
-        for t in functions]
+    return tools.functions
+
+
+def _ignored(req: ResponsesRequest, tools: ToolSet) -> dict[str, Any]:
+    """What the request asks that this gateway does not apply, for the call record."""
+    encrypted = sum(1 for item in req.input if isinstance(item, ReasoningItem) and item.encrypted_content)
+    verbosity = (req.text or {}).get("verbosity")
+    extra = req.model_extra or {}
+    return {k: v for k, v in (
+        ("reasoning", req.reasoning),
+        ("include", extra.get("include")),
+        ("encrypted_reasoning_items", encrypted),  # not rendered: the gateway cannot read them
+        ("prompt_cache_key", extra.get("prompt_cache_key")),
+        ("text.verbosity", verbosity),
+        ("omitted_hosted_tools", tools.omitted),
+        ("unenforced_tool_formats", tools.unenforced_formats),
+    ) if v} | ({"parallel_tool_calls": False} if req.parallel_tool_calls is False else {})  # the parser may
+    # return several calls all the same
 
 
 def to_internal(req: ResponsesRequest, max_tokens_limit: int) -> InternalCall:
@@ -140,8 +180,10 @@ def to_internal(req: ResponsesRequest, max_tokens_limit: int) -> InternalCall:
         requested_max_tokens=req.max_output_tokens,
         seed=req.seed,
     )
+    tools = request_tools(req)
+    sampling.ignored = _ignored(req, tools)
     return InternalCall(protocol=PROTOCOL, model=req.model, stream=req.stream, sampling=sampling,
-                        messages=conversation(req), tools=_tools(req))
+                        messages=conversation(req, tools), tools=_tools(req, tools))
 
 
 # ------------------------------------------------------------------------------------------ responses
@@ -176,20 +218,19 @@ def _output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def function_call_items(outcome: CallOutcome) -> list[dict[str, Any]]:
-    return [{"id": "fc_" + call.id.removeprefix(TOOL_CALL_PREFIX), "type": "function_call", "call_id": call.id,
-             "name": call.name, "arguments": call.arguments, "status": "completed"}
-            for call in outcome.tool_calls]
+def function_call_items(outcome: CallOutcome, req: ResponsesRequest) -> list[dict[str, Any]]:
+    targets = request_tools(req).targets
+    return [call_item(call, targets) for call in outcome.tool_calls]
 
 
-def output_items(outcome: CallOutcome) -> list[dict[str, Any]]:
+def output_items(outcome: CallOutcome, req: ResponsesRequest) -> list[dict[str, Any]]:
     status = "incomplete" if _incomplete(outcome) else "completed"
     items: list[dict[str, Any]] = []
     if outcome.reasoning:
         items.append(reasoning_item(outcome.call_id, outcome.reasoning, status))
     if outcome.content or not outcome.tool_calls:
         items.append(message_item(outcome.call_id, outcome.content, status))
-    return items + function_call_items(outcome)
+    return items + function_call_items(outcome, req)
 
 
 def _skeleton(req: ResponsesRequest, call_id: str, created: int) -> dict[str, Any]:
@@ -208,7 +249,7 @@ def _skeleton(req: ResponsesRequest, call_id: str, created: int) -> dict[str, An
 def response_body(outcome: CallOutcome, req: ResponsesRequest,
                   output: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     body = _skeleton(req, outcome.call_id, outcome.created)
-    body["output"] = output_items(outcome) if output is None else output
+    body["output"] = output_items(outcome, req) if output is None else output
     body["usage"] = _usage(outcome)
     if _incomplete(outcome):
         body["status"], body["incomplete_details"] = "incomplete", {"reason": "max_output_tokens"}
@@ -313,14 +354,17 @@ class ResponseStream:
                 and not outcome.tool_calls:
             frames += self._switch("message")  # an empty answer still has one message item
         frames += self._close(status)
-        for item in function_call_items(outcome):
+        for item in function_call_items(outcome, self.req):
             index = len(self._items)
+            # function_call streams its arguments, custom_tool_call its input, each under its own event names
+            field, kind = ("input", "custom_tool_call_input") if item["type"] == "custom_tool_call" \
+                else ("arguments", "function_call_arguments")
             frames.append(self._event("response.output_item.added", output_index=index,
-                                      item={**item, "arguments": "", "status": "in_progress"}))
-            frames.append(self._event("response.function_call_arguments.delta", item_id=item["id"],
-                                      output_index=index, delta=item["arguments"]))
-            frames.append(self._event("response.function_call_arguments.done", item_id=item["id"],
-                                      output_index=index, arguments=item["arguments"]))
+                                      item={**item, field: "", "status": "in_progress"}))
+            frames.append(self._event(f"response.{kind}.delta", item_id=item["id"], output_index=index,
+                                      delta=item[field]))
+            frames.append(self._event(f"response.{kind}.done", item_id=item["id"], output_index=index,
+                                      **{field: item[field]}))
             frames.append(self._event("response.output_item.done", output_index=index, item=item))
             self._items.append(item)
         body = response_body(outcome, self.req, output=self._items)

@@ -141,7 +141,7 @@ def test_refusals_in_openai_error_shape(start_gateway) -> None:
         cases: list[tuple[dict[str, Any], str, str]] = [
             ({"input": "hi", "previous_response_id": "resp_123"}, "previous_response_id",
              "send the full conversation"),
-            ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type", "'web_search' is not supported"),
+            ({"input": "hi", "tools": [{"type": "file_search"}]}, "tools.0.type", "'file_search' is not supported"),
             ({"input": [{"type": "function_call", "name": "lookup"}], "stream": True}, "input.0.function_call.call_id",
              "Field required"),
             ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.type", "'item_reference' is not"),
