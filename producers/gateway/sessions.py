@@ -3,17 +3,23 @@
 Production traffic never calls ``POST /v1/rollouts``. With ``gateway.organic_sessions`` a call that names
 no attempt (no path prefix, no ``X-Rollout-Id``, no minted key) but carries a session key joins that
 session's attempt. The key is, first match: a harness session header (``identity.SESSION_HEADERS``), the
-OpenAI body's ``user``, the Anthropic body's ``metadata.user_id``. The rollout id is derived from the key
-alone (``session-`` + a hash), so a restart or another replica maps the session to the same rollout.
+OpenAI body's ``user``, the Anthropic body's ``metadata.user_id``.
 
-The session's first call starts an attempt and puts its ``AttemptStarted`` on Kafka (the same code path
-as ``POST /v1/rollouts``; empty task input; metadata ``organic``, ``session`` (the key) and
-``session_source``) before that call gets its index. The attempt ends with an ``AttemptFinished`` stating
-the counts (status SUCCESS, as the schema has no dedicated one; ``final_artifacts`` says how it ended) on
-``POST /v1/sessions/{key}/end``, or after ``gateway.session_idle_s`` with no call (swept in the background,
-as the registry expires idle attempts). A later call with the same key starts the rollout's next attempt.
-Organic attempts are ordinary attempts on Kafka, so a restarted gateway rebuilds them (recovery.py) and
-``adopt`` resumes sweeping them.
+Each session window is a rollout of its own: a key's sessions follow each other (a user comes back
+tomorrow), and the processors count and train on one attempt per rollout, so later windows must not be
+later attempts of one rollout. The rollout id is ``session-`` + a hash of the key + a hash of the key and
+the window's first call time (``rollout_id_for``): the same for every record of the window, and the key's
+windows share the middle part (``key_part``), so what they have in common is visible in the id. The
+window's start time is in the ``AttemptStarted`` metadata, so a restart that rebuilds the open window from
+Kafka (recovery.py) finds the same rollout (``adopt``).
+
+The window's first call starts its attempt (attempt 1 of its rollout) and puts its ``AttemptStarted`` on
+Kafka (the same code path as ``POST /v1/rollouts``; empty task input; metadata ``organic``, ``session``
+(the key), ``session_source`` and ``window_start_us``) before that call gets its index. The attempt ends with
+an ``AttemptFinished`` stating the counts (status SUCCESS, as the schema has no dedicated one;
+``final_artifacts`` says how it ended) on ``POST /v1/sessions/{key}/end``, or after
+``gateway.session_idle_s`` with no call (swept in the background, as the registry expires idle attempts).
+A later call with the same key opens the key's next window: a new rollout.
 """
 
 from __future__ import annotations
@@ -61,10 +67,21 @@ def session_key(headers: Mapping[str, str], body: Mapping[str, Any], protocol: s
     return None
 
 
-def rollout_id_for(key: str) -> str:
-    """Deterministic in the key alone (a restart, another replica: the same rollout); hashed, so a user id
-    does not become a Kafka key and the id always fits the rollout id pattern."""
-    return ROLLOUT_PREFIX + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+def _hex(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def key_part(key: str) -> str:
+    """What every rollout id of the key's windows starts with (``session-`` + 16 hex of the key's hash)."""
+    return ROLLOUT_PREFIX + _hex(key)[:16]
+
+
+def rollout_id_for(key: str, window_start_us: int) -> str:
+    """The rollout of the key's window that began at ``window_start_us`` (its first call's arrival, unix
+    microseconds). Deterministic in the two, so a restart rebuilding the window from its AttemptStarted
+    (which carries both) names the same rollout; hashed, so a user id does not become a Kafka key and the
+    id always fits the rollout id pattern."""
+    return f"{key_part(key)}-{_hex(key, str(window_start_us))[:16]}"
 
 
 class OrganicSessions:
@@ -72,8 +89,9 @@ class OrganicSessions:
 
     def __init__(self, env: EnvApi, idle_s: float) -> None:
         self.env, self.ctx, self.idle_s = env, env.ctx, idle_s
-        self._open: dict[str, AttemptState] = {}  # rollout id -> its open organic attempt (swept)
-        self._locks: dict[str, asyncio.Lock] = {}  # one start at a time per session
+        self._open: dict[str, AttemptState] = {}  # session key -> its current window's attempt (swept)
+        self._key_of: dict[str, str] = {}  # rollout id of an open window -> its session key
+        self._locks: dict[str, asyncio.Lock] = {}  # one start at a time per session key
         # Ends in progress: a sweep, an end request and a call that finds the session stale share one.
         self._ending: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
         self.started = 0
@@ -82,45 +100,61 @@ class OrganicSessions:
     # -- calls -----------------------------------------------------------------------------------
 
     def current(self, key: str) -> AttemptState | None:
-        """The session's live attempt, if any (no start; for count_tokens)."""
-        rid = rollout_id_for(key)
-        latest = self.ctx.registry.latest_attempt(rid)
-        state = self.ctx.registry.active(rid, latest[0]) if latest else None
+        """The key's live window, if any (no start; for count_tokens)."""
+        state = self._live(key)
         if state is not None and not self._stale(state):
-            self._open[rid] = state
             # Through get_active, so the registry's LRU order (idle expiry, room for new attempts) sees the use.
-            return self.ctx.registry.get_active(rid, state.attempt_id)
+            return self.ctx.registry.get_active(state.rollout_id, state.attempt_id)
         return None
 
     async def attempt_for(self, key: str, source: str) -> AttemptState:
-        """The session's live attempt, started (and its AttemptStarted delivered) when it has none."""
+        """The key's live window's attempt; a new window (a new rollout, its AttemptStarted delivered) when
+        it has none or its last one has been idle for ``idle_s``."""
         state = self.current(key)
         if state is not None:
             return state
-        rid = rollout_id_for(key)
-        lock = self._locks.setdefault(rid, asyncio.Lock())
+        lock = self._locks.setdefault(key, asyncio.Lock())
         try:
             async with lock:  # concurrent first calls: one start, the others join it
                 state = self.current(key)
                 if state is not None:
                     return state
-                stale = self._live_latest(rid)
-                if stale is not None:  # idle past the window but not swept yet: that session is over
+                stale = self._live(key)
+                if stale is not None:  # idle past the window but not swept yet: that window is over
                     await self._end(stale, "idle")
+                window_start_us = time.time_ns() // 1000
                 start = {"task_input": {}, "group_id": None, "group_key": {}, "expected_group_size": None,
-                         "metadata": {"organic": True, "session": key, "session_source": source}}
-                state = self.ctx.registry.start(rid, start)
+                         "metadata": {"organic": True, "session": key, "session_source": source,
+                                      "window_start_us": window_start_us}}
+                state = self.ctx.registry.start(rollout_id_for(key, window_start_us), start)
                 await self.env.publish_start(state, start)
-                self._open[rid] = state
+                self._hold(key, state)
                 self.started += 1
                 return state
         finally:
-            if not lock.locked() and self._locks.get(rid) is lock:
-                del self._locks[rid]
+            if not lock.locked() and self._locks.get(key) is lock:
+                del self._locks[key]
 
-    def _live_latest(self, rid: str) -> AttemptState | None:
-        latest = self.ctx.registry.latest_attempt(rid)
-        return self.ctx.registry.active(rid, latest[0]) if latest else None
+    def _live(self, key: str) -> AttemptState | None:
+        """The key's current window if its attempt is still live in the registry (else forgotten here)."""
+        state = self._open.get(key)
+        if state is None:
+            return None
+        if self.ctx.registry.active(state.rollout_id, state.attempt_id) is not state:
+            self._release(state)  # finished or dropped by other means
+            return None
+        return state
+
+    def _hold(self, key: str, state: AttemptState) -> None:
+        previous = self._open.get(key)
+        if previous is not None:
+            self._key_of.pop(previous.rollout_id, None)
+        self._open[key], self._key_of[state.rollout_id] = state, key
+
+    def _release(self, state: AttemptState) -> None:
+        key = self._key_of.pop(state.rollout_id, None)
+        if key is not None and self._open.get(key) is state:
+            del self._open[key]
 
     def _stale(self, state: AttemptState) -> bool:
         return not state.in_flight and time.monotonic() - state.last_seen >= self.idle_s
@@ -141,8 +175,7 @@ class OrganicSessions:
     async def _finish(self, state: AttemptState, how: str, status: str, final_artifacts: Any) -> dict[str, Any]:
         artifacts = {"organic": {"ended_by": how}} if final_artifacts is None else final_artifacts
         record = await self.env.publish_finish(state, status, artifacts)
-        if self._open.get(state.rollout_id) is state:
-            del self._open[state.rollout_id]
+        self._release(state)
         self.ended += 1
         log.info("organic session %s ended (%s): %d calls", state.rollout_id, how, record["call_count"])
         return record
@@ -151,17 +184,15 @@ class OrganicSessions:
         """End the sessions idle for ``idle_s``; returns how many ended. Attempts finished or dropped by
         other means are only forgotten here."""
         ended = 0
-        for rid, state in list(self._open.items()):
-            if self.ctx.registry.active(rid, state.attempt_id) is not state:
-                self._open.pop(rid, None)
-                continue
-            if not self._stale(state):
+        for key in list(self._open):
+            state = self._live(key)
+            if state is None or not self._stale(state):
                 continue
             try:
                 await self._end(state, "idle")
                 ended += 1
             except GatewayError as exc:  # e.g. Kafka and spool both refuse: tried again next sweep
-                log.warning("organic session %s: idle end not recorded yet: %s", rid, exc.message)
+                log.warning("organic session %s: idle end not recorded yet: %s", state.rollout_id, exc.message)
         return ended
 
     async def run_sweeper(self) -> None:
@@ -177,16 +208,24 @@ class OrganicSessions:
         """Sweep the organic attempts a restart rebuilt from Kafka (recovery.py) too."""
         adopted = 0
         for state in self.ctx.registry.active_states():
-            if not state.rollout_id.startswith(ROLLOUT_PREFIX) or state.rollout_id in self._open:
+            if not state.rollout_id.startswith(ROLLOUT_PREFIX):
                 continue
             with contextlib.suppress(GatewayError):
                 metadata = self.ctx.registry.start_info(state.rollout_id).get("metadata") or {}
-                if metadata.get("organic"):
-                    self._open[state.rollout_id] = state
-                    adopted += 1
+                key = metadata.get("session")
+                if not metadata.get("organic") or not isinstance(key, str):
+                    continue
+                held = self._open.get(key)
+                if held is state:
+                    continue
+                if held is not None and held.last_seen >= state.last_seen:
+                    continue  # two open windows of a key (a crash between an end and a start): the newer wins
+                self._hold(key, state)
+                adopted += 1
         return adopted
 
     def counts(self) -> dict[str, int]:
+        """Open windows now, windows started and ended since this process started."""
         return {"open": len(self._open), "started": self.started, "ended": self.ended}
 
     # -- POST /v1/sessions/{key}/end ---------------------------------------------------------------
@@ -201,10 +240,10 @@ class OrganicSessions:
                 raise GatewayError(401, "ending a session needs the gateway admin key", "authentication",
                                    code="invalid_api_key")
             body = validate(Finish, await read_json(request, self.ctx.max_body_bytes, allow_empty=True))
-            rid = rollout_id_for(key)
-            state = self._live_latest(rid)
+            state = self._live(key)
             if state is None:
-                raise not_found(f"no open session for this key (rollout {rid})", code="unknown_session")
+                raise not_found("no open session for this key", code="unknown_session")
+            rid = state.rollout_id
             artifacts = body.final_artifacts if "final_artifacts" in body.model_fields_set else None
             record = await self._end(state, "request", body.status, artifacts)
         except GatewayError as exc:
@@ -213,3 +252,4 @@ class OrganicSessions:
                              "attempt_number": state.attempt_number, "status": record["status"],
                              "call_count": record["call_count"], "event_count": record["event_count"],
                              "event_id": record["event_id"]})
+

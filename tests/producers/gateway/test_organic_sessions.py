@@ -1,6 +1,7 @@
 """Organic sessions (sessions.py, issue 21 item 1, issue 18 item 5): calls that name no rollout but carry a
-session key become a real attempt of a rollout derived from the key; the session's end (explicit, or idle)
-finishes it with the counts, so the assembler builds a COMPLETE rollout from the records on Kafka."""
+session key become a real attempt; each session window (until an explicit end or an idle gap) is a rollout
+of its own, derived from the key and the window's start; the window's end finishes it with the counts, so
+the assembler builds a COMPLETE rollout from the records on Kafka, one per window."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import openai
 import orjson
 
 from processors.assembler import RolloutAssembly
-from producers.gateway.sessions import rollout_id_for, session_key
+from producers.gateway.sessions import key_part, rollout_id_for, session_key
 from producers.gateway.testing import embedded_gateway_app, running_gateway
 from producers.gateway.text_side import ModelTextSide
+from tokentrail.reliability.kafka_read import first_records
 from tokentrail.settings import Settings
 
 from .helpers import read_records
@@ -52,6 +54,15 @@ def _complete(settings: Settings, topics: dict[str, str], rid: str, calls: int, 
     return env_records, started
 
 
+def _windows(settings: Settings, topics: dict[str, str], key: str, count: int) -> list[dict[str, Any]]:
+    """The AttemptStarted of the key's first ``count`` session windows, in the order they started."""
+    found = first_records(settings.kafka, topics["env_topic"], count, timeout_s=60.0,
+                          where=lambda name, r: name == "AttemptStarted"
+                          and orjson.loads(r["metadata_json"]).get("session") == key)
+    assert len(found) == count, f"expected {count} windows of {key!r}, found {len(found)}"
+    return sorted((r for _, r in found), key=lambda r: orjson.loads(r["metadata_json"])["window_start_us"])
+
+
 def test_the_session_key_comes_from_headers_then_the_body() -> None:
     both = session_key({"x-session-id": "h-1"}, {"user": "u-1"}, "openai")
     assert both == ("h-1", "header:x-session-id")  # a harness session header wins
@@ -59,8 +70,11 @@ def test_the_session_key_comes_from_headers_then_the_body() -> None:
     assert session_key({}, {"metadata": {"user_id": "u-2"}}, "anthropic") == ("u-2", "anthropic.metadata.user_id")
     assert session_key({}, {"metadata": {"user_id": "u-2"}}, "openai") is None  # not an OpenAI key
     assert session_key({}, {}, "openai") is None
-    assert rollout_id_for("h-1") == rollout_id_for("h-1") != rollout_id_for("h-2")
-    assert rollout_id_for("h-1").startswith("session-")
+    # One rollout per window: the key and the window's start name it; a key's windows share a prefix.
+    assert rollout_id_for("h-1", 10) == rollout_id_for("h-1", 10) != rollout_id_for("h-1", 11)
+    assert rollout_id_for("h-1", 10) != rollout_id_for("h-2", 10)
+    assert rollout_id_for("h-1", 10).startswith(key_part("h-1") + "-") and key_part("h-1").startswith("session-")
+    assert key_part("h-1") != key_part("h-2")
 
 
 def test_harness_sessions_with_no_rollout_become_complete_rollouts(
@@ -85,7 +99,7 @@ def test_harness_sessions_with_no_rollout_become_complete_rollouts(
         ended = [httpx.post(f"{gw.url}/v1/sessions/{quote(key, safe='')}/end", timeout=60)
                  for key in ("pi-organic-1", "claude-user-7", "pi-racing")]
         unknown = httpx.post(f"{gw.url}/v1/sessions/nobody/end", timeout=60)
-        # After the end, the same key starts the rollout's next attempt.
+        # After the end, the same key opens its next window: a rollout of its own.
         _chat(oa, 1)
         health = httpx.get(f"{gw.url}/health").json()
 
@@ -93,40 +107,51 @@ def test_harness_sessions_with_no_rollout_become_complete_rollouts(
     assert [r.json()["call_count"] for r in ended] == [3, 3, 2]
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_session"  # OpenAI shape
     assert health["organic_sessions"] == {"open": 1, "started": 4, "ended": 3}  # the race started one
-    for key, source in (("pi-organic-1", "header:x-session-id"), ("claude-user-7", "anthropic.metadata.user_id")):
-        rid = rollout_id_for(key)
-        first = ended[0 if key == "pi-organic-1" else 1].json()
-        assert first["rollout_id"] == rid
-        env_records, started = _complete(tokentrail_settings, topics, rid, 3, attempt_id=first["attempt_id"])
+    for n, (key, source) in enumerate((("pi-organic-1", "header:x-session-id"),
+                                       ("claude-user-7", "anthropic.metadata.user_id"))):
+        first = ended[n].json()
+        (started,) = _windows(tokentrail_settings, topics, key, 1)
+        metadata = orjson.loads(started["metadata_json"])
+        assert first["rollout_id"] == started["rollout_id"] == rollout_id_for(key, metadata["window_start_us"])
+        env_records, started = _complete(tokentrail_settings, topics, first["rollout_id"], 3,
+                                         attempt_id=first["attempt_id"])
         assert [name for name, _ in env_records] == ["AttemptStarted", "AttemptFinished"]  # start first
         assert orjson.loads(started["task_input_json"]) == {} and started["attempt_number"] == 1
-        assert orjson.loads(started["metadata_json"]) == {"organic": True, "session": key, "session_source": source}
-    _complete(tokentrail_settings, topics, rollout_id_for("pi-racing"), 2)  # indices 0 and 1 of one attempt
+        assert metadata == {"organic": True, "session": key, "session_source": source,
+                            "window_start_us": metadata["window_start_us"]}
+    _complete(tokentrail_settings, topics, ended[2].json()["rollout_id"], 2)  # indices 0 and 1 of one attempt
     (_, bare_call), = read_records(tokentrail_settings, topics["calls_topic"], 1, where={"session_id": None,
                                                                                          "protocol": "openai.chat"})
     assert bare_call["rollout_id"] == "unattributed"
-    (_, again), = read_records(tokentrail_settings, topics["env_topic"], 1,
-                               where={"rollout_id": rollout_id_for("pi-organic-1"), "attempt_number": 2})
+    # The key's second window: a new rollout (attempt 1 of its own), not a second attempt of the first.
+    first_window, again = _windows(tokentrail_settings, topics, "pi-organic-1", 2)
+    assert first_window["rollout_id"] == ended[0].json()["rollout_id"] != again["rollout_id"]
+    assert again["attempt_number"] == 1 and again["rollout_id"].startswith(key_part("pi-organic-1") + "-")
     (_, next_call), = read_records(tokentrail_settings, topics["calls_topic"], 1,
                                    where={"attempt_id": again["attempt_id"]})
-    assert next_call["call_index"] == 0 and again["attempt_id"] != ended[0].json()["attempt_id"]
+    assert next_call["call_index"] == 0 and next_call["rollout_id"] == again["rollout_id"]
 
 
-def test_an_idle_session_ends_by_itself_and_its_key_starts_the_next_attempt(
+def test_an_idle_gap_ends_the_window_and_the_next_window_is_a_rollout_of_its_own(
     start_gateway, topics: dict[str, str], tokentrail_settings: Settings
 ) -> None:
     with start_gateway(organic_sessions=True, session_idle_s=0.5) as gw:
         client = openai.OpenAI(base_url=gw.openai_base_url, api_key="x", max_retries=0)
         _chat(client, 1, user="end-user-42")  # OpenAI `user`: the key
-        rid = rollout_id_for("end-user-42")
+        (first,) = _windows(tokentrail_settings, topics, "end-user-42", 1)
         # No end is sent: the sweep finishes the session once it has been idle for 0.5 s.
-        env_records, started = _complete(tokentrail_settings, topics, rid, 1)
+        env_records, _ = _complete(tokentrail_settings, topics, first["rollout_id"], 1)
         finished = next(r for name, r in env_records if name == "AttemptFinished")
         assert orjson.loads(finished["final_artifacts_json"]) == {"organic": {"ended_by": "idle"}}
         _chat(client, 1, user="end-user-42")
-    (_, second), = read_records(tokentrail_settings, topics["env_topic"], 1,
-                                where={"rollout_id": rid, "attempt_number": 2})
-    assert second["attempt_id"] != started["attempt_id"]
+        _, second = _windows(tokentrail_settings, topics, "end-user-42", 2)
+        # Both windows are first attempts of their own rollouts, each COMPLETE on its own counts (the
+        # second ends idle too, while the gateway runs), so the processors count and train on both.
+        env_records, _ = _complete(tokentrail_settings, topics, second["rollout_id"], 1)
+        health = httpx.get(f"{gw.url}/health").json()
+    assert health["organic_sessions"] == {"open": 0, "started": 2, "ended": 2}
+    assert second["rollout_id"] != first["rollout_id"] and second["attempt_number"] == first["attempt_number"] == 1
+    assert [name for name, _ in env_records] == ["AttemptStarted", "AttemptFinished"]
 
 
 def test_a_restarted_gateway_rebuilds_an_open_organic_session(
@@ -148,4 +173,6 @@ def test_a_restarted_gateway_rebuilds_an_open_organic_session(
         _chat(openai.OpenAI(base_url=second.openai_base_url, api_key="x", max_retries=0, default_headers=headers), 1)
         ended = httpx.post(f"{second.url}/v1/sessions/cc-restart-1/end", timeout=60).json()
     assert ended["call_count"] == 3 and ended["attempt_number"] == 1
-    _complete(tokentrail_settings, topics, rollout_id_for("cc-restart-1"), 3)
+    (started,) = _windows(tokentrail_settings, topics, "cc-restart-1", 1)  # one window across the restart
+    assert ended["rollout_id"] == started["rollout_id"]
+    _complete(tokentrail_settings, topics, ended["rollout_id"], 3)
