@@ -112,9 +112,16 @@ RELEASE_DECISIONS = TopicSpec(
     partitions=1,
 )
 
+# Keyed by the grouping key, so one key's windows (and the running baseline's chain) sit in order.
+BASELINES = TopicSpec(
+    "tokentrail.baselines", "key", ("Baseline",), FOREVER,
+    "Baselines without siblings: each closed window of a grouping key, the baseline every advantage in it "
+    "was measured against (the group's, or the key's running baseline) and the running state before and after.",
+)
+
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     CALLS, ENV, ROLLOUTS, GROUPS, SCORES, REWARDS, CREDITS, SAMPLES, TRAINER_STEPS, DEAD_LETTER,
-    FEEDBACK, RELEASE_DECISIONS,
+    FEEDBACK, RELEASE_DECISIONS, BASELINES,
 )
 BY_NAME: dict[str, TopicSpec] = {spec.name: spec for spec in ALL_TOPICS}
 

@@ -426,7 +426,36 @@ RELEASE_DECISIONS_TABLE = Table(
     "model, sequence, event_id",
 )
 
-TABLE_NAMES: tuple[str, ...] = (*(t.name for t in TABLES), FEEDBACK_TABLE.name, RELEASE_DECISIONS_TABLE.name)
+BASELINES_TABLE = Table(
+    "baselines",
+    f"""
+    event_id String,
+    baseline_config_id {LC},
+    key String,
+    group_id String,
+    method {LC},
+    window_start_us Int64,
+    window_end_us Int64,
+    rollout_ids Array(String),
+    rollout_event_ids Array(String),
+    reward_ids Array(String),
+    rewards Array(Float64),
+    rollout_baselines Array(Nullable(Float64)),
+    rollout_advantages Array(Nullable(Float64)),
+    peer_reward_ids Array(String),
+    scale Nullable(Float64),
+    previous_id Nullable(String),
+    count_before Int64,
+    count_after Int64,
+    running_before Nullable(Float64),
+    running_after Nullable(Float64),
+    created_at_us Int64""",
+    "key, window_end_us, event_id",
+    indexes=("INDEX ix_group_id group_id TYPE bloom_filter GRANULARITY 4",),
+)
+
+TABLE_NAMES: tuple[str, ...] = (*(t.name for t in TABLES), FEEDBACK_TABLE.name, RELEASE_DECISIONS_TABLE.name,
+                                BASELINES_TABLE.name)
 
 # Helper views. Every view reads FINAL, so a person or a dashboard never sees a duplicate.
 VIEWS: dict[str, str] = {
@@ -579,6 +608,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         "0011_feedback",
         "feedback: outside signals about responses, calls, sessions and rollouts (issue 21)",
         lambda db: [FEEDBACK_TABLE.create_sql(db)],
+    ),
+    Migration(
+        "0012_baselines",
+        "baselines: grouping-key windows and running baselines for rollouts without siblings (issue 21)",
+        lambda db: [BASELINES_TABLE.create_sql(db)],
     ),
 )
 

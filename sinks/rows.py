@@ -41,6 +41,7 @@ TABLE_OF: dict[str, str] = {
     "DeadLetter": "dead_letters",
     "Feedback": "feedback",
     "ReleaseDecision": "release_decisions",
+    "Baseline": "baselines",
 }
 RECORD_OF: dict[str, str] = {table: name for name, table in TABLE_OF.items()}
 

@@ -569,6 +569,41 @@ PARTITION BY toDate(event_time)
 ORDER BY (target_kind, target_id, event_id)
 SETTINGS non_replicated_deduplication_window = 10000;
 
+CREATE TABLE IF NOT EXISTS tokentrail.baselines (
+    event_id String,
+    baseline_config_id LowCardinality(String),
+    key String,
+    group_id String,
+    method LowCardinality(String),
+    window_start_us Int64,
+    window_end_us Int64,
+    rollout_ids Array(String),
+    rollout_event_ids Array(String),
+    reward_ids Array(String),
+    rewards Array(Float64),
+    rollout_baselines Array(Nullable(Float64)),
+    rollout_advantages Array(Nullable(Float64)),
+    peer_reward_ids Array(String),
+    scale Nullable(Float64),
+    previous_id Nullable(String),
+    count_before Int64,
+    count_after Int64,
+    running_before Nullable(Float64),
+    running_after Nullable(Float64),
+    created_at_us Int64,
+    event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro(created_at_us),
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6),
+    INDEX ix_group_id group_id TYPE bloom_filter GRANULARITY 4
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (key, window_end_us, event_id)
+SETTINGS non_replicated_deduplication_window = 10000;
+
 CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
         FROM tokentrail.attempt_starts FINAL
         UNION ALL

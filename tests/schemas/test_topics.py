@@ -17,7 +17,7 @@ from tokentrail.settings import Settings
 EXPECTED_NAMES = {
     "tokentrail.calls", "tokentrail.env", "tokentrail.rollouts", "tokentrail.groups", "tokentrail.scores",
     "tokentrail.rewards", "tokentrail.credits", "tokentrail.samples", "tokentrail.trainer-steps",
-    "tokentrail.dead-letter", "tokentrail.feedback", "tokentrail.release-decisions",
+    "tokentrail.dead-letter", "tokentrail.feedback", "tokentrail.release-decisions", "tokentrail.baselines",
 }
 
 

@@ -115,7 +115,7 @@ def test_migrating_calls_stored_as_packed_bytes(
         assert migrate(client) == [
             "0003_calls_token_arrays", "0004_calls_ephemeral_token_bytes", "0005_calls_request_body_deltas",
             "0006_samples_token_references", "0007_calls_shared_prompts", "0008_calls_request_response_copies",
-            "0009_scripted_outputs", "0010_release_decisions", "0011_feedback",
+            "0009_scripted_outputs", "0010_release_decisions", "0011_feedback", "0012_baselines",
         ]
         for statement in MIGRATIONS[3].statements(client.database):  # a repeated, interrupted migration
             client.command(statement)
