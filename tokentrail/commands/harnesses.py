@@ -1,15 +1,18 @@
 """``tokentrail harnesses check``: real agent harnesses, unchanged, through the gateway (issue 18, item 8).
 
-Each harness that runs through the gateway today (Pi over OpenAI chat, Claude Code over Anthropic Messages)
-does a scripted task in a throwaway HOME and working directory: a rollout with a ``script`` (the engine
-emits the given completions under the model, recorded ``scripted``), two shell-tool runs, then an answer.
-From the calls topic: every call OK and token-exact (its prompt decodes to a fresh render of the request it
-recorded), and how many calls extend the previous call's prompt ‖ output exactly (spliced), with the causes
-of every prefix break. Codex CLI and OpenClaw are listed as not passing, with the reason.
+Each harness that runs through the gateway (Pi over OpenAI chat, Claude Code over Anthropic Messages, OpenClaw
+over OpenAI chat: tokentrail/commands/harness_openclaw.py) does a scripted task in a throwaway HOME and working
+directory: a rollout with a ``script`` (the engine emits the given completions under the model, recorded
+``scripted``), two shell-tool runs, then an answer. From the calls topic: every call OK and token-exact (its
+prompt decodes to a fresh render of the request it recorded), its output decodes to the scripted text the
+harness received, the attempt assembles COMPLETE (the processors' assembler), and how many calls extend the
+previous call's prompt ‖ output exactly (spliced), with the named causes of every prefix break
+(tokentrail/commands/harness_breaks.py). A harness not run yet is listed as not passing, with the reason.
 
 Starts a gateway of its own on a free port, on the harness model variant (spec ``harness``), unless
 ``--gateway URL`` names one (which must serve a model whose context holds the harnesses' prompts and map
-their model names, ``gateway.model_aliases``). Harness binaries: ``make setup-harnesses``.
+their model names, ``gateway.model_aliases``, and publish to ``--calls-topic`` / ``--env-topic``). Harness
+binaries: ``make setup-harnesses``.
 """
 
 from __future__ import annotations
@@ -91,6 +94,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     check.add_argument("--gateway", default=None, help="a running gateway's URL (default: start one)")
     check.add_argument("--only", default=",".join(HARNESSES), help="comma-separated harnesses to run")
     check.add_argument("--timeout-s", type=float, default=900.0, help="per harness run")
+    check.add_argument("--calls-topic", default=None, help="the gateway's calls topic (default: tokentrail's)")
+    check.add_argument("--env-topic", default=None, help="the gateway's env topic (default: tokentrail's)")
     check.set_defaults(func=_cmd_check)
     parser.set_defaults(func=lambda _args: parser.print_help() or 2)
 
@@ -120,13 +125,12 @@ def _run(harness: Harness, gateway_url: str, model: str, timeout_s: float) -> tu
             return rollout.rollout_id, finished, failure
 
 
-def _calls(settings: Settings, topic: str, rollout_id: str, count: int, timeout_s: float = 120.0
-           ) -> list[dict[str, Any]]:
+def _records(settings: Settings, topic: str, rollout_id: str, count: int, kind: str | None = None,
+             timeout_s: float = 120.0) -> list[tuple[str, dict[str, Any]]]:
     from tokentrail.reliability.kafka_read import first_records
 
-    found = first_records(settings.kafka, topic, count, timeout_s=timeout_s,
-                          where=lambda name, r: name == "CallRecord" and r["rollout_id"] == rollout_id)
-    return sorted((record for _, record in found), key=lambda r: r["call_index"])
+    return first_records(settings.kafka, topic, count, timeout_s=timeout_s,
+                         where=lambda name, r: (kind is None or name == kind) and r.get("rollout_id") == rollout_id)
 
 
 def _prompts(calls: list[dict[str, Any]]) -> list[Any]:
@@ -148,51 +152,112 @@ def _prompts(calls: list[dict[str, Any]]) -> list[Any]:
     return [prompt(c) for c in calls]
 
 
-def _rendered_text(text: Any, protocol: str, body: dict[str, Any]) -> str:
-    from producers.gateway.anthropic_adapter import conversation
+def conversation(protocol: str, body: dict[str, Any]) -> tuple[list[Any], Any]:
+    """(messages, tools) the gateway makes of a recorded request body of ``protocol``."""
     from producers.gateway.body import validate
-    from producers.gateway.models_anthropic import MessagesRequest
-    from producers.gateway.models_openai import ChatCompletionRequest
-    from producers.gateway.openai_adapter import chat_to_internal
 
     if protocol == "anthropic.messages":
-        messages, tools = conversation(validate(MessagesRequest, body))
-        return str(text.render_text(messages, tools))
-    internal = chat_to_internal(validate(ChatCompletionRequest, body), 10**6)
-    return str(text.render_text(internal.messages, internal.tools))
+        from producers.gateway.anthropic_adapter import conversation as anthropic_conversation
+        from producers.gateway.models_anthropic import MessagesRequest
+
+        return anthropic_conversation(validate(MessagesRequest, body))
+    if protocol == "openai.responses":
+        from producers.gateway.models_responses import ResponsesRequest
+        from producers.gateway.responses_adapter import to_internal
+
+        internal = to_internal(validate(ResponsesRequest, body), 10**6)
+    else:
+        from producers.gateway.models_openai import ChatCompletionRequest
+        from producers.gateway.openai_adapter import chat_to_internal
+
+        internal = chat_to_internal(validate(ChatCompletionRequest, body), 10**6)
+    return internal.messages, internal.tools
 
 
-def _summary(text: Any, calls: list[dict[str, Any]]) -> dict[str, Any]:
+def _route(request: dict[str, Any]) -> str:
+    """``POST /v1/chat/completions``: the request's method and path without the rollout prefix."""
+    path = request.get("path", "")
+    return f"{request.get('method', '')} {path[path.find('/v1/'):] if '/v1/' in path else path}"
+
+
+def _summary(text: Any, calls: list[dict[str, Any]], script: list[str]) -> dict[str, Any]:
+    from producers.parsing import parse_output
     from schemas.tokens import unpack_ids
+    from tokentrail.commands.harness_breaks import break_causes
 
     prompts = _prompts(calls)
-    exact, spliced, breaks = 0, 0, []
+    requests = [json.loads(c["request_json"]) for c in calls]
+    conversations = [conversation(c["protocol"], r["body"]) for c, r in zip(calls, requests, strict=True)]
+    outputs = [text.decode(unpack_ids(c["output_ids"]).tolist()) for c in calls]
+    exact, spliced, causes, gateway_breaks = 0, 0, [], []
     for i, (call, prompt) in enumerate(zip(calls, prompts, strict=True)):
-        body = json.loads(call["request_json"])["body"]
-        ok = call["status"] == "OK" and text.renderer.decode(prompt.tolist()) == _rendered_text(
-            text, call["protocol"], body)
-        exact += ok
+        messages, tools = conversations[i]
+        exact += call["status"] == "OK" and text.renderer.decode(prompt.tolist()) == text.render_text(messages, tools)
         if i:
             before = np.concatenate([prompts[i - 1], unpack_ids(calls[i - 1]["output_ids"])])
-            spliced += bool(len(before) <= len(prompt) and np.array_equal(before, prompt[:len(before)]))
-        breaks += list(call["prefix_breaks"])
-    return {"calls": len(calls), "protocols": sorted({c["protocol"] for c in calls}), "token_exact_calls": exact,
-            "spliced_calls": spliced, "pairs": max(0, len(calls) - 1), "prefix_breaks": sorted(set(breaks))}
+            extends = bool(len(before) <= len(prompt) and np.array_equal(before, prompt[:len(before)]))
+            spliced += extends
+            if not extends:
+                named = break_causes(conversations[i - 1][0], parse_output(outputs[i - 1]), messages)
+                causes += [f"call {i}: {cause}" for cause in named]
+                if not named:
+                    causes += [f"call {i}: other ({b[:160]})" for b in call["prefix_breaks"]] or [f"call {i}: other"]
+        gateway_breaks += list(call["prefix_breaks"])
+    # What the harness received is the scripted completion (parsed into its protocol's tool calls or text).
+    outputs_match = sum(out == script[c["call_index"]] for c, out in zip(calls, outputs, strict=True)
+                        if c["call_index"] < len(script))
+    return {"calls": len(calls), "protocols": sorted({c["protocol"] for c in calls}),
+            "routes": sorted({_route(r) for r in requests}), "token_exact_calls": exact,
+            "outputs_as_received": outputs_match, "spliced_calls": spliced, "pairs": max(0, len(calls) - 1),
+            "break_causes": causes, "prefix_breaks": sorted(set(gateway_breaks))}
+
+
+def _rollout_status(env: list[tuple[str, dict[str, Any]]], calls: list[dict[str, Any]], rollout_id: str) -> str:
+    """COMPLETE / INCOMPLETE as the processors' own assembler makes of the attempt's records ('' if none)."""
+    from processors.assembler import RolloutAssembly
+
+    state = RolloutAssembly(rollout_id)
+    emitted = [r for name, rec in [*env, *(("CallRecord", c) for c in calls)] for r in state.accept(name, rec).rollouts]
+    return str(emitted[-1]["status"]) if emitted else ""
+
+
+def check_harness(harness: Harness, url: str, model: str, text: Any, settings: Settings, topics: dict[str, str],
+                  timeout_s: float) -> dict[str, Any]:
+    """Run one harness through the gateway at ``url`` and judge its calls from the calls topic."""
+    started = time.monotonic()
+    rollout_id, finished, failure = _run(harness, url, model, timeout_s)
+    calls = [r for _, r in _records(settings, topics["calls_topic"], rollout_id, int(finished["call_count"]),
+                                    "CallRecord")]
+    calls.sort(key=lambda r: r["call_index"])
+    env = _records(settings, topics["env_topic"], rollout_id, 2)
+    row = {"rollout_id": rollout_id, **_summary(text, calls, harness.script),
+           "rollout": _rollout_status(env, calls, rollout_id), "seconds": round(time.monotonic() - started, 1)}
+    problems = [failure] if failure else []
+    if row["calls"] < 3 or row["calls"] != finished["call_count"]:
+        problems.append(f"{row['calls']} calls on the topic, {finished['call_count']} counted at the finish")
+    if row["token_exact_calls"] != row["calls"]:
+        problems.append("calls not token-exact")
+    if row["outputs_as_received"] != row["calls"]:
+        problems.append("outputs do not decode to what the harness received")
+    if row["rollout"] != "COMPLETE":
+        problems.append(f"rollout {row['rollout'] or 'not assembled'}")
+    return {**row, "passed": not problems, "reason": "; ".join(problems)}
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from producers.gateway.text_side import ModelTextSide
-    from schemas.topics import CALLS_TOPIC
+    from schemas.topics import CALLS_TOPIC, ENV_TOPIC
 
     settings = get_settings()
     model = settings.model.harness_name
+    topics = {"calls_topic": args.calls_topic or CALLS_TOPIC, "env_topic": args.env_topic or ENV_TOPIC}
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     rows: dict[str, dict[str, Any]] = {}
     with ExitStack() as stack:
         if args.gateway:
-            url, text = args.gateway.rstrip("/"), None
+            url, text = args.gateway.rstrip("/"), ModelTextSide.from_dir(settings.model.harness_dir)
         else:
             from models.reference.build import build_model
             from models.reference.spec import HARNESS_SPEC
@@ -202,22 +267,18 @@ def _cmd_check(args: argparse.Namespace) -> int:
             served = settings.model_copy(update={"model": settings.model.model_copy(
                 update={"spec": "harness", "dir": model_dir, "name": model})})
             spool = stack.enter_context(tempfile.TemporaryDirectory(prefix="tokentrail-check-spool-"))
-            gw = stack.enter_context(running_embedded_gateway(served, spool_dir=spool,
+            text = ModelTextSide.from_dir(model_dir)
+            gw = stack.enter_context(running_embedded_gateway(served, spool_dir=spool, topics=topics, text=text,
                                                               model_aliases={"*": model}))
-            url, text = gw.url, ModelTextSide.from_dir(model_dir)
-        if text is None:
-            text = ModelTextSide.from_dir(settings.model.harness_dir)
+            url = gw.url
         for name in names:
             if name not in HARNESSES:
                 rows[name] = {"passed": False, "reason": NOT_YET.get(name, "unknown harness")}
                 continue
-            started = time.monotonic()
-            rollout_id, finished, failure = _run(HARNESSES[name], url, model, args.timeout_s)
-            calls = _calls(settings, CALLS_TOPIC, rollout_id, int(finished["call_count"]))
-            row = {**_summary(text, calls), "seconds": round(time.monotonic() - started, 1)}
-            passed = (not failure and row["calls"] >= 3 and row["calls"] == finished["call_count"]
-                      and row["token_exact_calls"] == row["calls"])
-            rows[name] = {**row, "passed": passed, "reason": failure or ("" if passed else "calls not token-exact")}
+            print(f"{name}: running {HARNESSES[name].protocol} through {url} ...", flush=True)
+            rows[name] = check_harness(HARNESSES[name], url, model, text, settings, topics, args.timeout_s)
+            print(f"{name}: {'passed' if rows[name]['passed'] else 'FAILED ' + rows[name]['reason']} "
+                  f"({rows[name]['seconds']} s)", flush=True)
     for name in NOT_YET:
         rows.setdefault(name, {"passed": False, "reason": NOT_YET[name]})
     _print_table(rows)
@@ -231,11 +292,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _print_table(rows: dict[str, dict[str, Any]]) -> None:
-    print(f"{'harness':<8} {'passed':<6} {'calls':>5} {'exact':>5} {'spliced':>9}  protocols / breaks / reason")
+    print(f"{'harness':<8} {'passed':<6} {'calls':>5} {'exact':>5} {'spliced':>7} {'rollout':<8}  "
+          "protocols, routes / reason")
     for name, r in rows.items():
         spliced = f"{r.get('spliced_calls', 0)}/{r.get('pairs', 0)}" if "calls" in r else "-"
-        detail = " ".join(filter(None, [",".join(r.get("protocols", [])), r.get("reason", "")]))
+        detail = "; ".join(filter(None, [", ".join([*r.get("protocols", []), *r.get("routes", [])]),
+                                         r.get("reason", "")]))
         print(f"{name:<8} {'yes' if r['passed'] else 'no':<6} {r.get('calls', '-'):>5} "
-              f"{r.get('token_exact_calls', '-'):>5} {spliced:>9}  {detail}")
-        for cause in r.get("prefix_breaks", []):  # why a call's prompt did not extend the previous one
-            print(f"{'':<8} prefix break: {cause[:200]}")
+              f"{r.get('token_exact_calls', '-'):>5} {spliced:>7} {r.get('rollout', '-'):<8}  {detail}")
+        for cause in r.get("break_causes", []):  # why a call's prompt did not extend the previous one
+            print(f"{'':<8} prefix break, {cause}")
