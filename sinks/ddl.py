@@ -515,6 +515,11 @@ VIEWS: dict[str, str] = {
               FROM {db}.trainer_steps FINAL ARRAY JOIN sample_ids AS sample_id) AS t
         INNER JOIN (SELECT event_id, policy_version_first, policy_version_last FROM {db}.samples FINAL) AS s
             ON t.sample_id = s.event_id""",
+    # Samples the trainer's staleness bound dropped, one row each (issue 19): accounted for, not lost.
+    "v_stale_dropped": """
+        SELECT event_time AS time, run_id, step, policy_version_before AS trainer_version, max_staleness,
+               stale_rule, sample_id
+        FROM {db}.trainer_steps FINAL ARRAY JOIN stale_dropped_ids AS sample_id""",
     "v_call_tokens": """
         SELECT event_time AS time, call_id, rollout_id, policy_version, model, status, prompt_length,
                output_tokens, prompt_stored_tokens, total_ms, first_token_ms,
@@ -529,6 +534,22 @@ VIEWS: dict[str, str] = {
 }
 
 MIGRATIONS_TABLE = "schema_migrations"
+
+# TrainerStep v2 (issue 19); defaults match the Avro defaults, so rows stored before read as v1 events.
+TRAINER_STEP_OFF_POLICY: tuple[str, ...] = (
+    "mismatch_tokens Int64 DEFAULT 0 AFTER filtered_json",
+    "mismatch_mean_abs Float64 DEFAULT 0 AFTER mismatch_tokens",
+    "mismatch_max_abs Float64 DEFAULT 0 AFTER mismatch_mean_abs",
+    "mismatch_beyond_fraction Float64 DEFAULT 0 AFTER mismatch_max_abs",
+    "mismatch_bound Float64 DEFAULT 0 AFTER mismatch_beyond_fraction",
+    f"importance_sampling {LC} DEFAULT 'none' AFTER mismatch_bound",
+    "importance_tokens Int64 DEFAULT 0 AFTER importance_sampling",
+    "importance_truncated Int64 DEFAULT 0 AFTER importance_tokens",
+    "max_staleness Int64 DEFAULT -1 AFTER importance_truncated",
+    f"stale_rule {LC} DEFAULT 'drop' AFTER max_staleness",
+    "stale_dropped_ids Array(String) DEFAULT [] AFTER stale_rule",
+    "stale_masked_tokens Int64 DEFAULT 0 AFTER stale_dropped_ids",
+)
 
 
 @dataclass(frozen=True)
@@ -613,6 +634,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         "0012_baselines",
         "baselines: grouping-key windows and running baselines for rollouts without siblings (issue 21)",
         lambda db: [BASELINES_TABLE.create_sql(db)],
+    ),
+    Migration(
+        "0013_trainer_steps_off_policy",
+        "trainer_steps: engine/trainer logprob mismatch, importance sampling and staleness (TrainerStep v2, issue 19)",
+        lambda db: [f"ALTER TABLE {db}.trainer_steps ADD COLUMN IF NOT EXISTS {c}" for c in TRAINER_STEP_OFF_POLICY],
     ),
 )
 

@@ -15,6 +15,7 @@ import numpy as np
 import orjson
 
 from trainer_consumer.sample_view import TrainSample, check_sample
+from trainer_consumer.staleness import StalenessBound, StaleRule
 
 # A filter looks at one sample and the trainer's current policy version; it returns the reason to
 # drop the sample, or None to keep it.
@@ -25,10 +26,12 @@ DUPLICATE = "duplicate"
 
 
 def staleness_filter(max_staleness: int) -> SampleFilter:
-    """Drop samples whose first policy version lags the current one by more than ``max_staleness``."""
+    """Drop samples with a loss token sampled more than ``max_staleness`` versions ago (the ``drop``
+    rule as a plain filter; ``BatchBuilder(staleness=...)`` also records the ids and can mask)."""
+    bound = StalenessBound(max_staleness, "drop")
 
     def stale(sample: TrainSample, current_version: int) -> str | None:
-        return STALE if current_version - sample.policy_version_first > max_staleness else None
+        return STALE if bound.apply(sample, current_version).sample is None else None
 
     return stale
 
@@ -82,14 +85,19 @@ def kind_filter(allowed: Sequence[str]) -> SampleFilter:
 @dataclass(frozen=True)
 class FilterConfig:
     max_staleness: int = 4
+    stale_rule: StaleRule = "drop"  # trainer_consumer/staleness.py
     max_tokens: int | None = None
     drop_zero_weight: bool = True
     drop_zero_advantage: bool = False
     kinds: tuple[str, ...] | None = None  # None: every kind
     vocab_size: int | None = None  # the trainer sets it from the model's embedding table
 
+    def staleness(self) -> StalenessBound:
+        return StalenessBound(self.max_staleness, self.stale_rule)
+
     def build(self) -> list[SampleFilter]:
-        filters: list[SampleFilter] = [staleness_filter(self.max_staleness)]
+        """The filters besides staleness (``staleness()``, given to the ``BatchBuilder`` apart)."""
+        filters: list[SampleFilter] = []
         if self.vocab_size is not None:
             filters.append(vocab_filter(self.vocab_size))
         if self.max_tokens is not None:
@@ -125,6 +133,10 @@ class Batch(Generic[P]):
     # Positions of every item this batch accounts for: kept, filtered and undecodable alike, so
     # committing them after the step covers everything consumed.
     positions: list[P] = field(default_factory=list)
+    # Samples the staleness bound dropped (also counted in ``filtered`` as "stale"), by id, so the
+    # TrainerStep names them: a dropped sample is accounted for, not lost.
+    stale_dropped_ids: list[str] = field(default_factory=list)
+    stale_masked_tokens: int = 0  # loss tokens of kept samples the "mask" rule took the weight off
 
     @property
     def num_tokens(self) -> int:
@@ -142,14 +154,17 @@ class BatchBuilder(Generic[P]):
     """Accumulates samples (and rejects) until a batch is full by sample count or token budget."""
 
     def __init__(self, batch_size: int, max_batch_tokens: int | None = None,
-                 filters: Sequence[SampleFilter] = (), dedupe_window: int = 100_000) -> None:
+                 filters: Sequence[SampleFilter] = (), dedupe_window: int = 100_000,
+                 staleness: StalenessBound | None = None) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         self.batch_size = batch_size
         self.max_batch_tokens = max_batch_tokens
         self.filters = list(filters)
-        # (position, sample or None, reason or None) in arrival order.
-        self._entries: list[tuple[P, TrainSample | None, str | None]] = []
+        self.staleness = staleness
+        # (position, sample or None, reason or None, id of a stale-dropped sample or None) in arrival order.
+        self._entries: list[tuple[P, TrainSample | None, str | None, str | None]] = []
+        self._masked: dict[str, int] = {}  # kept sample id -> loss tokens the stale rule masked
         self._kept = 0
         self._kept_tokens = 0
         # Ids of samples already handed out in a batch (bounded, oldest forgotten first): a sample
@@ -163,18 +178,27 @@ class BatchBuilder(Generic[P]):
         reason = filter_reason(sample, current_version, self.filters)
         if reason is None and (sample.sample_id in self._pending_ids or sample.sample_id in self._recent):
             reason = DUPLICATE
+        masked = 0
+        if reason is None and self.staleness is not None:
+            outcome = self.staleness.apply(sample, current_version)
+            if outcome.sample is None:
+                reason = STALE
+            else:
+                sample, masked = outcome.sample, outcome.masked_tokens
         if reason is None:
             self._pending_ids.add(sample.sample_id)
-            self._entries.append((position, sample, None))
+            self._entries.append((position, sample, None, None))
             self._kept += 1
             self._kept_tokens += sample.num_tokens
+            if masked:
+                self._masked[sample.sample_id] = masked
         else:
-            self._entries.append((position, None, reason))
+            self._entries.append((position, None, reason, sample.sample_id if reason == STALE else None))
         return reason
 
     def reject(self, reason: str, position: P) -> None:
         """Counts an item that never became a sample (e.g. undecodable)."""
-        self._entries.append((position, None, reason))
+        self._entries.append((position, None, reason, None))
 
     def full(self) -> bool:
         if self._kept >= self.batch_size:
@@ -186,16 +210,20 @@ class BatchBuilder(Generic[P]):
 
     def take(self) -> Batch[P]:
         entries, self._entries = self._entries, []
+        masked, self._masked = self._masked, {}
         self._kept = self._kept_tokens = 0
         for sample_id in self._pending_ids:
             self._recent[sample_id] = None
         self._pending_ids = set()
         while len(self._recent) > self.dedupe_window:
             self._recent.popitem(last=False)
+        samples = [s for _, s, _, _ in entries if s is not None]
         return Batch(
-            samples=[s for _, s, _ in entries if s is not None],
-            filtered=Counter(r for _, _, r in entries if r is not None),
-            positions=[pos for pos, _, _ in entries],
+            samples=samples,
+            filtered=Counter(r for _, _, r, _ in entries if r is not None),
+            positions=[pos for pos, _, _, _ in entries],
+            stale_dropped_ids=[d for _, _, _, d in entries if d is not None],
+            stale_masked_tokens=sum(masked.get(s.sample_id, 0) for s in samples),
         )
 
     def retain(self, keep: Callable[[P], bool]) -> int:
@@ -203,17 +231,19 @@ class BatchBuilder(Generic[P]):
         so another consumer will read them again); returns how many were forgotten."""
         before = len(self._entries)
         self._entries = [e for e in self._entries if keep(e[0])]
-        kept = [s for _, s, _ in self._entries if s is not None]
+        kept = [s for _, s, _, _ in self._entries if s is not None]
         self._pending_ids = {s.sample_id for s in kept}
+        self._masked = {k: v for k, v in self._masked.items() if k in self._pending_ids}
         self._kept, self._kept_tokens = len(kept), sum(s.num_tokens for s in kept)
         return before - len(self._entries)
 
 
 def batches_from_samples(samples: Iterable[tuple[TrainSample, P]], batch_size: int, current_version: int,
                          filters: Sequence[SampleFilter] = (),
-                         max_batch_tokens: int | None = None) -> Iterator[Batch[P]]:
+                         max_batch_tokens: int | None = None,
+                         staleness: StalenessBound | None = None) -> Iterator[Batch[P]]:
     """Cuts an in-memory stream into batches (the last one may be partial); for tests and replay."""
-    builder: BatchBuilder[P] = BatchBuilder(batch_size, max_batch_tokens, filters)
+    builder: BatchBuilder[P] = BatchBuilder(batch_size, max_batch_tokens, filters, staleness=staleness)
     for sample, position in samples:
         builder.add(sample, position, current_version)
         if builder.full():

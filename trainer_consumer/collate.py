@@ -109,6 +109,18 @@ class TokenBatch:
         assert self.attention_mask is not None
         return values[self.attention_mask.bool()]
 
+    def from_flat(self, flat: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """The inverse of ``flat_tokens``: per-token values in the flat order laid out in this batch's
+        shape (``fill`` on padding)."""
+        if flat.shape[0] != self.num_tokens:
+            raise ValueError(f"{flat.shape[0]} values for a batch of {self.num_tokens} tokens")
+        if self.layout == "packed":
+            return flat.unsqueeze(0)
+        assert self.attention_mask is not None
+        out = torch.full(self.attention_mask.shape, fill, dtype=flat.dtype)
+        out[self.attention_mask.bool()] = flat
+        return out
+
 
 def collate(samples: Sequence[TrainSample], layout: Layout = "padded", pad_id: int = 0,
             pad_to_multiple_of: int = 1) -> TokenBatch:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from schemas.ids import combine, event_id
@@ -17,14 +18,25 @@ def trainer_step_id(run_id: str, step: int, sample_ids: Sequence[str], positions
     return event_id("trainer_step", run_id, step, list(sample_ids), combine(str(p) for p in positions))
 
 
+@dataclass(frozen=True)
+class OffPolicySettings:
+    """What the step ran under, recorded on its event (the figures come from the step's result)."""
+
+    importance_sampling: str = "none"
+    max_staleness: int = -1  # -1: not recorded (events before issue 19)
+    stale_rule: str = "drop"
+
+
 def trainer_step_record(run_id: str, step: int, version_before: int, version_after: int,
                         batch: Batch[Any], result: StepResult | None,
-                        created_at_us: int | None = None) -> dict[str, Any]:
+                        created_at_us: int | None = None,
+                        off_policy: OffPolicySettings = OffPolicySettings()) -> dict[str, Any]:
     """The event for one optimizer step, or (``result`` None) for a batch that was entirely filtered:
     then ``step`` is the last completed step, nothing was trained and the record exists so the
     filtered samples are accounted for when their offsets are committed."""
     sample_ids = batch.sample_ids if result is not None else []
     stats = result.stats if result is not None else None
+    mismatch = result.mismatch if result is not None else None
     return {
         "event_id": trainer_step_id(run_id, step, sample_ids, batch.positions),
         "run_id": run_id,
@@ -38,5 +50,19 @@ def trainer_step_record(run_id: str, step: int, version_before: int, version_aft
         "clip_fraction": stats.clip_fraction if stats is not None else 0.0,
         "mean_advantage": stats.mean_advantage if stats is not None else 0.0,
         "filtered_json": batch.filtered_json(),
+        # ---- issue 19: off-policy truth (engine/trainer mismatch, importance sampling) and staleness
+        "mismatch_tokens": mismatch.tokens if mismatch is not None else 0,
+        "mismatch_mean_abs": mismatch.mean_abs if mismatch is not None else 0.0,
+        "mismatch_max_abs": mismatch.max_abs if mismatch is not None else 0.0,
+        "mismatch_beyond_fraction": mismatch.beyond_fraction if mismatch is not None else 0.0,
+        "mismatch_bound": mismatch.bound if mismatch is not None else 0.0,
+        "importance_sampling": off_policy.importance_sampling,
+        "importance_tokens": stats.importance_tokens if stats is not None else 0,
+        "importance_truncated": stats.importance_truncated if stats is not None else 0,
+        "max_staleness": off_policy.max_staleness,
+        "stale_rule": off_policy.stale_rule,
+        "stale_dropped_ids": list(batch.stale_dropped_ids),
+        "stale_masked_tokens": batch.stale_masked_tokens,
+        # ---- end issue 19
         "created_at_us": created_at_us if created_at_us is not None else time.time_ns() // 1000,
     }

@@ -13,8 +13,10 @@ from typing import Any
 
 import torch
 
-from trainer_consumer.collate import Layout, collate, split_micro_batches
+from trainer_consumer.behaviour import BehaviourLogprobs
+from trainer_consumer.collate import Layout, TokenBatch, collate, split_micro_batches
 from trainer_consumer.losses import LossConfig, LossStats, loss_denominator, policy_loss, token_logprobs
+from trainer_consumer.mismatch import MismatchStats, mismatch_stats
 from trainer_consumer.sample_view import TrainSample
 
 
@@ -27,6 +29,8 @@ class LearnerConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float | None = 1.0
     loss: LossConfig = field(default_factory=LossConfig)
+    # |trainer - engine| logprob above this counts as beyond the bound in the step's mismatch figures.
+    mismatch_bound: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class StepResult:
     tokens: int  # every token forwarded (prompt and output)
     micro_batches: int
     seconds: float
+    mismatch: MismatchStats = field(default_factory=MismatchStats)
 
 
 class Learner:
@@ -49,10 +54,13 @@ class Learner:
             lr=cfg.learning_rate, betas=cfg.betas, weight_decay=cfg.weight_decay,
         )
 
-    def accumulate_gradients(self, samples: Sequence[TrainSample]) -> tuple[LossStats, int]:
+    def accumulate_gradients(self, samples: Sequence[TrainSample], behaviour: BehaviourLogprobs | None = None,
+                             mismatch: MismatchStats | None = None) -> tuple[LossStats, int]:
         """Zeroes the gradients, then backwards every micro-batch's share of the step loss.
 
-        Returns the summed stats and the number of micro-batches."""
+        ``behaviour`` gives the trainer's logprobs under each sample's behaviour weights (for the
+        importance correction and, into ``mismatch``, the engine/trainer comparison). Returns the
+        summed stats and the number of micro-batches."""
         if not samples:
             raise ValueError("a step needs at least one sample")
         denominator = loss_denominator(samples, self.cfg.loss.normalization)
@@ -65,15 +73,32 @@ class Learner:
         for part in micro:
             batch = collate(part, self.cfg.layout, pad_id=self.pad_id)
             logp = token_logprobs(self.model, batch)
-            loss, part_stats = policy_loss(logp, batch, denominator, self.cfg.loss)
+            old = self._behaviour_tensor(part, batch, logp, behaviour)
+            if old is not None and mismatch is not None:
+                compared = batch.loss_mask & torch.isfinite(old)
+                mismatch.add(mismatch_stats(old, batch.rollout_logprobs, compared, self.cfg.mismatch_bound))
+            loss, part_stats = policy_loss(logp, batch, denominator, self.cfg.loss, old)
             loss.backward()
             stats.add(part_stats)
         return stats, len(micro)
 
-    def step(self, samples: Sequence[TrainSample]) -> StepResult:
+    @staticmethod
+    def _behaviour_tensor(part: Sequence[TrainSample], batch: TokenBatch, logp: torch.Tensor,
+                          behaviour: BehaviourLogprobs | None) -> torch.Tensor | None:
+        """Behaviour logprobs in the batch's shape, NaN where unknown. For samples sampled by the
+        weights this step starts from, they are this forward pass's own logprobs (detached): the
+        weights do not change until every micro-batch has been forwarded."""
+        if behaviour is None:
+            return None
+        values, reuse = behaviour.flat(part)
+        return torch.where(batch.from_flat(reuse, fill=False), logp.detach(),
+                           batch.from_flat(values, fill=float("nan")))
+
+    def step(self, samples: Sequence[TrainSample], behaviour: BehaviourLogprobs | None = None) -> StepResult:
         started = time.perf_counter()
+        mismatch = MismatchStats(bound=self.cfg.mismatch_bound)
         try:
-            stats, micro = self.accumulate_gradients(samples)
+            stats, micro = self.accumulate_gradients(samples, behaviour, mismatch)
             params = [p for p in self.model.parameters() if p.grad is not None]
             if self.cfg.max_grad_norm is not None:
                 norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
@@ -88,7 +113,7 @@ class Learner:
             self.model.eval()
         return StepResult(stats=stats, grad_norm=norm, samples=len(samples),
                           tokens=sum(s.num_tokens for s in samples), micro_batches=micro,
-                          seconds=time.perf_counter() - started)
+                          seconds=time.perf_counter() - started, mismatch=mismatch)
 
     @torch.no_grad()
     def sample_logprobs(self, samples: Sequence[TrainSample]) -> torch.Tensor:

@@ -5,6 +5,14 @@ by the engine at sampling time is the behaviour policy, never recomputed. With `
 objective is truncated importance sampling instead: the gradient of each token is
 ``min(ratio, cap) * advantage * grad(logp_new)``.
 
+Engine/trainer mismatch correction (``importance_sampling``): the engine's recorded logprobs and the
+trainer's recomputation under the same (behaviour) weights differ (precision, kernels). With ``tis``
+or ``mis`` and the trainer's behaviour logprobs known for a token, the PPO ratio is taken against
+the trainer's behaviour logprob and the token's loss is multiplied by the engine-to-trainer
+importance weight ``w = exp(behaviour - rollout)``: ``tis`` truncates it at ``importance_cap``,
+``mis`` masks the token (weight 0) when ``w`` lies outside ``[1/cap, cap]``. Tokens whose behaviour
+logprob is unknown keep the plain ratio against the rollout logprob with weight 1.
+
 Normalization: the step's loss is ``sum(weight * token_loss) / denominator`` where the denominator
 is computed once over *all* samples of the optimizer step (``loss_denominator``). Each micro-batch
 contributes its partial sum over the same denominator, so accumulating gradients over any split of
@@ -25,6 +33,8 @@ from trainer_consumer.collate import TokenBatch
 from trainer_consumer.sample_view import TrainSample
 
 Normalization = Literal["weight", "tokens", "samples"]
+ImportanceSampling = Literal["none", "tis", "mis"]
+IMPORTANCE_SAMPLING: tuple[str, ...] = ("none", "tis", "mis")
 
 # exp() of a log-ratio beyond this is a numerical accident, not information; clamp before exp.
 MAX_LOG_RATIO = 20.0
@@ -39,8 +49,15 @@ class LossConfig:
     # "weight": sum of per-token weights (the sample builder's weights decide what a unit is);
     # "tokens": number of loss tokens; "samples": number of samples.
     normalization: Normalization = "weight"
+    # Engine/trainer mismatch correction (module docstring); the cap bounds TIS, the threshold of MIS.
+    importance_sampling: ImportanceSampling = "none"
+    importance_cap: float = 2.0
 
     def __post_init__(self) -> None:
+        if self.importance_sampling not in IMPORTANCE_SAMPLING:
+            raise ValueError(f"importance_sampling must be one of {IMPORTANCE_SAMPLING}")
+        if self.importance_cap < 1:
+            raise ValueError("importance_cap must be >= 1")
         if self.clip_low < 0 or self.clip_high < 0:
             raise ValueError("clip_low and clip_high must be >= 0")
         if self.ratio_cap is not None and self.ratio_cap <= 0:
@@ -79,15 +96,52 @@ def token_logprobs(model: Any, batch: TokenBatch) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
+class ImportanceWeights:
+    weight: torch.Tensor  # per token, detached; 1 where no correction applies
+    known: torch.Tensor  # bool: loss tokens whose behaviour logprob is known (the correction applies)
+    truncated: torch.Tensor  # bool: TIS truncated, or MIS masked, this token
+
+
+def importance_weights(behaviour: torch.Tensor | None, rollout: torch.Tensor, mask: torch.Tensor,
+                       mode: ImportanceSampling, cap: float) -> ImportanceWeights:
+    """Engine-to-trainer weights ``exp(behaviour - rollout)``, truncated (tis) or masked (mis).
+
+    ``behaviour`` holds the trainer's logprobs under the behaviour weights, NaN where unknown."""
+    ones = torch.ones_like(rollout)
+    none = torch.zeros_like(mask)
+    if behaviour is None:
+        return ImportanceWeights(ones, none, none)
+    known = mask & torch.isfinite(behaviour)
+    if mode == "none":
+        return ImportanceWeights(ones, known, none)
+    log_w = torch.where(known, behaviour.detach() - rollout, torch.zeros_like(rollout))
+    w = torch.exp(log_w.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    if mode == "tis":
+        truncated = known & (w > cap)
+        return ImportanceWeights(w.clamp(max=cap), known, truncated)
+    truncated = known & ((w > cap) | (w < 1.0 / cap))
+    return ImportanceWeights(torch.where(truncated, torch.zeros_like(w), w), known, truncated)
+
+
+@dataclass(frozen=True)
 class TokenLoss:
     loss: torch.Tensor  # per token, 0 off the loss mask
     ratio: torch.Tensor  # detached
     clipped: torch.Tensor  # bool: the clip (or the cap) bound this token
+    importance: ImportanceWeights
 
 
-def per_token_loss(logp_new: torch.Tensor, batch: TokenBatch, cfg: LossConfig) -> TokenLoss:
+def per_token_loss(logp_new: torch.Tensor, batch: TokenBatch, cfg: LossConfig,
+                   behaviour: torch.Tensor | None = None) -> TokenLoss:
+    """``behaviour``: the trainer's logprobs under each token's behaviour weights (NaN unknown), used
+    by ``importance_sampling`` tis/mis; ignored (measured only) with none."""
     mask = batch.loss_mask
-    log_ratio = torch.where(mask, logp_new - batch.rollout_logprobs, torch.zeros_like(logp_new))
+    iw = importance_weights(behaviour, batch.rollout_logprobs, mask, cfg.importance_sampling,
+                            cfg.importance_cap)
+    old = batch.rollout_logprobs
+    if cfg.importance_sampling != "none" and behaviour is not None:
+        old = torch.where(iw.known, behaviour.detach(), batch.rollout_logprobs)
+    log_ratio = torch.where(mask, logp_new - old, torch.zeros_like(logp_new))
     ratio = torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     adv = batch.advantages
     if cfg.ratio_cap is not None:
@@ -105,8 +159,11 @@ def per_token_loss(logp_new: torch.Tensor, batch: TokenBatch, cfg: LossConfig) -
             dual = (adv < 0) & (surrogate < floor)
             surrogate = torch.where(dual, floor, surrogate)
             clipped = clipped | dual.detach()
+    if cfg.importance_sampling != "none":
+        surrogate = iw.weight * surrogate
     zero = torch.zeros_like(surrogate)
-    return TokenLoss(loss=torch.where(mask, -surrogate, zero), ratio=ratio.detach(), clipped=clipped & mask)
+    return TokenLoss(loss=torch.where(mask, -surrogate, zero), ratio=ratio.detach(), clipped=clipped & mask,
+                     importance=iw)
 
 
 @dataclass
@@ -119,8 +176,12 @@ class LossStats:
     clipped: int = 0
     advantage_sum: float = 0.0
     logprob_diff_sum: float = 0.0  # sum of (rollout_logprob - logp_new): a k1 estimate of KL
+    importance_tokens: int = 0  # loss tokens with a known behaviour logprob
+    importance_truncated: int = 0  # of those, truncated (tis) or masked (mis)
 
     def add(self, other: LossStats) -> None:
+        self.importance_tokens += other.importance_tokens
+        self.importance_truncated += other.importance_truncated
         self.loss += other.loss
         self.tokens += other.tokens
         self.ratio_sum += other.ratio_sum
@@ -147,13 +208,17 @@ class LossStats:
     def approx_kl(self) -> float:
         return self._mean(self.logprob_diff_sum)
 
+    @property
+    def importance_truncated_fraction(self) -> float:
+        return self.importance_truncated / self.importance_tokens if self.importance_tokens else 0.0
+
 
 def policy_loss(logp_new: torch.Tensor, batch: TokenBatch, denominator: float,
-                cfg: LossConfig) -> tuple[torch.Tensor, LossStats]:
+                cfg: LossConfig, behaviour: torch.Tensor | None = None) -> tuple[torch.Tensor, LossStats]:
     """This micro-batch's share of the step loss (backward it and accumulate), and its stats."""
     if denominator <= 0:
         raise ValueError(f"loss denominator must be > 0, got {denominator}")
-    tl = per_token_loss(logp_new, batch, cfg)
+    tl = per_token_loss(logp_new, batch, cfg, behaviour)
     if cfg.normalization == "weight":
         scale = batch.weights
     elif cfg.normalization == "tokens":
@@ -170,6 +235,8 @@ def policy_loss(logp_new: torch.Tensor, batch: TokenBatch, denominator: float,
             clipped=int(tl.clipped.sum()),
             advantage_sum=float(batch.advantages[mask].sum()),
             logprob_diff_sum=float((batch.rollout_logprobs - logp_new.detach())[mask].sum()),
+            importance_tokens=int(tl.importance.known.sum()),
+            importance_truncated=int(tl.importance.truncated.sum()),
         )
     return loss, stats
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.policy_store import PolicyStore
+from models.policy_store import PolicyStore, PolicyStoreError
 
 BASE_VERSION = 0
 
@@ -62,3 +62,21 @@ class StorePublisher:
 
     def publish(self, model: Any, version: int, metadata: dict[str, Any]) -> None:
         self.store.publish(version, model.state_dict(), metadata)
+
+
+def state_dict_loader(model_dir: Path, store: PolicyStore) -> Any:
+    """Loads a policy version's weights (0: the base model's) for recomputing behaviour logprobs;
+    a version the store does not hold raises LookupError."""
+
+    def load(version: int) -> dict[str, Any]:
+        if version == BASE_VERSION:
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+        try:
+            return store.load_state_dict(version)
+        except PolicyStoreError as exc:
+            raise LookupError(str(exc)) from exc
+
+    return load

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
@@ -17,6 +17,18 @@ class TrainerSettings(BaseModel):
     group_id: str = "tokentrail-trainer"
     checkpoint_dir: Path = VAR_DIR / "policies"
     max_staleness: int = 4
+    # What the bound does to a sample with loss tokens older than current - max_staleness
+    # (trainer_consumer/staleness.py): "drop" the sample, or "mask" only its stale tokens.
+    stale_rule: Literal["drop", "mask"] = "drop"
+    # Engine/trainer logprob mismatch correction (trainer_consumer/losses.py): "auto" is "tis" behind
+    # vLLM (its kernels and bf16 differ from the trainer's) and "none" behind the embedded engine,
+    # which runs the trainer's own transformers code.
+    importance_sampling: Literal["auto", "none", "tis", "mis"] = "auto"
+    importance_cap: float = 2.0  # TIS truncates the weight here; MIS masks tokens outside [1/cap, cap]
+    mismatch_bound: float = 0.2  # |trainer - engine| logprob above this counts as beyond the bound
+    # Older behaviour versions' weights kept in memory to recompute the engine's logprobs (0: compare
+    # only the samples sampled by the trainer's current weights, from the step's own forward pass).
+    behaviour_cache_versions: int = 2
     steps_per_version: int = 1
     # The tiny demo model: 1e-3 breaks its tool-call format; 3e-4 lost it late in one 8-minute demo of
     # seven; 2e-4 learned as fast (measured, demo reward 0.36 -> 0.71).
@@ -29,3 +41,12 @@ class TrainerStackSettings(Protocol):
     trainer: TrainerSettings
     model: ModelSettings
     kafka: KafkaSettings
+
+
+def resolve_importance_sampling(setting: str, upstream: str) -> Literal["none", "tis", "mis"]:
+    """The correction a trainer runs with: ``auto`` decided by the engine upstream (the shell knows it)."""
+    if setting == "auto":
+        return "tis" if upstream == "vllm" else "none"
+    if setting not in ("none", "tis", "mis"):
+        raise ValueError(f"unknown importance_sampling {setting!r}")
+    return setting  # type: ignore[return-value]

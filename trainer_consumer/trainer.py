@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainer_consumer.batching import Batch, FilterConfig
-from trainer_consumer.events import trainer_step_record
+from trainer_consumer.behaviour import BehaviourLogprobs, BehaviourScorer, behaviour_version
+from trainer_consumer.events import OffPolicySettings, trainer_step_record
 from trainer_consumer.learner import Learner, LearnerConfig, StepResult
 from trainer_consumer.losses import loss_denominator
 
@@ -82,7 +83,9 @@ def _quiet(_: str) -> None:
 class TrainingLoop:
     def __init__(self, learner: Learner, source: BatchSource, steps: StepEvents,
                  publisher: PolicyPublisher | None, run_id: str, steps_per_version: int = 1,
-                 state: TrainerState | None = None, progress: Progress = _quiet) -> None:
+                 state: TrainerState | None = None, progress: Progress = _quiet,
+                 scorer: BehaviourScorer | None = None,
+                 off_policy: OffPolicySettings = OffPolicySettings()) -> None:
         if steps_per_version < 1:
             raise ValueError("steps_per_version must be at least 1")
         self.learner = learner
@@ -93,9 +96,19 @@ class TrainingLoop:
         self.steps_per_version = steps_per_version
         self.state = state or TrainerState()
         self.progress = progress
+        # Recomputes the engine's logprobs under older behaviour versions; without it only samples
+        # of the current version are compared (from the step's own forward pass, at no cost).
+        self.scorer = scorer
+        self.off_policy = dataclasses.replace(off_policy, importance_sampling=learner.cfg.loss.importance_sampling)
 
     def current_version(self) -> int:
         return self.state.version
+
+    def behaviour(self, batch: Batch[Any]) -> BehaviourLogprobs:
+        if self.scorer is not None:
+            return self.scorer.behaviour(batch.samples, self.state.version)
+        return BehaviourLogprobs(from_forward=frozenset(
+            s.sample_id for s in batch.samples if behaviour_version(s) == self.state.version))
 
     def process(self, batch: Batch[Any], summary: RunSummary) -> dict[str, Any]:
         """Trains on one batch (if anything in it survived the filters), then records and commits."""
@@ -106,7 +119,7 @@ class TrainingLoop:
             batch.samples = []
         if batch.samples:
             try:
-                result = self.learner.step(batch.samples)
+                result = self.learner.step(batch.samples, self.behaviour(batch))
             except FloatingPointError:
                 batch.filtered["non_finite_gradient"] += len(batch.samples)
                 batch.samples = []
@@ -119,7 +132,8 @@ class TrainingLoop:
                     "consumed": self.source.checkpoint(batch)})
                 self.state.version = before + 1
                 summary.versions_published.append(self.state.version)
-        record = trainer_step_record(self.run_id, self.state.step, before, self.state.version, batch, result)
+        record = trainer_step_record(self.run_id, self.state.step, before, self.state.version, batch, result,
+                                     off_policy=self.off_policy)
         self.steps.emit_step(record)
         self.source.commit(batch)
         summary.events.append(record)
@@ -161,12 +175,19 @@ def _progress_line(record: dict[str, Any], result: StepResult | None, batch: Bat
     if result is None:
         return f"step {record['step']:>5}  no trainable samples{filtered}"
     s = result.stats
+    m = result.mismatch
+    off_policy = (f"  mismatch {m.mean_abs:.4f}/{m.max_abs:.3f} >{m.bound:g} {m.beyond_fraction:.3f} ({m.tokens} tok)"
+                  if m.tokens else "")
+    if record["importance_sampling"] != "none":
+        off_policy += f"  {record['importance_sampling']} cut {s.importance_truncated_fraction:.3f}"
+    if record["stale_masked_tokens"]:
+        off_policy += f"  stale masked {record['stale_masked_tokens']} tok"
     version = (f"v{record['policy_version_before']}->v{record['policy_version_after']}"
                if record["policy_version_after"] != record["policy_version_before"]
                else f"v{record['policy_version_before']}")
     return (f"step {record['step']:>5}  {version:<9} {result.samples:>4} samples {result.tokens:>7,} tok  "
             f"loss {s.loss:+.4f}  ratio {s.mean_ratio:.3f}  clip {s.clip_fraction:.3f}  "
-            f"kl {s.approx_kl:+.4f}  |g| {result.grad_norm:.3f}  {result.seconds:.2f} s{filtered}")
+            f"kl {s.approx_kl:+.4f}  |g| {result.grad_norm:.3f}  {result.seconds:.2f} s{off_policy}{filtered}")
 
 
 # ---------------------------------------------------------------- wiring: Kafka + policy store
@@ -193,6 +214,8 @@ class TrainOptions:
     steps_topic: str | None = None
     dead_letter_topic: str | None = None
     torch_threads: int | None = None  # None: torch's default (all cores)
+    # The engine upstream the samples came from ("embedded" | "vllm"): decides importance_sampling "auto".
+    upstream: str = "embedded"
 
 
 def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOptions(),
@@ -202,7 +225,9 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
     from schemas import kafka_config, topics
     from trainer_consumer.batching import BatchBuilder
     from trainer_consumer.dataset import SampleStream
-    from trainer_consumer.policy import StorePublisher, load_policy
+    from trainer_consumer.losses import LossConfig
+    from trainer_consumer.policy import StorePublisher, load_policy, state_dict_loader
+    from trainer_consumer.settings import resolve_importance_sampling
     from trainer_consumer.step_publisher import StepPublisher
 
     if options.torch_threads:
@@ -212,8 +237,11 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
     ts = settings.trainer
     group_id = options.group_id or ts.group_id
     run_id = options.run_id or group_id
-    learner_cfg = options.learner or LearnerConfig(learning_rate=ts.learning_rate)
-    filter_cfg = options.filters or FilterConfig(max_staleness=ts.max_staleness)
+    learner_cfg = options.learner or LearnerConfig(
+        learning_rate=ts.learning_rate, mismatch_bound=ts.mismatch_bound,
+        loss=LossConfig(importance_sampling=resolve_importance_sampling(ts.importance_sampling, options.upstream),
+                        importance_cap=ts.importance_cap))
+    filter_cfg = options.filters or FilterConfig(max_staleness=ts.max_staleness, stale_rule=ts.stale_rule)
     store = PolicyStore(options.checkpoint_dir or ts.checkpoint_dir)
     model_dir = options.model_dir or settings.model.dir
 
@@ -229,15 +257,22 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
         filter_cfg = dataclasses.replace(filter_cfg, vocab_size=vocab)
     state = TrainerState(step=policy.step, version=policy.version)
     builder: BatchBuilder[Any] = BatchBuilder(options.batch_size, options.max_batch_tokens,
-                                              filter_cfg.build())
+                                              filter_cfg.build(), staleness=filter_cfg.staleness())
     stream = SampleStream(kafka_config.consumer_config(settings.kafka, group_id),
                           options.samples_topic or topics.SAMPLES_TOPIC, builder,
                           current_version=lambda: state.version, dead_letter=steps.dead_letter,
                           start_after=consumed)
+    scorer = BehaviourScorer(policy.model, state_dict_loader(model_dir, store),
+                             cache_versions=ts.behaviour_cache_versions, layout=learner_cfg.layout,
+                             pad_id=policy.pad_id, micro_batch_tokens=learner_cfg.micro_batch_tokens)
+    off_policy = OffPolicySettings(max_staleness=filter_cfg.max_staleness, stale_rule=filter_cfg.stale_rule)
+    progress(f"off-policy: importance sampling {learner_cfg.loss.importance_sampling} (upstream "
+             f"{options.upstream}), staleness bound {filter_cfg.max_staleness} ({filter_cfg.stale_rule}), "
+             f"mismatch bound {learner_cfg.mismatch_bound:g}")
     loop = TrainingLoop(Learner(policy.model, learner_cfg, pad_id=policy.pad_id), stream, steps,
                         StorePublisher(store), run_id,
                         steps_per_version=options.steps_per_version or ts.steps_per_version,
-                        state=state, progress=progress)
+                        state=state, progress=progress, scorer=scorer, off_policy=off_policy)
     try:
         return loop.run(options.max_steps, options.until_idle, options.idle_timeout_s, options.flush_partial)
     finally:

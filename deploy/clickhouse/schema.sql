@@ -604,6 +604,30 @@ PARTITION BY toDate(event_time)
 ORDER BY (key, window_end_us, event_id)
 SETTINGS non_replicated_deduplication_window = 10000;
 
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS mismatch_tokens Int64 DEFAULT 0 AFTER filtered_json;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS mismatch_mean_abs Float64 DEFAULT 0 AFTER mismatch_tokens;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS mismatch_max_abs Float64 DEFAULT 0 AFTER mismatch_mean_abs;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS mismatch_beyond_fraction Float64 DEFAULT 0 AFTER mismatch_max_abs;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS mismatch_bound Float64 DEFAULT 0 AFTER mismatch_beyond_fraction;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS importance_sampling LowCardinality(String) DEFAULT 'none' AFTER mismatch_bound;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS importance_tokens Int64 DEFAULT 0 AFTER importance_sampling;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS importance_truncated Int64 DEFAULT 0 AFTER importance_tokens;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS max_staleness Int64 DEFAULT -1 AFTER importance_truncated;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS stale_rule LowCardinality(String) DEFAULT 'drop' AFTER max_staleness;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS stale_dropped_ids Array(String) DEFAULT [] AFTER stale_rule;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS stale_masked_tokens Int64 DEFAULT 0 AFTER stale_dropped_ids;
+
 CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
         FROM tokentrail.attempt_starts FINAL
         UNION ALL
@@ -653,6 +677,10 @@ CREATE OR REPLACE VIEW tokentrail.v_staleness AS SELECT t.event_time AS time, t.
               FROM tokentrail.trainer_steps FINAL ARRAY JOIN sample_ids AS sample_id) AS t
         INNER JOIN (SELECT event_id, policy_version_first, policy_version_last FROM tokentrail.samples FINAL) AS s
             ON t.sample_id = s.event_id;
+
+CREATE OR REPLACE VIEW tokentrail.v_stale_dropped AS SELECT event_time AS time, run_id, step, policy_version_before AS trainer_version, max_staleness,
+               stale_rule, sample_id
+        FROM tokentrail.trainer_steps FINAL ARRAY JOIN stale_dropped_ids AS sample_id;
 
 CREATE OR REPLACE VIEW tokentrail.v_call_tokens AS SELECT event_time AS time, call_id, rollout_id, policy_version, model, status, prompt_length,
                output_tokens, prompt_stored_tokens, total_ms, first_token_ms,

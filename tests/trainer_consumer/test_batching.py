@@ -20,12 +20,15 @@ def _record(version: int, seed: int = 0, advantage: float | None = None, weight:
 
 
 def test_stale_samples_are_counted_not_silently_dropped() -> None:
-    builder: BatchBuilder[int] = BatchBuilder(batch_size=3, filters=FilterConfig(max_staleness=2).build())
+    cfg = FilterConfig(max_staleness=2)
+    builder: BatchBuilder[int] = BatchBuilder(batch_size=3, filters=cfg.build(), staleness=cfg.staleness())
     current = 10
     versions = [10, 7, 8, 5, 9, 8]  # lags 0, 3, 2, 5, 1, 2 -> two beyond the bound
-    reasons = [builder.add(decode_round_trip(_record(v, seed=i)), i, current) for i, v in enumerate(versions)]
+    samples = [decode_round_trip(_record(v, seed=i)) for i, v in enumerate(versions)]
+    reasons = [builder.add(s, i, current) for i, s in enumerate(samples)]
     assert reasons == [None, "stale", None, "stale", None, None]
     batch = builder.take()
+    assert batch.stale_dropped_ids == [samples[1].sample_id, samples[3].sample_id]
     assert [s.policy_version_first for s in batch.samples] == [10, 8, 9, 8]
     assert batch.filtered == {"stale": 2}
     assert batch.positions == [0, 1, 2, 3, 4, 5]  # the stale ones are committed with the batch

@@ -10,6 +10,7 @@ from tokentrail.settings import get_settings
 from trainer_consumer.batching import FilterConfig
 from trainer_consumer.learner import LearnerConfig
 from trainer_consumer.losses import LossConfig
+from trainer_consumer.settings import resolve_importance_sampling
 
 _EPILOG = """\
 Each step prints: step number, policy version (v1->v2 when it published one), samples and tokens,
@@ -48,7 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     data.add_argument("--batch-size", type=int, default=8, help="samples per optimizer step (default 8)")
     data.add_argument("--max-batch-tokens", type=int, default=None, help="also close a batch at N tokens")
     data.add_argument("--max-staleness", type=int, default=None,
-                      help="drop samples more than N policy versions old (default: settings)")
+                      help="bound: loss tokens more than N policy versions old are stale (default: settings)")
+    data.add_argument("--stale-rule", choices=("drop", "mask"), default=None,
+                      help="drop a sample with stale tokens, or mask only those tokens (default: settings)")
     data.add_argument("--max-sample-tokens", type=int, default=None, help="drop samples longer than N tokens")
     data.add_argument("--keep-zero-weight", action="store_true",
                       help="do not drop samples with no loss weight")
@@ -65,6 +68,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     opt.add_argument("--dual-clip", type=float, default=None, help="dual-clip bound for negative advantages")
     opt.add_argument("--ratio-cap", type=float, default=None,
                      help="truncated importance sampling with this cap instead of the clipped surrogate")
+    opt.add_argument("--importance-sampling", choices=("auto", "none", "tis", "mis"), default=None,
+                     help="engine/trainer logprob mismatch correction: truncated (tis) or masked (mis) "
+                          "importance weights; auto: tis behind vLLM, none behind the embedded engine "
+                          "(default: settings)")
+    opt.add_argument("--importance-cap", type=float, default=None,
+                     help="TIS truncation / MIS threshold (default: settings)")
+    opt.add_argument("--mismatch-bound", type=float, default=None,
+                     help="|trainer - engine| logprob counted as beyond the bound (default: settings)")
+    opt.add_argument("--upstream", choices=("embedded", "vllm"), default=None,
+                     help="the engine the samples came from, for --importance-sampling auto "
+                          "(default: settings gateway.upstream)")
     opt.add_argument("--normalization", choices=("weight", "tokens", "samples"), default="weight",
                      help="loss denominator over the whole step (default: sum of token weights)")
     p.set_defaults(func=_cmd_train)
@@ -83,10 +97,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.max_staleness is not None and args.max_staleness < 0:
         raise CliError("--max-staleness must be >= 0")
     settings = get_settings()
-    staleness = args.max_staleness if args.max_staleness is not None else settings.trainer.max_staleness
+    ts = settings.trainer
+    staleness = args.max_staleness if args.max_staleness is not None else ts.max_staleness
+    upstream = args.upstream or settings.gateway.upstream
     try:
         loss = LossConfig(clip_low=args.clip_low, clip_high=args.clip_high, dual_clip=args.dual_clip,
-                          ratio_cap=args.ratio_cap, normalization=args.normalization)
+                          ratio_cap=args.ratio_cap, normalization=args.normalization,
+                          importance_sampling=resolve_importance_sampling(
+                              args.importance_sampling or ts.importance_sampling, upstream),
+                          importance_cap=args.importance_cap if args.importance_cap is not None
+                          else ts.importance_cap)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     options = TrainOptions(
@@ -100,6 +120,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         group_id=args.group_id,
         filters=FilterConfig(
             max_staleness=staleness,
+            stale_rule=args.stale_rule or ts.stale_rule,
             max_tokens=args.max_sample_tokens,
             drop_zero_weight=not args.keep_zero_weight,
             drop_zero_advantage=args.drop_zero_advantage,
@@ -110,7 +131,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
             learning_rate=args.lr if args.lr is not None else settings.trainer.learning_rate,
             max_grad_norm=args.max_grad_norm or None,
             loss=loss,
+            mismatch_bound=args.mismatch_bound if args.mismatch_bound is not None else ts.mismatch_bound,
         ),
+        upstream=upstream,
         steps_per_version=args.steps_per_version,
         model_dir=args.model_dir,
         checkpoint_dir=args.checkpoint_dir,
