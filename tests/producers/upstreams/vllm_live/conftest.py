@@ -35,6 +35,9 @@ SERVE_OPTIONS = ["--quick-start"]
 # The weight-update endpoints (/pause, /collective_rpc, /update_weight_version, ...) for the weight sync
 # tests; the other tests do not notice them.
 SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+# /inference/v1/generate (token-in with per-token weight_versions spans) for the engine-versions tests and
+# the demo on this server; the other tests do not notice it either.
+VLLM_ARGS = ["--enable-scale-out"]
 
 # Seconds each stage took in this session, printed at the end of the run.
 TIMINGS: dict[str, float] = {}
@@ -67,7 +70,7 @@ def vllm_installed() -> None:
 @pytest.fixture(scope="session")
 def vllm_server(vllm_installed: None, live_model_dir: Path, tokentrail_settings: Settings) -> Iterator[VLLMServer]:
     server = start_vllm(live_model_dir, free_port(), model_name=tokentrail_settings.model.name,
-                        logprobs_mode=LOGPROBS_MODE, serve_options=SERVE_OPTIONS, vllm_args=[], env=SERVER_ENV)
+                        logprobs_mode=LOGPROBS_MODE, serve_options=SERVE_OPTIONS, vllm_args=VLLM_ARGS, env=SERVER_ENV)
     TIMINGS["vllm server start"] = server.startup_s
     try:
         yield server
