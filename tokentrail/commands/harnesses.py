@@ -38,8 +38,6 @@ TASK = "Create hi.txt containing hello with a shell command, count its bytes, th
 WRITE, COUNT, ANSWER = "echo hello > hi.txt && cat hi.txt", "wc -c < hi.txt", "hi.txt says hello, in 6 bytes."
 API_KEY = "tokentrail-harness-check"
 NOT_YET = {
-    "codex": "not run by this check yet: Codex CLI's Responses requests (namespace/custom tools, issue 18 item 4) "
-             "are not known to pass through the gateway",
 }
 
 
@@ -71,6 +69,12 @@ def _openclaw(root: str, key: str, home: Path, work: Path, model: str) -> tuple[
     return openclaw_command(root, key, home, work, model, TASK)
 
 
+def _codex(root: str, key: str, home: Path, work: Path, model: str) -> tuple[list[str], dict[str, str]]:
+    from tokentrail.commands.harness_codex import codex_command
+
+    return codex_command(root, key, home, work, model, TASK)
+
+
 def _claude(root: str, key: str, home: Path, work: Path, model: str) -> tuple[list[str], dict[str, str]]:
     return (["claude", "-p", TASK, "--output-format", "json", "--max-turns", "4", "--allowedTools", "Bash"],
             {"ANTHROPIC_BASE_URL": root, "ANTHROPIC_AUTH_TOKEN": key})
@@ -82,6 +86,8 @@ HARNESSES = {
     "claude": Harness("claude", "anthropic.messages",
                       [_tool_call("Bash", {"command": WRITE, "description": "Write hi.txt"}),
                        _tool_call("Bash", {"command": COUNT, "description": "Count its bytes"}), ANSWER], _claude),
+    "codex": Harness("codex", "openai.responses", [_tool_call("exec_command", {"cmd": WRITE}),
+                                                   _tool_call("exec_command", {"cmd": COUNT}), ANSWER], _codex),
     "openclaw": Harness("openclaw", "openai.chat", [_tool_call("exec", {"command": WRITE}),
                                                     _tool_call("exec", {"command": COUNT}), ANSWER], _openclaw),
 }
