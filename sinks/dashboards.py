@@ -94,6 +94,33 @@ PANELS: tuple[Panel, ...] = (
         "GROUP BY source_topic, error_type ORDER BY messages DESC",
         kind="table",
     ),
+    # ---- issue 19: off-policy truth (engine/trainer logprob mismatch, TIS/MIS) and bounded staleness
+    Panel(
+        "Engine/trainer logprob mismatch per step",
+        "SELECT $__timeInterval(event_time) AS time,\n"
+        "       sum(mismatch_mean_abs * mismatch_tokens) / sum(mismatch_tokens) AS mean_abs_delta,\n"
+        "       max(mismatch_max_abs) AS max_abs_delta,\n"
+        "       sum(mismatch_beyond_fraction * mismatch_tokens) / sum(mismatch_tokens) AS beyond_bound_fraction\n"
+        "FROM trainer_steps FINAL WHERE $__timeFilter(event_time) AND mismatch_tokens > 0\n"
+        "GROUP BY time ORDER BY time",
+        description="|log p_trainer - log p_engine| of sampled tokens under the version that sampled them "
+        "(trainer.mismatch_bound sets the bound).",
+    ),
+    Panel(
+        "Importance sampling (TIS / MIS): share of tokens truncated or masked",
+        "SELECT $__timeInterval(event_time) AS time, importance_sampling,\n"
+        "       sum(importance_truncated) / greatest(sum(importance_tokens), 1) AS truncated_fraction\n"
+        "FROM trainer_steps FINAL WHERE $__timeFilter(event_time) AND importance_tokens > 0\n"
+        "GROUP BY time, importance_sampling ORDER BY time",
+    ),
+    Panel(
+        "Stale samples dropped and tokens masked (staleness bound)",
+        "SELECT $__timeInterval(event_time) AS time, sum(length(stale_dropped_ids)) AS stale_samples_dropped,\n"
+        "       sum(stale_masked_tokens) AS stale_tokens_masked\n"
+        "FROM trainer_steps FINAL WHERE $__timeFilter(event_time) GROUP BY time ORDER BY time",
+        description="trainer.max_staleness and trainer.stale_rule; each dropped sample is in v_stale_dropped.",
+    ),
+    # ---- end issue 19
 )
 
 
