@@ -276,4 +276,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-data", action="store_true",
                    help="keep var/ (Kafka data, ClickHouse, policies) from an earlier run instead of starting fresh")
     add_release_arguments(p)
+    p.add_argument("--production", action="store_true",
+                   help="production shape instead: simulated users through the openai SDK with no rollout "
+                        "creation (organic sessions), rewards from their delayed feedback alone, late feedback "
+                        "used by replay (tokentrail/demo/production.py)")
+    from tokentrail.demo import production  # here, not at the top: production.py builds on this module
+
+    production.add_arguments(p)
     p.set_defaults(func=run_demo)

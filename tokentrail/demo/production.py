@@ -1,0 +1,538 @@
+"""``tokentrail demo --production``: online RL from production feedback, end to end on this machine.
+
+Simulated end users drive the demo agent (the lookup task, one tool) through the official ``openai`` SDK.
+Nobody creates a rollout: each user's calls carry their end-user id (OpenAI ``user``) and the gateway's
+organic sessions (producers/gateway/sessions.py) turn every session window into a rollout, ended
+explicitly (``POST /v1/sessions/{key}/end``) or by an idle gap. Each user judges the answer they got and
+sends feedback of several kinds (thumbs, a rating, an edit outcome with its edit distance, a task outcome)
+to ``POST /v1/feedback`` after a random delay; for a fraction of the sessions it comes only after the
+join's window (late). Rewards come from that feedback alone (the feedback join; no verifier runs). At the
+end: drain, the five audit checks (the fifth, feedback accounting, exact under the demo's feedback
+config), a replay that admits the late feedback (rewards differ exactly on the sessions whose feedback
+was late), and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import openai
+import yaml
+
+from producers.sdk import send_feedback
+from schemas.ids import call_id
+from tokentrail.demo.environment import LookupTask, make_task
+from tokentrail.demo.progress import ProgressTracker, VersionStats
+from tokentrail.demo.run import _cli, _step, version_bands
+from tokentrail.demo.services import Service, http_ok, wait_until
+from tokentrail.settings import REPO_ROOT, Settings, get_settings
+
+MAX_TURNS = 3
+KINDS = ("BINARY", "RATING", "OUTCOME", "TASK_OUTCOME")
+SOURCE = "demo-users"
+
+# ---------------------------------------------------------------- the simulated user's judgement (pure)
+
+
+def edit_distance(answer: str, wanted: str) -> float:
+    """Levenshtein distance between the two, over the longer one's length (0 = same, 1 = nothing kept)."""
+    if answer == wanted:
+        return 0.0
+    previous = list(range(len(wanted) + 1))
+    for i, a in enumerate(answer, start=1):
+        current = [i]
+        for j, w in enumerate(wanted, start=1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a != w)))
+        previous = current
+    return previous[-1] / max(len(answer), len(wanted))
+
+
+@dataclass(frozen=True)
+class PlannedFeedback:
+    """One feedback a user will send about a session's answer, ``delay_s`` after the session ends."""
+
+    kind: str
+    fields: dict[str, Any]
+    delay_s: float
+    late: bool  # sent after the join's window for its kind: recorded late, used only by replay
+
+
+def feedback_fields(kind: str, answer: str, wanted: str) -> dict[str, Any]:
+    """What a user who knows the right answer says about ``answer`` in feedback of ``kind``."""
+    right = answer.strip().lower() == wanted
+    if kind == "BINARY":
+        return {"binary": right}
+    if kind == "RATING":  # 1..5 stars: right 5, close 2-4 by how much is kept, else 1
+        stars = 5.0 if right else round(1 + 3 * (1 - edit_distance(answer.strip().lower(), wanted)))
+        return {"rating": stars, "rating_scale": [1.0, 5.0]}
+    if kind == "OUTCOME":  # the user keeps, fixes or throws away the answer
+        if right:
+            return {"outcome": "ACCEPTED"}
+        if not answer.strip():
+            return {"outcome": "REJECTED"}
+        return {"outcome": "EDITED", "edit_distance": round(edit_distance(answer.strip().lower(), wanted), 4)}
+    if kind == "TASK_OUTCOME":
+        return {"task_success": right, "details": {"wanted": wanted, "answered": answer[:200]}}
+    raise ValueError(f"no feedback kind {kind!r}")
+
+
+def plan_feedback(answer: str, wanted: str, rng: random.Random, *, late_fraction: float, wait_s: float,
+                  lag_s: float) -> list[PlannedFeedback]:
+    """One or two kinds of feedback for a session. A late session's feedback all comes after its window
+    (a verdict that took too long), so its stream reward has none and replay's differs."""
+    late = rng.random() < late_fraction
+    kinds = rng.sample(KINDS, k=rng.choice((1, 2)))
+    planned = []
+    for kind in kinds:
+        # Late: past the window end (the kind's wait after the close) and the watermark lag, with room
+        # for the close-time uncertainty of an idle end. Timely: well inside the wait.
+        delay = wait_s + lag_s + rng.uniform(10.0, 20.0) if late else rng.uniform(0.5, 0.35 * wait_s)
+        planned.append(PlannedFeedback(kind, feedback_fields(kind, answer, wanted), round(delay, 3), late))
+    return planned
+
+
+def demo_feedback_config(wait_s: float, lag_s: float, match_wait_s: float) -> dict[str, Any]:
+    """The feedback-reward config of the demo: the deployed one's rules with waits short enough for a run
+    of minutes, and the mean of the kinds a user sent."""
+    return {"version": 1, "name": "feedback-demo-production",
+            "wait_s": {kind: wait_s for kind in (*KINDS, "TEXT")}, "watermark_lag_s": lag_s,
+            "match_wait_s": match_wait_s, "closed_retention_s": 3600, "combine": "mean",
+            "terminal_kinds": ["OUTCOME", "TASK_OUTCOME"], "weights": {}, "supersede": "replace",
+            "missing": "exclude", "default": 0.0,
+            "values": {"binary_true": 1.0, "binary_false": 0.0, "accepted": 1.0, "rejected": 0.0,
+                       "edited_by_distance": True, "edited": 0.5, "task_success": 1.0, "task_failure": 0.0,
+                       "rating_low": 0.0, "rating_high": 1.0}}
+
+
+# ---------------------------------------------------------------- the users (shell)
+
+
+@dataclass
+class SessionOutcome:
+    user: str
+    task_id: str
+    response_ids: list[str]
+    answer: str
+    right: bool
+    ended_by: str  # "request" | "idle"
+    rollout_id: str | None  # known to the demo when the session was ended by request
+
+
+@dataclass
+class SentFeedback:
+    event_id: str
+    kind: str
+    late: bool
+    target: str
+
+
+class FeedbackOutbox:
+    """Sends planned feedback when it is due, on one thread; records what was sent."""
+
+    def __init__(self, gateway_url: str) -> None:
+        self.gateway_url = gateway_url
+        self._queue: list[tuple[float, int, dict[str, str], PlannedFeedback]] = []
+        self._serial = 0
+        self._cv = threading.Condition()
+        self._closing = False
+        self.sent: list[SentFeedback] = []
+        self.errors: list[str] = []
+        self._thread = threading.Thread(target=self._run, name="demo-feedback", daemon=True)
+        self._http = httpx.Client(timeout=60.0)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def schedule(self, due: float, target: dict[str, str], planned: PlannedFeedback) -> None:
+        with self._cv:
+            self._serial += 1
+            heapq.heappush(self._queue, (due, self._serial, target, planned))
+            self._cv.notify()
+
+    def pending(self) -> int:
+        with self._cv:
+            return len(self._queue)
+
+    def close(self, timeout_s: float) -> None:
+        """Send everything still planned (waiting until it is due), then stop."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        self._thread.join(timeout_s)
+        self._http.close()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closing:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                due, _, target, planned = self._queue[0]
+                wait = due - time.time()
+                if wait > 0:
+                    self._cv.wait(min(wait, 1.0))
+                    continue
+                heapq.heappop(self._queue)
+            self._send(target, planned)
+
+    def _send(self, target: dict[str, str], planned: PlannedFeedback) -> None:
+        try:  # event_time: when the user gave it; a retried POST would keep its id
+            sent = send_feedback(self.gateway_url, target, planned.kind, client=self._http, source=SOURCE,
+                                 event_time=time.time(), **planned.fields)
+        except Exception as exc:  # reported at the end; the run goes on
+            self.errors.append(f"{planned.kind}: {exc!r}"[:300])
+            return
+        self.sent.append(SentFeedback(sent["event_id"], planned.kind, planned.late, next(iter(target.values()))))
+
+
+class Users:
+    """``count`` simulated users, each running sessions (one lookup question each) until the deadline."""
+
+    def __init__(self, gateway_url: str, model: str, count: int, outbox: FeedbackOutbox, *, seed: int,
+                 idle_s: float, late_fraction: float, wait_s: float, lag_s: float, explicit_end: float) -> None:
+        self.gateway_url, self.model, self.count, self.outbox = gateway_url, model, count, outbox
+        self.idle_s, self.late_fraction, self.wait_s, self.lag_s = idle_s, late_fraction, wait_s, lag_s
+        self.explicit_end, self.seed = explicit_end, seed
+        self.outcomes: list[SessionOutcome] = []
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._next_task = seed
+
+    def run_until(self, deadline: float, on_tick: Callable[[], None]) -> None:
+        with ThreadPoolExecutor(max_workers=self.count, thread_name_prefix="user") as pool:
+            futures = [pool.submit(self._user, n, deadline) for n in range(self.count)]
+            while not all(f.done() for f in futures):
+                time.sleep(min(10.0, max(0.5, deadline - time.monotonic())))
+                on_tick()
+            for future in futures:
+                future.result()
+
+    def _task(self) -> LookupTask:
+        with self._lock:
+            self._next_task += 1
+            return make_task(self._next_task)
+
+    def _user(self, n: int, deadline: float) -> None:
+        user = f"demo-user-{n}"
+        rng = random.Random(self.seed * 1000 + n)
+        client = openai.OpenAI(base_url=f"{self.gateway_url}/v1", api_key="demo-user", max_retries=0,
+                               timeout=180.0)
+        while time.monotonic() < deadline:
+            try:
+                outcome = self._session(client, user, self._task(), rng)
+            except Exception as exc:  # a failed session is reported, the user goes on
+                with self._lock:
+                    self.errors.append(repr(exc)[:300])
+                time.sleep(self.idle_s + 1)  # its window ends by the idle gap
+                continue
+            with self._lock:
+                self.outcomes.append(outcome)
+            ended = time.time()
+            for planned in plan_feedback(outcome.answer, make_task_answer(outcome), rng,
+                                         late_fraction=self.late_fraction, wait_s=self.wait_s, lag_s=self.lag_s):
+                # Idle-ended sessions close idle_s later: late feedback is counted from that close.
+                base = ended + (self.idle_s if outcome.ended_by == "idle" and planned.late else 0.0)
+                self.outbox.schedule(base + planned.delay_s, {"response_id": outcome.response_ids[-1]}, planned)
+            time.sleep(rng.uniform(0.2, 1.0))  # the user reads the answer
+
+    def _session(self, client: openai.OpenAI, user: str, task: LookupTask, rng: random.Random) -> SessionOutcome:
+        """One conversation: no rollout is created; ``user`` is the session key."""
+        messages: list[dict[str, Any]] = task.first_messages()
+        answer, response_ids = "", []
+        for _turn in range(MAX_TURNS):
+            reply = client.chat.completions.create(model=self.model, messages=messages, tools=task.tools,
+                                                   max_tokens=24, temperature=1.0, user=user)
+            response_ids.append(reply.id)
+            message = reply.choices[0].message
+            if not message.tool_calls:
+                answer = (message.content or "").strip()
+                break
+            messages.append({"role": "assistant", "content": message.content,
+                             "tool_calls": [tc.model_dump() for tc in message.tool_calls]})
+            for tool_call in message.tool_calls:  # the agent runs its tool itself: no environment API
+                messages.append({"role": "tool", "tool_call_id": tool_call.id,
+                                 "content": task.run_tool(tool_call.function.name, tool_call.function.arguments)})
+        rollout_id = None
+        if rng.random() < self.explicit_end:  # the app says the conversation is over
+            ended = httpx.post(f"{self.gateway_url}/v1/sessions/{quote(user, safe='')}/end", timeout=120.0)
+            ended.raise_for_status()
+            rollout_id, how = ended.json()["rollout_id"], "request"
+        else:  # the user goes quiet: the idle gap ends the window before their next session
+            time.sleep(self.idle_s + 1.5)
+            how = "idle"
+        return SessionOutcome(user, task.task_id, response_ids, answer, answer.strip().lower() == task.answer, how,
+                              rollout_id)
+
+
+def make_task_answer(outcome: SessionOutcome) -> str:
+    return make_task(int(outcome.task_id.removeprefix("lookup-"))).answer
+
+
+def unknown_response_id(n: int) -> str:
+    """A well-formed response id of a call that never happened (a stale client): unmatched feedback."""
+    return "chatcmpl-" + call_id("session-nobody", f"stale-{n}", 0)
+
+
+# ---------------------------------------------------------------- progress, from the topics
+
+
+class FeedbackProgress(ProgressTracker):
+    """The demo's live line with rewards from feedback alone (the feedback join's, not filtered)."""
+
+    def _apply(self, name: str, record: dict) -> None:
+        if name == "Reward" and ('"source":"feedback"' not in (record.get("components_json") or "")
+                                 or record["filtered"]):
+            self._seen.add(record["event_id"])
+            return
+        super()._apply(name, record)
+
+
+# ---------------------------------------------------------------- the run
+
+
+@dataclass
+class Figures:
+    by_version: dict[int, VersionStats] = field(default_factory=dict)
+    audit_passed: bool = False
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def private_env(state_dir: Path, model_dir: Path) -> dict[str, str]:
+    """Settings overrides that give this run its own broker, ports, ClickHouse, policy store and spool, so it
+    never touches (or stops) a broker someone else runs."""
+    return {"TOKENTRAIL_VAR_DIR": str(state_dir), "TOKENTRAIL_KAFKA__DATA_DIR": str(state_dir / "kafka"),
+            "TOKENTRAIL_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{_free_port()}",
+            "TOKENTRAIL_KAFKA__CONTROLLER_PORT": str(_free_port()), "TOKENTRAIL_KAFKA__HEAP": "512m",
+            "TOKENTRAIL_GATEWAY__PORT": str(_free_port()),
+            "TOKENTRAIL_TRAINER__CHECKPOINT_DIR": str(state_dir / "policies"),
+            "TOKENTRAIL_MODEL__DIR": str(model_dir)}  # the reference model build is deterministic: share it
+
+
+def run_production(args: argparse.Namespace) -> int:
+    shared = get_settings()
+    state_dir = getattr(args, "state_dir", None) or shared.var_dir / "production-demo" / time.strftime("%Y%m%d-%H%M%S")
+    state_dir = Path(state_dir).resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.update(private_env(state_dir, shared.model.dir))
+    settings = Settings()  # the private settings, for this process's own clients
+    print(f"production demo in {state_dir} (its own Kafka broker on {settings.kafka.bootstrap_servers})", flush=True)
+    try:
+        return _run(args, settings, state_dir)
+    finally:
+        if not getattr(args, "keep_broker", False):
+            subprocess.run([sys.executable, "-m", "tokentrail.cli", "kafka", "stop"], cwd=REPO_ROOT, check=False)
+
+
+def _run(args: argparse.Namespace, settings: Settings, state_dir: Path) -> int:
+    total = 9
+    _step(1, total, "Kafka broker of this run (KRaft) and topics")
+    _cli("kafka", "start")
+    _cli("topics", "ensure")
+    _step(2, total, "ClickHouse tables (embedded chDB)")
+    _cli("clickhouse", "migrate")
+    _step(3, total, "reference model (built locally, cached)")
+    _cli("model", "build")
+
+    wait_s, lag_s, match_wait_s = args.feedback_wait_s, args.watermark_lag_s, args.match_wait_s
+    config_path = settings.var_dir / "production" / "feedback_reward.yaml"
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(yaml.safe_dump(demo_feedback_config(wait_s, lag_s, match_wait_s), sort_keys=False))
+    env = {"TOKENTRAIL_GATEWAY__ORGANIC_SESSIONS": "true",
+           "TOKENTRAIL_GATEWAY__SESSION_IDLE_S": str(args.idle_s),
+           "TOKENTRAIL_PROCESSORS__FEEDBACK_JOIN": "true",
+           "TOKENTRAIL_PROCESSORS__FEEDBACK_CONFIG": str(config_path),
+           # Rewards from feedback alone: no verifier judges an organic session (it has no task input).
+           "TOKENTRAIL_PROCESSORS__VERIFIERS": "[]"}
+    logs = state_dir / "logs"
+    gateway_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
+    services = [
+        Service("gateway", ["gateway"], logs / "gateway.log", env=env),
+        Service("processors", ["process", "--stall-timeout", "60"], logs / "processors.log", env=env),
+        Service("sink", ["sink"], logs / "sink.log", env=env),
+        Service("trainer", ["train", "--batch-size", str(args.train_batch), "--steps-per-version", "1",
+                            *(["--lr", str(args.lr)] if args.lr is not None else []), "--threads", "1",
+                            "--flush-partial"], logs / "trainer.log", env=env),
+    ]
+    _step(4, total, f"services: {', '.join(s.name for s in services)} (organic sessions, idle gap {args.idle_s:g} s; "
+                    f"feedback join, window {wait_s:g} s; logs in {logs})")
+    outbox = FeedbackOutbox(gateway_url)
+    tracker: FeedbackProgress | None = None
+    try:
+        for service in services:
+            service.start()
+        wait_until(http_ok(f"{gateway_url}/health"), 180, "the gateway", services[0])
+        tracker = FeedbackProgress(settings)
+        tracker.start()
+        outbox.start()
+
+        _step(5, total, f"production traffic: {args.users} users for {args.minutes:g} min through the openai SDK, "
+                        f"no rollout created; feedback after random delays, {args.late_fraction:.0%} of sessions late")
+        users = Users(gateway_url, settings.model.name, args.users, outbox, seed=args.seed, idle_s=args.idle_s,
+                      late_fraction=args.late_fraction, wait_s=wait_s, lag_s=lag_s, explicit_end=args.explicit_end)
+        for n in range(args.unmatched):  # feedback on responses the gateway never served
+            outbox.schedule(time.time() + 5 + n, {"response_id": unknown_response_id(n)},
+                            PlannedFeedback("BINARY", {"binary": True}, 0.0, False))
+        start = time.monotonic()
+
+        def tick() -> None:
+            for service in services:
+                if not service.alive():  # supervise: a restarted service resumes from Kafka
+                    print(f"  {service.name} exited; restarting it", flush=True)
+                    service.start()
+            assert tracker is not None
+            print(f"  {time.monotonic() - start:5.0f}s  sessions {len(users.outcomes)}  feedback sent "
+                  f"{len(outbox.sent)} (planned {outbox.pending()})  {tracker.line()}", flush=True)
+
+        users.run_until(start + args.minutes * 60, tick)
+        right = sum(o.right for o in users.outcomes)
+        print(f"  users done: {len(users.outcomes)} sessions ({right} answered right, "
+              f"{sum(o.ended_by == 'idle' for o in users.outcomes)} ended by the idle gap), "
+              f"{len(users.errors)} failed" + (f" (first: {users.errors[0]})" if users.errors else ""), flush=True)
+
+        _step(6, total, "the last feedback (late ones after their window), then the join closes every window")
+        last_due = max([time.time()] + [due for due, *_ in outbox._queue])
+        outbox.close(timeout_s=max(0.0, last_due - time.time()) + 120)
+        print(f"  feedback sent: {len(outbox.sent)} ({sum(s.late for s in outbox.sent)} planned late), "
+              f"{len(outbox.errors)} refused" + (f" (first: {outbox.errors[0]})" if outbox.errors else ""), flush=True)
+        # The join closes a window once stream time passes its end; unmatched feedback waits match_wait_s.
+        settle = time.monotonic() + max(wait_s, match_wait_s) + lag_s + 15
+        _drain_until(tracker, settle, args.drain_s)
+        for service in reversed(services):
+            service.stop()
+        tracker.stop()
+    finally:
+        for service in services:
+            service.stop()
+    _step(7, total, "ClickHouse catch-up, then the five audit checks (feedback accounting under the demo's config)")
+    _cli("sink", "--once")
+    report_path = state_dir / "report.html"
+    _cli("report", "--out", str(report_path), "--no-audit")
+    figures = _audit_and_replay(settings, config_path, users, outbox, total)
+    return _summarize_production(figures, users, outbox, report_path)
+
+
+def _drain_until(tracker: FeedbackProgress, settle_at: float, budget_s: float) -> None:
+    """Wait at least until ``settle_at`` (windows close, unmatched feedback expires), then until nothing
+    new reaches the topics for 30 s, within ``budget_s``."""
+    deadline = time.monotonic() + budget_s
+    last, quiet_since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        now = (tracker.samples, tracker.trainer_steps, len(tracker.reward_by_version()),
+               sum(len(s.rewards) for s in tracker.reward_by_version().values()))
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+            print(f"  {tracker.line()}", flush=True)
+        elif time.monotonic() >= settle_at and time.monotonic() - quiet_since > 30:
+            return
+        time.sleep(1)
+
+
+def _audit_and_replay(settings: Settings, config_path: Path, users: Users, outbox: FeedbackOutbox,
+                      total: int) -> Figures:
+    from processors.feedback.config import load_feedback_config
+    from sinks.audit import CHECKS, check_feedback_accounting, format_table, run_audit
+    from sinks.client import connect
+    from sinks.feedback_report import feedback_summary
+    from sinks.replay import replay_feedback
+    from sinks.report import FEEDBACK_CONFIGS
+
+    cfg = load_feedback_config(config_path)
+    client = connect(settings.clickhouse)
+    results = run_audit(client, only=[k for k in CHECKS if k != "feedback_accounting"])
+    results.append(check_feedback_accounting(client, cfg))
+    print(format_table(results), flush=True)
+    figures = Figures(audit_passed=all(r.passed for r in results))
+
+    rows = client.query("SELECT policy_version, reward FROM v_reward_by_policy WHERE NOT filtered "
+                        f"AND reward_config_id IN ({FEEDBACK_CONFIGS}) ORDER BY policy_version").result_rows
+    for version, reward in rows:
+        figures.by_version.setdefault(int(version), VersionStats()).rewards.append(float(reward))
+
+    summary = feedback_summary(client)
+    _step(8, total, "replay admitting the late feedback (tokentrail replay --feedback)")
+    replay = replay_feedback(client, cfg)
+    changed = {row.rollout_id for row in replay.rows if row.changed}
+    late_landed = {row.rollout_id for row in replay.rows if row.late_admitted}
+    sent_late = {s.event_id for s in outbox.sent if s.late}
+    admitted_late = {fid for row in replay.rows for fid in row.late_admitted}
+    print(f"  {len(replay.rows)} rollouts re-derived; {len(changed)} rewards differ; late feedback landed on "
+          f"{len(late_landed)} rollouts; differ exactly there: {changed == late_landed}", flush=True)
+    for row in [r for r in replay.rows if r.changed][:5]:
+        original = ", ".join("filtered" if o["filtered"] else f"{o['reward']:.3f}" for o in row.originals) or "none"
+        print(f"    {row.rollout_id}: stream {original} -> replay {row.replayed['reward']:.3f} "
+              f"({len(row.late_admitted)} late feedback)", flush=True)
+    late = sum(n for outcome, n in summary.outcomes.items() if outcome.startswith("late"))
+    figures.summary = {
+        "rollouts_complete": summary.rollouts,
+        "feedback_events": summary.feedback,
+        "feedback_used": summary.outcomes.get("admitted", 0),
+        "feedback_late": late,
+        "feedback_unmatched": summary.outcomes.get("unmatched", 0),
+        "feedback_pending": summary.outcomes.get("pending", 0),
+        "feedback_coverage": round(sum(c[2] for c in summary.coverage) / max(1, summary.rollouts), 4),
+        "replay_rollouts_changed": len(changed),
+        "replay_changed_exactly_where_late": changed == late_landed and bool(changed),
+        "replay_admits_the_late_sent": sent_late <= admitted_late if sent_late else False,
+        "delay_median_s_by_kind": {d.kind: d.median_after_close_s for d in summary.delays},
+    }
+    return figures
+
+
+def _summarize_production(figures: Figures, users: Users, outbox: FeedbackOutbox, report_path: Path) -> int:
+    bands = version_bands(figures.by_version)
+    print("\nreward from feedback alone, by policy version:")
+    for first, last, mean, count in bands:
+        print(f"  v{first:<3}-v{last:<4} {mean:.3f}  ({count} sessions)")
+    first_mean = bands[0][2] if bands else float("nan")
+    last_mean = bands[-1][2] if bands else float("nan")
+    improved = len(bands) > 1 and last_mean > first_mean
+    print(f"\naudit: {'PASSED' if figures.audit_passed else 'FAILED'}   report: {report_path}")
+    summary = {"sessions": len(users.outcomes), "sessions_failed": len(users.errors),
+               "sessions_answered_right": sum(o.right for o in users.outcomes),
+               **figures.summary, "feedback_sent_late": sum(s.late for s in outbox.sent),
+               "feedback_refused": len(outbox.errors), "policy_versions": len(figures.by_version),
+               "reward_first_band": first_mean, "reward_last_band": last_mean, "reward_improved": improved,
+               "audit_passed": figures.audit_passed, "report": str(report_path)}
+    print(json.dumps(summary))
+    return 0 if figures.audit_passed else 1
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``--production`` run's own options (``tokentrail demo --production --help``)."""
+    g = p.add_argument_group("--production (organic sessions, rewards from feedback)")
+    g.add_argument("--users", type=int, default=6, help="simulated users at once (default 6)")
+    g.add_argument("--idle-s", type=float, default=4.0, help="session window: idle gap that ends a session (4)")
+    g.add_argument("--explicit-end", type=float, default=0.7,
+                   help="fraction of sessions the app ends explicitly; the rest end by the idle gap (0.7)")
+    g.add_argument("--late-fraction", type=float, default=0.2,
+                   help="fraction of sessions whose feedback comes only after the join's window (0.2)")
+    g.add_argument("--feedback-wait-s", type=float, default=30.0,
+                   help="the join's window: how long after a session closes its feedback counts (30)")
+    g.add_argument("--watermark-lag-s", type=float, default=5.0, help="the join's watermark lag (5)")
+    g.add_argument("--match-wait-s", type=float, default=30.0,
+                   help="how long feedback waits for the session it names before it is unmatched (30)")
+    g.add_argument("--unmatched", type=int, default=3,
+                   help="feedback events sent on responses the gateway never served (3)")
