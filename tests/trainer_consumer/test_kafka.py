@@ -66,6 +66,8 @@ def test_trains_two_steps_commits_offsets_and_emits_trainer_steps(
     settings = tokentrail_settings
     samples_topic, steps_topic, dead_topic = new_topic(3), new_topic(1), new_topic(1)
     store = PolicyStore(tmp_path / "policies")
+    # The fresh samples' behaviour version is in the store too: the trainer re-scores them under it.
+    store.publish(START_VERSION - 1, make_tiny_model().state_dict(), {"run_id": "someone-else", "step": 98})
     store.publish(START_VERSION, make_tiny_model().state_dict(), {"run_id": "someone-else", "step": 99})
 
     codec = get_codec()
@@ -107,6 +109,14 @@ def test_trains_two_steps_commits_offsets_and_emits_trainer_steps(
             totals[reason] = totals.get(reason, 0) + n
     assert totals == {"stale": 1, "decode_error:CorruptRecord": 1, "token_id_out_of_vocab": 1}
     assert len({e["event_id"] for e in events}) == 2
+    # Issue 19: the stale sample is named, and every sampled token was compared with the engine's
+    # (random, here) logprob under version START_VERSION - 1; the embedded upstream runs no correction.
+    assert [sid for e in events for sid in e["stale_dropped_ids"]] == [stale["event_id"]]
+    assert all(e["max_staleness"] == 4 and e["stale_rule"] == "drop" for e in events)
+    assert [e["mismatch_tokens"] for e in events] == [16, 16]
+    assert all(e["mismatch_mean_abs"] > 0 and e["mismatch_max_abs"] >= e["mismatch_mean_abs"] for e in events)
+    assert all(e["importance_sampling"] == "none" and e["importance_truncated"] == 0 for e in events)
+    assert any("mismatch" in line for line in lines)
 
     dead = _read_all(settings, dead_topic, expect=1)
     assert len(dead) == 1 and dead[0]["stage"] == "trainer" and dead[0]["error_type"] == "CorruptRecord"
