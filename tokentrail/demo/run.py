@@ -95,6 +95,10 @@ class Workload:
 def run_demo(args: argparse.Namespace) -> int:
     if getattr(args, "release", False):
         return run_release_demo(args)
+    if getattr(args, "production", False):  # organic sessions, rewards from feedback (production.py)
+        from tokentrail.demo.production import run_production
+
+        return run_production(args)
     settings = get_settings()
     total = 8
     if not args.keep_data:
