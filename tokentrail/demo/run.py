@@ -127,6 +127,8 @@ def run_demo(args: argparse.Namespace) -> int:
         # Without --lr the trainer takes its learning rate from the settings.
         Service("trainer", ["train", "--batch-size", str(args.train_batch), "--steps-per-version", "1",
                             *(["--lr", str(args.lr)] if args.lr is not None else []), "--threads", "1",
+                            # The engine decides the default mismatch correction (TIS behind vLLM).
+                            "--upstream", args.upstream,
                             "--flush-partial"], logs / "trainer.log"),
     ]
     _step(4, total, f"services: {', '.join(s.name for s in services)} (logs in {logs})")
