@@ -45,6 +45,11 @@ class ProgressTracker:
         self.trainer_steps = 0
         self.last_loss = float("nan")
         self.policy_version = 0
+        # Issue 19: engine/trainer logprob mismatch, importance-weight truncation, staleness, summed over steps.
+        self.mismatch_tokens = self.mismatch_beyond = self.importance_tokens = self.importance_truncated = 0
+        self.mismatch_abs_sum = self.mismatch_max_abs = 0.0
+        self.stale_dropped = self.stale_masked_tokens = 0
+        self.importance_sampling = ""
         self._seen: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="demo-progress", daemon=True)
 
@@ -88,6 +93,16 @@ class ProgressTracker:
             self.trainer_steps += 1
             self.last_loss = record["loss"]
             self.policy_version = max(self.policy_version, record["policy_version_after"])
+            n = record["mismatch_tokens"]
+            self.mismatch_tokens += n
+            self.mismatch_abs_sum += record["mismatch_mean_abs"] * n
+            self.mismatch_beyond += round(record["mismatch_beyond_fraction"] * n)
+            self.mismatch_max_abs = max(self.mismatch_max_abs, record["mismatch_max_abs"])
+            self.importance_tokens += record["importance_tokens"]
+            self.importance_truncated += record["importance_truncated"]
+            self.importance_sampling = record["importance_sampling"]
+            self.stale_dropped += len(record["stale_dropped_ids"])
+            self.stale_masked_tokens += record["stale_masked_tokens"]
 
     def topic_counts(self, names: tuple[str, ...] = (topics.CALLS_TOPIC, topics.ENV_TOPIC, topics.ROLLOUTS_TOPIC,
                                                      topics.SAMPLES_TOPIC, topics.DEAD_LETTER_TOPIC)) -> str:
@@ -117,6 +132,22 @@ class ProgressTracker:
                 if version is not None:
                     stats[version].rewards.append(reward)
             return dict(sorted(stats.items()))
+
+    def off_policy(self) -> dict[str, object]:
+        """The run's engine/trainer logprob mismatch, importance correction and staleness, from the steps."""
+        with self._lock:
+            n = self.mismatch_tokens
+            return {
+                "mismatch_tokens": n,
+                "mismatch_mean_abs": round(self.mismatch_abs_sum / n, 6) if n else None,
+                "mismatch_max_abs": round(self.mismatch_max_abs, 6) if n else None,
+                "mismatch_beyond_fraction": round(self.mismatch_beyond / n, 6) if n else None,
+                "importance_sampling": self.importance_sampling or None,
+                "importance_truncated_fraction": (round(self.importance_truncated / self.importance_tokens, 6)
+                                                  if self.importance_tokens else None),
+                "stale_samples_dropped": self.stale_dropped,
+                "stale_tokens_masked": self.stale_masked_tokens,
+            }
 
     def line(self) -> str:
         by_version = self.reward_by_version()

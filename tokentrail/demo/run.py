@@ -185,6 +185,9 @@ def run_demo(args: argparse.Namespace) -> int:
     report_path = settings.var_dir / "report.html"
     _cli("report", "--out", str(report_path))
     extra: dict[str, object] = {"upstream": args.upstream}
+    off_policy = tracker.off_policy() if tracker is not None else {}
+    print(f"  engine/trainer logprob mismatch and staleness: {off_policy}", flush=True)
+    extra.update(off_policy)
     versions_wrong = False
     if vllm is not None:
         # Checked, not assumed: every stored call's recorded version against the weights vLLM says sampled
