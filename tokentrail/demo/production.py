@@ -328,6 +328,8 @@ def private_env(state_dir: Path, model_dir: Path) -> dict[str, str]:
             "TOKENTRAIL_KAFKA__CONTROLLER_PORT": str(_free_port()), "TOKENTRAIL_KAFKA__HEAP": "512m",
             "TOKENTRAIL_GATEWAY__PORT": str(_free_port()),
             "TOKENTRAIL_TRAINER__CHECKPOINT_DIR": str(state_dir / "policies"),
+            # Explicit, not only through TOKENTRAIL_VAR_DIR: this process read its var dir at import.
+            "TOKENTRAIL_CLICKHOUSE__DSN": f"chdb://{state_dir / 'clickhouse'}",
             "TOKENTRAIL_MODEL__DIR": str(model_dir)}  # the reference model build is deterministic: share it
 
 
