@@ -30,6 +30,8 @@ import hashlib
 import json
 import math
 import os
+import secrets
+import sys
 import threading
 from array import array
 from collections import OrderedDict
@@ -131,7 +133,14 @@ class RenderError(ValueError):
 class ChatRenderer:
     """The pinned tokenizer and chat template of a model directory."""
 
-    def __init__(self, model_dir: Path, *, cache_tokens: int = 8_000_000, fast_ascii: bool = True) -> None:
+    def __init__(self, model_dir: Path, *, caches: CacheBudgets | None = None, fast_ascii: bool = True,
+                 cache_tokens: int | None = None) -> None:
+        """``caches``: the byte budgets of the token cache, the render memo and the output memo.
+        ``cache_tokens=0`` (kept for callers that render without caches, such as the embedded engine)
+        turns all three off."""
+        caches = caches if caches is not None else CacheBudgets()
+        if cache_tokens == 0:
+            caches = CacheBudgets(0, 0, 0)
         from transformers import AutoTokenizer
 
         # A prompt's pieces are tokenized in one batch; spreading that small batch over threads costs
@@ -151,16 +160,17 @@ class ChatRenderer:
         self.vocab_size = len(self.tokenizer)
         # Prompts are cut for reuse at the added tokens the template emits (turn markers and the like).
         anchors = [t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content in template]
-        self.token_cache = PrefixTokenCache(self._backend, anchors, max_tokens=cache_tokens, fast_ascii=fast_ascii)
+        self.token_cache = PrefixTokenCache(self._backend, anchors, max_bytes=caches.token_cache_bytes,
+                                            fast_ascii=fast_ascii)
         config = json.loads(self._backend.to_str())
         self.piecewise = piecewise_decoding(config) and self._decodes_piecewise()
         # Which texts decode(encode(text)) gives back by construction, so new text needs no decoding.
         self.round_trip = round_trip_rule(config) if self.piecewise and self._added_tokens_round_trip() else None
         # The rollouts of a group send the same conversation; a template that reads the clock renders
         # differently each time, so it is never memoized.
-        self._render_memo = RenderMemo(enabled=cache_tokens > 0 and "strftime_now" not in template)
+        self._render_memo = RenderMemo(enabled="strftime_now" not in template, max_bytes=caches.render_memo_bytes)
         self.template_variables = template_variables(template)
-        self._output_memo: _Lru[bytes, tuple[str, str]] = _Lru(max_items=4096)
+        self._output_memo: ByteLru[bytes, tuple[str, str]] = ByteLru(caches.output_memo_bytes)
 
     def _decodes_piecewise(self) -> bool:
         """A last guard on ``piecewise``: awkward text (multi-byte characters cut across ids, added
@@ -216,8 +226,15 @@ class ChatRenderer:
         found = self._output_memo.get(key)
         if found is None:
             found = (self.decode(output_ids), self.output_text(output_ids))
-            self._output_memo.put(key, found)
+            self._output_memo.put(key, found, sys.getsizeof(found[0]) + sys.getsizeof(found[1]))
         return found
+
+    def cache_memory(self) -> dict[str, dict[str, int]]:
+        """Bytes each cache holds against its budget, and its entries (for /health)."""
+        tokens = self.token_cache.stats()
+        return {"token_cache": {"bytes": tokens.bytes_held, "max_bytes": self.token_cache.max_bytes,
+                                "entries": tokens.entries, "tokens": tokens.tokens_held},
+                "render_memo": self._render_memo.memory(), "output_memo": self._output_memo.memory()}
 
     def parse(self, output_ids: Sequence[int]) -> ParsedOutput:
         return parse_output(self.output_text(output_ids))
@@ -467,18 +484,77 @@ def template_variables(template: str) -> frozenset[str] | None:
     return frozenset(names - _PROVIDED_TEMPLATE_NAMES - RESERVED_TEMPLATE_VARIABLES)
 
 
+@dataclass(frozen=True)
+class CacheBudgets:
+    """Bytes each of the renderer's caches may hold (0: that cache is off). Every one is an LRU: over
+    its budget the least recently used entries go; a single entry larger than the budget is not kept."""
+
+    token_cache_bytes: int = 32 * 1024 * 1024
+    render_memo_bytes: int = 16 * 1024 * 1024
+    output_memo_bytes: int = 8 * 1024 * 1024
+
+
+# What an LRU entry costs beside its value: the ordered dict's slot and node, the key object.
+LRU_ENTRY_BYTES = 160
+
+
+class ByteLru(Generic[K, V]):
+    """A thread-safe LRU map bounded by the bytes its values hold (as the caller sizes them, plus
+    ``LRU_ENTRY_BYTES`` an entry)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is None:
+                return None
+            self._items.move_to_end(key)
+            return found[0]
+
+    def put(self, key: K, value: V, nbytes: int) -> None:
+        size = nbytes + LRU_ENTRY_BYTES
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._items[key] = (value, size)
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                self._bytes -= self._items.popitem(last=False)[1][1]
+
+    def memory(self) -> dict[str, int]:
+        with self._lock:
+            return {"bytes": self._bytes, "max_bytes": self.max_bytes, "entries": len(self._items)}
+
+
 class RenderMemo:
-    """Rendered texts of recent conversations, keyed by their exact JSON.
+    """Rendered texts of recent conversations, keyed by a digest of their exact JSON, in a byte budget.
 
     Only plain JSON values are keyed (dicts with string keys, lists, strings, ints, finite floats, bools,
-    None), where equal JSON means equal values to the template; anything else is rendered every time."""
+    None), where equal JSON means equal values to the template; anything else is rendered every time.
 
-    def __init__(self, *, enabled: bool = True, max_chars: int = 32_000_000) -> None:
-        self.enabled = enabled
-        self.max_chars = max_chars
-        self._texts: OrderedDict[bytes, str] = OrderedDict()
-        self._chars = 0
-        self._lock = threading.Lock()
+    The key is the 16-byte keyed BLAKE2b of the JSON, not the JSON (a conversation's JSON is as large as
+    its text: keeping it doubled what the memo held). Equal digests stand for equal JSON: the key is a
+    secret drawn per process, so no one can search for two conversations that collide (keyed BLAKE2b is
+    a pseudorandom function: without the key a collision takes about 2**128 tries, and a request learns
+    nothing of the digests), and by chance, with n lookups against at most m entries, a collision has
+    probability below n*m / 2**128 (1e12 lookups against 1e6 entries: 3e-21)."""
+
+    def __init__(self, *, enabled: bool = True, max_bytes: int = 16 * 1024 * 1024) -> None:
+        self.enabled = enabled and max_bytes > 0
+        self._texts: ByteLru[bytes, str] = ByteLru(max_bytes)
+        self._secret = secrets.token_bytes(32)
+
+    @property
+    def max_bytes(self) -> int:
+        return self._texts.max_bytes
 
     def key(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
             add_generation_prompt: bool, template_kwargs: Mapping[str, Any] | None = None) -> bytes | None:
@@ -487,50 +563,17 @@ class RenderMemo:
             value.append(dict(template_kwargs))
         if not self.enabled or not _plain_json(value):
             return None
-        return orjson.dumps(value)
+        return hashlib.blake2b(orjson.dumps(value), digest_size=16, key=self._secret).digest()
 
     def get(self, key: bytes | None) -> str | None:
-        if key is None:
-            return None
-        with self._lock:
-            text = self._texts.get(key)
-            if text is not None:
-                self._texts.move_to_end(key)
-            return text
+        return None if key is None else self._texts.get(key)
 
     def put(self, key: bytes | None, text: str) -> None:
-        if key is None or len(key) + len(text) > self.max_chars:
-            return
-        with self._lock:
-            if key in self._texts:
-                return
-            self._texts[key] = text
-            self._chars += len(key) + len(text)
-            while self._chars > self.max_chars:
-                old_key, old_text = self._texts.popitem(last=False)
-                self._chars -= len(old_key) + len(old_text)
+        if key is not None:
+            self._texts.put(key, text, sys.getsizeof(text) + sys.getsizeof(key))
 
-
-class _Lru(Generic[K, V]):
-    """A small thread-safe LRU map."""
-
-    def __init__(self, max_items: int) -> None:
-        self.max_items = max_items
-        self._items: OrderedDict[K, V] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: K) -> V | None:
-        with self._lock:
-            value = self._items.get(key)
-            if value is not None:
-                self._items.move_to_end(key)
-            return value
-
-    def put(self, key: K, value: V) -> None:
-        with self._lock:
-            self._items[key] = value
-            if len(self._items) > self.max_items:
-                self._items.popitem(last=False)
+    def memory(self) -> dict[str, int]:
+        return self._texts.memory()
 
 
 def _plain_json(value: Any) -> bool:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 from array import array
 from bisect import bisect_right
@@ -51,6 +52,10 @@ _PIECEWISE_PRE_TOKENIZERS = {
 }
 # Hashable key of a cut: (character position, hash of the text just before it).
 _Key = tuple[int, int]
+# What an entry costs beside its ids and text (measured with tracemalloc on the reference tokenizer,
+# rounded up): the entry object, its slots in the LRU and the index, and each cut's tuples there.
+ENTRY_BYTES = 400
+CUT_BYTES = 260
 
 
 @dataclass
@@ -59,6 +64,12 @@ class _Entry:
     ids: array  # array('I'): 4 bytes a token
     cuts: list[tuple[int, int, _Key]]  # (character end, token count, key) after each anchor token
     end_key: _Key
+
+    @property
+    def nbytes(self) -> int:
+        """What keeping this entry costs, in bytes (the text as CPython stores it, the ids, the cuts)."""
+        return sys.getsizeof(self.text) + self.ids.itemsize * len(self.ids) + ENTRY_BYTES \
+            + CUT_BYTES * len(self.cuts)
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,7 @@ class CacheStats:
     entries: int
     tokens_held: int
     cuts_enabled: bool  # False: the tokenizer's configuration allows only identical-text reuse
+    bytes_held: int  # what the entries cost against ``max_bytes``
 
 
 def prefix_cuts_are_safe(config: dict[str, Any]) -> bool:
@@ -99,19 +111,20 @@ def _is_deterministic(config: dict[str, Any]) -> bool:
 
 
 class PrefixTokenCache:
-    """A per-process LRU of tokenized texts, bounded by the tokens it holds. Thread-safe.
+    """A per-process LRU of tokenized texts, bounded by the bytes it holds (texts, ids and cut points,
+    see ``_Entry.nbytes``). Thread-safe.
 
     ``tokenizer`` is a ``tokenizers.Tokenizer``; ``anchors`` are the added tokens (their text) to cut
     at, typically the turn markers of the chat template (others are ignored)."""
 
-    def __init__(self, tokenizer: Any, anchors: list[str], *, max_tokens: int = 8_000_000,
+    def __init__(self, tokenizer: Any, anchors: list[str], *, max_bytes: int = 32 * 1024 * 1024,
                  fast_ascii: bool = True) -> None:
         self._tokenizer = tokenizer
-        self.max_tokens = max_tokens
+        self.max_bytes = max_bytes
         config = json.loads(tokenizer.to_str())
         unsplit_specials = bool(getattr(tokenizer, "encode_special_tokens", False))
         self._ascii_tokenizer = ascii_twin(tokenizer, config)
-        self.enabled = _is_deterministic(config) and max_tokens > 0
+        self.enabled = _is_deterministic(config) and max_bytes > 0
         # Tokenizes ASCII pieces several times faster than the tokenizer, with the same ids (None: the
         # tokenizer's configuration is not one it covers).
         self.ascii_encoder = AsciiEncoder.for_tokenizer(tokenizer, config) if fast_ascii else None
@@ -134,6 +147,7 @@ class PrefixTokenCache:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # id(entry) -> entry, LRU order
         self._index: dict[_Key, tuple[_Entry, int]] = {}  # cut or end key -> (entry, token count)
         self._tokens_held = 0
+        self._bytes_held = 0
         self._lock = threading.Lock()
         self._exact_hits = self._prefix_hits = self._misses = 0
         self._tokens_reused = self._tokens_encoded = 0
@@ -174,7 +188,8 @@ class PrefixTokenCache:
     def stats(self) -> CacheStats:
         with self._lock:
             return CacheStats(self._exact_hits, self._prefix_hits, self._misses, self._tokens_reused,
-                              self._tokens_encoded, len(self._entries), self._tokens_held, self.cuts_enabled)
+                              self._tokens_encoded, len(self._entries), self._tokens_held, self.cuts_enabled,
+                              self._bytes_held)
 
     # ------------------------------------------------------------------------------------ lookup
     def _longest_cut(self, text: str) -> tuple[_Entry | None, int, int]:
@@ -247,7 +262,7 @@ class PrefixTokenCache:
 
     # ------------------------------------------------------------------------------------ storage
     def _store(self, entry: _Entry, superseded: _Entry | None) -> None:
-        if len(entry.ids) > self.max_tokens:
+        if entry.nbytes > self.max_bytes:
             return
         # An entry whose every cut the new one repeats is only useful for its identical text; the new
         # one (a later turn of the same conversation, usually) takes its place.
@@ -255,16 +270,18 @@ class PrefixTokenCache:
             self._drop(superseded)
         self._entries[id(entry)] = entry
         self._tokens_held += len(entry.ids)
+        self._bytes_held += entry.nbytes
         self._index[entry.end_key] = (entry, len(entry.ids))
         for _, count, key in entry.cuts:
             self._index[key] = (entry, count)
-        while self._tokens_held > self.max_tokens:
+        while self._bytes_held > self.max_bytes:
             _, oldest = next(iter(self._entries.items()))
             self._drop(oldest)
 
     def _drop(self, entry: _Entry) -> None:
         del self._entries[id(entry)]
         self._tokens_held -= len(entry.ids)
+        self._bytes_held -= entry.nbytes
         for key in [entry.end_key, *(c[2] for c in entry.cuts)]:
             found = self._index.get(key)
             if found is not None and found[0] is entry:

@@ -209,6 +209,9 @@ class Gateway:
                                 "upstream": self.upstream.name, "attempts": self.ctx.registry.counts(),
                                 "registry_memory": self.ctx.registry.memory(),
                                 "calls_in_flight": len(self._tasks)}
+        caches = getattr(self.text, "cache_memory", None)
+        if caches is not None:  # the text side's caches, each bounded in bytes
+            body["text_caches"] = caches()
         if self.recovery is not None:
             body["recovery"] = self.recovery.as_dict()
         if self.sessions is not None:

@@ -43,6 +43,15 @@ class GatewaySettings(BaseModel):
     # Tokenize ASCII text with the exact fast path (producers/ascii_encoder.py) where the tokenizer
     # qualifies; false: always with the tokenizer itself (same ids, about 5x the CPU).
     fast_ascii_tokenize: bool = True
+    # Byte budgets of the text side's caches (LRU each; 0 turns one off; /health "text_caches" shows what
+    # they hold): ids of texts tokenized before, reused for the prompts that extend them
+    # (producers/token_cache.py); rendered chat texts by conversation, for a group's rollouts that send the
+    # same one; decoded outputs, which every later call of an attempt looks at (producers/rendering.py).
+    # Size them for the conversations in flight: 32 MiB of token cache holds about 64 conversations of 16k
+    # tokens (ids, text and cut points: about 20 bytes a token of ASCII text).
+    token_cache_max_bytes: int = Field(default=32 * 1024 * 1024, ge=0)
+    render_memo_max_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
+    output_memo_max_bytes: int = Field(default=8 * 1024 * 1024, ge=0)
     max_body_bytes: int = 8 * 1024 * 1024
     max_tokens_limit: int = 4096
     # Authentication (docs/operations.md, "Security"). Set (TOKENTRAIL_GATEWAY__ADMIN_KEY): every route but

@@ -19,7 +19,7 @@ from producers.parsing import (
     StreamingParser,
     parse_output,
 )
-from producers.rendering import ChatRenderer, PriorCall, RenderError
+from producers.rendering import CacheBudgets, ChatRenderer, PriorCall, RenderError
 from schemas.tokens import IDS_DTYPE, NO_IDS, IdArray
 
 
@@ -34,8 +34,13 @@ class ModelTextSide:
         self._stop = frozenset(self.stop_token_ids)
 
     @classmethod
-    def from_dir(cls, model_dir: Path | str, *, fast_ascii: bool = True) -> ModelTextSide:
-        return cls(ChatRenderer(Path(model_dir), fast_ascii=fast_ascii))
+    def from_dir(cls, model_dir: Path | str, *, fast_ascii: bool = True,
+                 caches: CacheBudgets | None = None) -> ModelTextSide:
+        return cls(ChatRenderer(Path(model_dir), fast_ascii=fast_ascii, caches=caches))
+
+    def cache_memory(self) -> dict[str, dict[str, int]]:
+        """Bytes the renderer's caches hold against their budgets (for /health)."""
+        return self.renderer.cache_memory()
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
                     prefix_mode: str, prior: Sequence[PriorSample],

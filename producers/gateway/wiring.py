@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 
-from producers.gateway.settings import GatewayStackSettings
+from producers.gateway.settings import GatewaySettings, GatewayStackSettings
 
 
 def make_upstream(settings: GatewayStackSettings, progress: Any = print) -> Any:
@@ -37,11 +37,19 @@ def make_text_side(settings: GatewayStackSettings, progress: Any = print) -> Any
 
     if settings.gateway.upstream.strip() == "embedded":
         build_model(settings.model.dir, spec=spec_named(settings.model.spec), progress=progress)
-    text = ModelTextSide.from_dir(settings.model.dir, fast_ascii=settings.gateway.fast_ascii_tokenize)
+    text = ModelTextSide.from_dir(settings.model.dir, fast_ascii=settings.gateway.fast_ascii_tokenize,
+                                  caches=cache_budgets(settings.gateway))
     fast = text.renderer.token_cache.ascii_encoder is not None
     progress("ASCII text is tokenized by the exact fast path" if fast else
              "the tokenizer tokenizes all text (fast ASCII path off by setting, or not covered for this tokenizer)")
     return text
+
+
+def cache_budgets(gateway: GatewaySettings) -> Any:
+    """The text side's cache budgets (``producers.rendering.CacheBudgets``) from the gateway settings."""
+    from producers.rendering import CacheBudgets
+
+    return CacheBudgets(gateway.token_cache_max_bytes, gateway.render_memo_max_bytes, gateway.output_memo_max_bytes)
 
 
 def build_app(settings: GatewayStackSettings, *, upstream: Any = None, publisher: Any = None, text: Any = None,

@@ -75,7 +75,7 @@ def test_renderer_cached_path_equals_apply_chat_template(renderer: ChatRenderer)
 def test_random_texts_are_token_exact(renderer: ChatRenderer) -> None:
     tokenizer = renderer.tokenizer.backend_tokenizer
     cache = PrefixTokenCache(tokenizer, ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>",
-                                         "</think>"], max_tokens=20_000)
+                                         "</think>"], max_bytes=400_000)
     rng = random.Random(7)
     texts: list[str] = []
     for _ in range(1500):
@@ -88,7 +88,7 @@ def test_random_texts_are_token_exact(renderer: ChatRenderer) -> None:
         texts.append(text)
         assert cache.encode(text).tolist() == _full(tokenizer, text), repr(text)
     stats = cache.stats()
-    assert stats.prefix_hits > 500 and stats.tokens_held <= 20_000
+    assert stats.prefix_hits > 500 and stats.bytes_held <= 400_000
 
 
 @settings(max_examples=300, deadline=None)
@@ -167,15 +167,41 @@ def _refuses_cuts(tokenizer: Tokenizer, first: str, rest: str) -> PrefixTokenCac
 
 def test_memory_is_bounded_and_superseded_turns_are_dropped(renderer: ChatRenderer) -> None:
     tokenizer = renderer.tokenizer.backend_tokenizer
-    cache = PrefixTokenCache(tokenizer, ["<|im_start|>", "<|im_end|>"], max_tokens=3_000)
+    cache = PrefixTokenCache(tokenizer, ["<|im_start|>", "<|im_end|>"], max_bytes=60_000)
     text = ""
     for turn in range(40):  # one growing conversation: each turn replaces the one before
         text += f"<|im_start|>user\nturn {turn} " + "fox " * 20 + "<|im_end|>\n<|im_start|>assistant\n"
         assert cache.encode(text).tolist() == _full(tokenizer, text)
         text += "red<|im_end|>\n"
     stats = cache.stats()
-    assert stats.tokens_held <= 3_000 and stats.entries <= 2
+    assert stats.bytes_held <= 60_000 and stats.entries <= 2
     assert stats.prefix_hits >= 30
+
+
+def test_the_byte_budget_bounds_many_distinct_texts_and_counts_what_they_hold(renderer: ChatRenderer) -> None:
+    # Distinct conversations, each its own entry: the cache keeps the most recent that fit in its bytes,
+    # and what it counts covers the texts, ids and cuts it holds (tracemalloc sees no more than that).
+    import tracemalloc
+
+    tokenizer = renderer.tokenizer.backend_tokenizer
+    cache = PrefixTokenCache(tokenizer, ["<|im_start|>", "<|im_end|>"], max_bytes=200_000)
+    texts = [f"<|im_start|>user\ncase {n} " + "fox jumps " * 40 + "<|im_end|>\n<|im_start|>assistant\n"
+             for n in range(300)]
+    for text in texts[:20]:  # fills part of the budget before measuring
+        cache.encode(text)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    counted = cache.stats().bytes_held
+    for text in texts[20:40]:
+        assert cache.encode(text).tolist() == _full(tokenizer, text)
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown <= cache.stats().bytes_held - counted + 4096  # the count is not an undercount
+    for text in texts[40:]:
+        cache.encode(text)
+    stats = cache.stats()
+    assert 0 < stats.bytes_held <= 200_000 and 0 < stats.entries < 300
+    assert cache.encode(texts[-1]).tolist() == _full(tokenizer, texts[-1]) and cache.stats().exact_hits == 1
 
 
 # ------------------------------------------------------------------ the render memo
@@ -199,10 +225,14 @@ def test_render_memo_returns_what_the_template_renders(renderer: ChatRenderer) -
     assert memo.key([a], None, True) != memo.key([b], None, True)
     assert memo.key([{**a, "k": 1.0}], None, True) != memo.key([a], None, True)
     assert memo.key([a], None, True) != memo.key([a], None, False)
-    small = RenderMemo(max_chars=100)
-    for n in range(10):
-        small.put(f"k{n}".encode(), "t" * 30)
-    assert small.get(b"k0") is None and small.get(b"k9") == "t" * 30
+    # Keys are 16-byte digests, not the conversation's JSON, and differ between processes (keyed).
+    assert len(memo.key(messages, TOOLS, True) or b"") == 16
+    assert RenderMemo().key(messages, TOOLS, True) != memo.key(messages, TOOLS, True)
+    small = RenderMemo(max_bytes=2_000)
+    for n in range(100):
+        small.put(f"k{n}".encode(), "t" * 300)
+    assert small.get(b"k0") is None and small.get(b"k99") == "t" * 300
+    assert 0 < small.memory()["bytes"] <= 2_000 and small.memory()["entries"] < 100
 
 
 def test_a_fresh_text_is_cut_only_at_anchors_the_tokenizer_sees_whole() -> None:
