@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -76,6 +76,15 @@ class VLLMError(UpstreamError):
         super().__init__(message, status_code, error_type)
         self.vllm_type = vllm_type
         self.param = param
+        self.server = server
+
+
+class ServerLost(UpstreamError):
+    """The connection to ``server`` broke before its answer was complete (the server was killed or went
+    away); a 502 ``upstream_unavailable`` to the caller when no other server can take the request."""
+
+    def __init__(self, message: str, server: str) -> None:
+        super().__init__(message, 502, "upstream_unavailable")
         self.server = server
 
 
@@ -411,13 +420,40 @@ class VLLMUpstream:
         versioned = self.token_endpoint == "generate"
         read_logprobs = _generate_logprobs if versioned else _sampled_logprobs
         policy_version = self._policy_version
-        got = _Streamed()
-        server, stream = await self._open_stream(request.rollout_id or request.request_id,
-                                                 TOKEN_PATHS[self.token_endpoint], body)
+        route_key = request.rollout_id or request.request_id
+        lost: list[str] = []
+        while True:
+            got = _Streamed()
+            server = ""
+            try:
+                server, stream = await self._open_stream(route_key, TOKEN_PATHS[self.token_endpoint], body, lost)
+                async for chunk_ids, chunk_logprobs in self._stream_tokens(stream, server, got, read_logprobs):
+                    yield TokenChunk(chunk_ids, chunk_logprobs)
+                break
+            except ServerLost as exc:
+                if got.output_ids:  # the caller has tokens of this answer: it cannot move to another server
+                    raise
+                lost.append(exc.server)
+                self._lost(exc.server, exc, lost, route_key)
+        self._check_prompt(request, sent, got.prompt_ids, server)
+        got.prompt_ids = request.prompt_ids  # checked equal: the gateway's array, not a new list
+        finish_reason = got.finish_reason_or_raise(server)
+        if versioned:
+            spans = parse_spans(got.weight_versions, len(got.output_ids), server)
+            policy_version = spans_version(spans, policy_version)
+        result = got.result(server, finish_reason, self.logprob_kind, policy_version, await self.engine(server))
+        if versioned:
+            result.extra["weight_versions"] = spans_text(spans)
+        yield result
+
+    async def _stream_tokens(self, stream: _OpenStream, server: str, got: _Streamed,
+                             read_logprobs: Callable[[dict[str, Any] | None, list[int], str], list[float]],
+                             ) -> AsyncIterator[tuple[list[int], list[float]]]:
+        """Choice 0's new ids and logprobs, chunk by chunk, as they arrive; ``got`` collects the rest."""
         async with stream as response:
             async for chunk in _sse_json(response, server):
                 got.saw(chunk)
-                if versioned and chunk.get("prompt_token_ids") is not None:  # first chunk, top level
+                if chunk.get("prompt_token_ids") is not None:  # /inference/v1/generate: first chunk, top level
                     got.prompt_ids = list(chunk["prompt_token_ids"])
                 for choice in chunk.get("choices") or []:
                     if choice.get("index", 0) != 0:
@@ -429,17 +465,7 @@ class VLLMUpstream:
                     ids = list(choice.get("token_ids") or [])
                     chunk_logprobs = got.add(ids, read_logprobs(choice.get("logprobs"), ids, server), choice)
                     if ids:
-                        yield TokenChunk(ids, chunk_logprobs)
-        self._check_prompt(request, sent, got.prompt_ids, server)
-        got.prompt_ids = request.prompt_ids  # checked equal: the gateway's array, not a new list
-        finish_reason = got.finish_reason_or_raise(server)
-        if versioned:
-            spans = parse_spans(got.weight_versions, len(got.output_ids), server)
-            policy_version = spans_version(spans, policy_version)
-        result = got.result(server, finish_reason, self.logprob_kind, policy_version, await self.engine(server))
-        if versioned:
-            result.extra["weight_versions"] = spans_text(spans)
-        yield result
+                        yield ids, chunk_logprobs
 
     @staticmethod
     def _check_prompt(request: GenerateRequest, sent: bytes, prompt_ids: TokenIds | None,
@@ -693,30 +719,44 @@ class VLLMUpstream:
         return dict(orjson.loads(content))
 
     async def _post(self, route_key: str, path: str, body: dict[str, Any]) -> tuple[str, _Answer]:
-        server, response = await self._send(route_key, path, body)
-        try:
-            return server, _Answer(response.status_code, await response.read())
-        except Timeout as exc:
-            raise UpstreamError(f"vLLM ({server}) timed out: {exc}", 504, "upstream_timeout") from exc
-        except TransportError as exc:
-            raise UpstreamError(f"vLLM ({server}): {exc}", 502, "upstream_unavailable") from exc
+        """POST and read the whole answer; a server lost before its answer was complete (killed, its
+        connection broken) is left for the next one in the rollout's order: nothing reached the caller."""
+        lost: list[str] = []
+        while True:
+            server, response = await self._send(route_key, path, body, skip=lost)
+            try:
+                return server, _Answer(response.status_code, await response.read())
+            except Timeout as exc:
+                raise UpstreamError(f"vLLM ({server}) timed out: {exc}", 504, "upstream_timeout") from exc
+            except TransportError as exc:
+                lost.append(server)
+                self._lost(server, exc, lost, route_key)
 
-    async def _open_stream(self, route_key: str, path: str, body: dict[str, Any]) -> tuple[str, _OpenStream]:
-        server, response = await self._send(route_key, path, body)
+    async def _open_stream(self, route_key: str, path: str, body: dict[str, Any],
+                           skip: Sequence[str] = ()) -> tuple[str, _OpenStream]:
+        server, response = await self._send(route_key, path, body, skip=skip)
         if response.status_code != 200:
             try:
                 content = await response.read()
             except TransportError as exc:
-                raise UpstreamError(f"vLLM ({server}): {exc}", 502, "upstream_unavailable") from exc
+                raise ServerLost(f"vLLM ({server}): {exc}", server) from exc
             raise error_from_response(response.status_code, content, server)
         return server, _OpenStream(response)
 
-    async def _send(self, route_key: str, path: str, body: dict[str, Any]) -> tuple[str, Response]:
-        """POST to the rollout's server (the next in its order when one cannot be reached); the answer's
-        status is in, its body not yet read."""
+    def _lost(self, server: str, exc: Exception, lost: Sequence[str], route_key: str) -> None:
+        """After losing ``server`` mid-request: raise when no other server is left to try."""
+        if not [s for s in self.servers_for(route_key) if s not in lost]:
+            raise ServerLost(f"vLLM ({server}): {exc}; no other server to try", server) from exc
+
+    async def _send(self, route_key: str, path: str, body: dict[str, Any],
+                    skip: Sequence[str] = ()) -> tuple[str, Response]:
+        """POST to the rollout's server (the next in its order when one cannot be reached or its connection
+        breaks while sending); the answer's status is in, its body not yet read."""
         content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)  # the prompt may be a uint32 array
         last: Exception | None = None
         for server in self.servers_for(route_key):
+            if server in skip:
+                continue
             try:
                 return server, await self._client.request("POST", server + path, content)
             except ConnectFailed as exc:
@@ -724,7 +764,7 @@ class VLLMUpstream:
             except Timeout as exc:
                 raise UpstreamError(f"vLLM ({server}) timed out: {exc}", 504, "upstream_timeout") from exc
             except TransportError as exc:
-                raise UpstreamError(f"vLLM ({server}): {exc}", 502, "upstream_unavailable") from exc
+                last = exc  # it went away while taking the request (killed): nothing was sampled for anyone
         raise UpstreamError(f"no vLLM server reachable ({last})", 502, "upstream_unavailable")
 
 
@@ -844,7 +884,7 @@ async def _sse_json(response: _ByteChunks, server: str) -> AsyncIterator[dict[st
     except Timeout as exc:
         raise UpstreamError(f"vLLM ({server}) stream timed out: {exc}", 504, "upstream_timeout") from exc
     except TransportError as exc:
-        raise UpstreamError(f"vLLM ({server}) stream broke: {exc}", 502, "upstream_unavailable") from exc
+        raise ServerLost(f"vLLM ({server}) stream broke: {exc}", server) from exc
     except orjson.JSONDecodeError as exc:
         raise UpstreamError(f"vLLM ({server}) sent an unreadable stream event: {exc}", 502,
                             "upstream_error") from exc

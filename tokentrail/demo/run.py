@@ -137,7 +137,7 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         for service in services:
             service.start()
-        wait_until(http_ok(f"{gateway_url}/health"), 180, "the gateway", services[0])
+        wait_until(http_ok(f"{gateway_url}/health"), 600, "the gateway", services[0])  # a bound: slow when loaded
         tracker = ProgressTracker(settings)
         tracker.start()
 
