@@ -85,13 +85,14 @@ def next_token_logprobs(model: Any, weights: dict[str, torch.Tensor]) -> np.ndar
     return torch.log_softmax(logits, dim=-1).numpy()
 
 
-def start_server(model_dir: Path, name: str, timeout_s: float) -> tuple[subprocess.Popen[bytes], str, Path]:
-    port = free_port()
+def start_server(model_dir: Path, name: str, timeout_s: float, port: int | None = None,
+                 vllm_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], str, Path]:
+    port = port or free_port()
     log = REPO_ROOT / "var" / "log" / f"bench-weight-sync-vllm-{port}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     command = ["bash", str(SERVE), "--model", str(model_dir), "--name", name, "--port", str(port),
-               "--logprobs-mode", "processed_logprobs", "--quick-start"]
-    with open(log, "wb") as out:
+               "--logprobs-mode", "processed_logprobs", "--quick-start", *(["--", *vllm_args] if vllm_args else [])]
+    with open(log, "ab") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True, env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"})
     url = f"http://127.0.0.1:{port}"
