@@ -61,3 +61,33 @@ def test_calls_record_the_leased_version_and_updates_wait_for_them() -> None:
         return first.policy_version, second.policy_version, waited
 
     assert asyncio.run(scenario()) == (3, 4, True)
+
+
+class ReportingUpstream:
+    """Answers whole, with the version and spans vLLM's /inference/v1/generate would report."""
+
+    name = "stand-in"
+
+    def __init__(self, spans: str, version: int) -> None:
+        self.spans, self.version = spans, version
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        return GenerateResult(prompt_ids=[1], output_ids=[7, 8], output_logprobs=[-0.5, -0.1], finish_reason="stop",
+                              logprob_kind="PROCESSED", policy_version=self.version, engine="x", upstream="x",
+                              extra={"weight_versions": self.spans})
+
+
+def test_vllms_report_is_recorded_and_checked_against_the_lease() -> None:
+    async def one(spans: str, version: int) -> tuple[GenerateResult, dict[str, int]]:
+        upstream = GatedUpstream(cast(VLLMUpstream, ReportingUpstream(spans, version)), VersionGate(3))
+        result = await upstream.generate(GenerateRequest(prompt_ids=[1], sampling=Sampling(), request_id="r"))
+        return result, upstream.checks
+
+    agreed, checks = asyncio.run(one("3:0-2", 3))
+    assert (agreed.policy_version, agreed.extra["gate_version"], checks["mismatched"]) == (3, 3, 0)
+    disagreed, checks = asyncio.run(one("2:0-2", 2))  # vLLM sampled with 2 while the lease says 3
+    assert (disagreed.policy_version, disagreed.extra["gate_version"], checks["mismatched"]) == (2, 3, 1)
+    spanning, checks = asyncio.run(one("3:0-1,4:1-2", 3))
+    assert (spanning.policy_version, checks["spanning"], checks["mismatched"]) == (3, 1, 1)
+    foreign, checks = asyncio.run(one("incomplete-4:0-2", 0))  # half-loaded weights name no version
+    assert (foreign.policy_version, checks["mismatched"]) == (3, 1)
