@@ -121,6 +121,58 @@ PANELS: tuple[Panel, ...] = (
         description="trainer.max_staleness and trainer.stale_rule; each dropped sample is in v_stale_dropped.",
     ),
     # ---- end issue 19
+    # ---- issue 21: production feedback (coverage, delay per kind, late and unmatched, reward by version)
+    Panel(
+        "Feedback coverage: rollouts and organic sessions with feedback",
+        "SELECT $__timeInterval(event_time) AS time, avg(NOT filtered) AS rollouts_with_feedback,\n"
+        "       avgIf(NOT filtered, startsWith(rollout_id, 'session-')) AS sessions_with_feedback,\n"
+        "       countIf(startsWith(rollout_id, 'session-')) AS sessions\n"
+        "FROM rewards FINAL WHERE $__timeFilter(event_time)\n"
+        "  AND JSONExtractString(components_json, 'source') = 'feedback'\n"
+        "  AND NOT JSONExtractBool(components_json, 'replay')\n"
+        "GROUP BY time ORDER BY time",
+        description="Share of the feedback join's rewards (one per completed rollout, at its window's end) that "
+        "have a value; the rest are filtered for want of feedback. Sessions: organic session windows.",
+    ),
+    Panel(
+        "Feedback delay per kind (s after the response it names)",
+        "SELECT f.kind AS kind, count() AS feedback,\n"
+        "       round(quantile(0.1)((f.event_time_us - c.received_at_us) / 1e6), 1) AS p10_s,\n"
+        "       round(quantile(0.5)((f.event_time_us - c.received_at_us) / 1e6), 1) AS p50_s,\n"
+        "       round(quantile(0.9)((f.event_time_us - c.received_at_us) / 1e6), 1) AS p90_s,\n"
+        "       round(max((f.event_time_us - c.received_at_us) / 1e6), 1) AS max_s,\n"
+        "       round(quantile(0.5)((f.created_at_us - f.event_time_us) / 1e6), 1) AS p50_arrival_lag_s\n"
+        "FROM (SELECT kind, call_id, event_time_us, created_at_us FROM feedback FINAL\n"
+        "      WHERE $__timeFilter(event_time) AND call_id IS NOT NULL) AS f\n"
+        "INNER JOIN (SELECT call_id, received_at_us FROM calls FINAL) AS c ON f.call_id = c.call_id\n"
+        "GROUP BY kind ORDER BY kind",
+        kind="table",
+        description="Event time of feedback naming a response or call, after that call reached the gateway; "
+        "the report gives the delay after the rollout's close.",
+    ),
+    Panel(
+        "Late, unmatched and invalid feedback",
+        "SELECT $__timeInterval(event_time) AS time, countIf(stage = 'feedback_late') AS late,\n"
+        "       countIf(stage = 'feedback_join') AS unmatched, countIf(stage = 'feedback_router') AS invalid\n"
+        "FROM dead_letters FINAL WHERE $__timeFilter(event_time)\n"
+        "  AND stage IN ('feedback_late', 'feedback_join', 'feedback_router')\n"
+        "GROUP BY time ORDER BY time",
+        description="Dead letters of the feedback join: late (after its window; replay --feedback uses it), "
+        "unmatched (named no known rollout within match_wait_s), invalid.",
+    ),
+    Panel(
+        "Reward from feedback alone, by policy version",
+        "SELECT toString(policy_version) AS policy_version, avg(reward) AS mean_feedback_reward,\n"
+        "       count() AS rollouts\n"
+        "FROM v_reward_by_policy WHERE $__timeFilter(time) AND NOT filtered\n"
+        "  AND reward_config_id IN (SELECT DISTINCT reward_config_id FROM rewards\n"
+        "                           WHERE JSONExtractString(components_json, 'source') = 'feedback')\n"
+        "GROUP BY policy_version ORDER BY toInt64(policy_version)",
+        kind="barchart",
+        description="The feedback join's rewards (no verifier) of completed rollouts, by the newest policy "
+        "version that sampled them.",
+    ),
+    # ---- end issue 21
 )
 
 
