@@ -94,14 +94,15 @@ class BehaviourScorer:
                 start += s.num_tokens
         return out
 
-    def behaviour(self, samples: Sequence[TrainSample], current_version: int) -> BehaviourLogprobs:
-        """Behaviour logprobs for a step at ``current_version`` (the weights before the step)."""
+    def behaviour(self, samples: Sequence[TrainSample], forward_version: int | None) -> BehaviourLogprobs:
+        """Behaviour logprobs for a step whose weights before it are ``forward_version`` (None: weights
+        no published version holds, e.g. updates not yet published with ``steps_per_version`` > 1)."""
         by_version: dict[int, list[TrainSample]] = {}
         from_forward: set[str] = set()
         unknown: set[str] = set()
         for s in samples:
             v = behaviour_version(s)
-            if v == current_version:
+            if v is not None and v == forward_version:
                 from_forward.add(s.sample_id)
             elif v is None or self.scratch is None:
                 unknown.add(s.sample_id)

@@ -100,15 +100,20 @@ class TrainingLoop:
         # of the current version are compared (from the step's own forward pass, at no cost).
         self.scorer = scorer
         self.off_policy = dataclasses.replace(off_policy, importance_sampling=learner.cfg.loss.importance_sampling)
+        # True while the weights in memory carry steps not yet published (steps_per_version > 1): then
+        # they are no version's weights, and no sample's behaviour logprobs come from the step's forward.
+        self.unpublished = False
 
     def current_version(self) -> int:
         return self.state.version
 
     def behaviour(self, batch: Batch[Any]) -> BehaviourLogprobs:
+        forward_version = None if self.unpublished else self.state.version
         if self.scorer is not None:
-            return self.scorer.behaviour(batch.samples, self.state.version)
+            return self.scorer.behaviour(batch.samples, forward_version)
         return BehaviourLogprobs(from_forward=frozenset(
-            s.sample_id for s in batch.samples if behaviour_version(s) == self.state.version))
+            s.sample_id for s in batch.samples
+            if forward_version is not None and behaviour_version(s) == forward_version))
 
     def process(self, batch: Batch[Any], summary: RunSummary) -> dict[str, Any]:
         """Trains on one batch (if anything in it survived the filters), then records and commits."""
@@ -132,6 +137,9 @@ class TrainingLoop:
                     "consumed": self.source.checkpoint(batch)})
                 self.state.version = before + 1
                 summary.versions_published.append(self.state.version)
+                self.unpublished = False
+            else:
+                self.unpublished = True
         record = trainer_step_record(self.run_id, self.state.step, before, self.state.version, batch, result,
                                      off_policy=self.off_policy)
         self.steps.emit_step(record)

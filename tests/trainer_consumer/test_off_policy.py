@@ -176,7 +176,7 @@ def test_mismatch_is_measured_under_each_samples_behaviour_version(make_samples,
     learner = Learner(current_model, cfg)
     scorer = BehaviourScorer(current_model, load, cache_versions=2, layout=layout, micro_batch_tokens=40)
     samples = [*old, *current, *lost]
-    behaviour = scorer.behaviour(samples, current_version=4)
+    behaviour = scorer.behaviour(samples, forward_version=4)
     assert behaviour.from_forward == {s.sample_id for s in current}
     assert set(behaviour.recomputed) == {s.sample_id for s in old}
     assert behaviour.unknown == {s.sample_id for s in lost}
@@ -190,7 +190,7 @@ def test_mismatch_is_measured_under_each_samples_behaviour_version(make_samples,
     # exp(behaviour - rollout) = exp(-1) for the shifted token: inside TIS's cap, nothing truncated.
     assert result.stats.importance_truncated == 0
     # Each version's weights are read once; a second batch at those versions comes from the cache.
-    scorer.behaviour(old, current_version=4)
+    scorer.behaviour(old, forward_version=4)
     assert loads == [1, 3] and scorer.loads == 1
 
 
@@ -199,7 +199,7 @@ def test_tis_counts_the_tokens_it_truncates(make_samples) -> None:
     samples = _with_engine_logprobs(make_samples(2, seed=8, policy_version=0), model, shift={0: -2.0, 1: -0.1})
     learner = Learner(model, LearnerConfig(loss=LossConfig(importance_sampling="tis", importance_cap=2.0)))
     scorer = BehaviourScorer(model, lambda v: model.state_dict(), cache_versions=0)
-    result = learner.step(samples, scorer.behaviour(samples, current_version=0))
+    result = learner.step(samples, scorer.behaviour(samples, forward_version=0))
     # w = exp(2) > 2 is truncated, exp(0.1) is not; only the first |delta| is beyond the 0.2 bound.
     assert result.stats.importance_truncated == 1
     assert result.mismatch.beyond == 1 and result.mismatch.max_abs == pytest.approx(2.0, abs=1e-4)
