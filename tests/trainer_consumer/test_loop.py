@@ -73,6 +73,10 @@ def test_publishes_every_n_steps_and_records_filtered_only_batches(tmp_path) -> 
     assert source.committed == [[0, 1], [2, 3, 4], [5, 6, 7], [8, 9, 10]]
     assert len({r["event_id"] for r in sink.records}) == 4
     assert "no trainable samples" in lines[-1]
+    # Without a behaviour scorer only the step's own forward compares logprobs, and only while the weights
+    # are the samples' version: step 1 (v5 weights, v5 samples); step 2's weights carry step 1's unpublished
+    # update and step 3's are v6.
+    assert [r["mismatch_tokens"] for r in sink.records] == [6, 0, 0, 0]
 
 
 def test_max_steps_stops_the_loop_without_reading_further() -> None:
