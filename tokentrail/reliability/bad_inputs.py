@@ -476,7 +476,10 @@ def responses_cases(model: str) -> list[HttpCase]:
 
 
 def http_cases(model: str) -> list[HttpCase]:
-    return [*openai_cases(model), *responses_cases(model), *anthropic_cases(model), *env_cases()]
+    from tokentrail.reliability.openclaw_shapes import openclaw_cases  # it builds on this module's cases
+
+    return [*openai_cases(model), *responses_cases(model), *anthropic_cases(model), *openclaw_cases(model),
+            *env_cases()]
 
 
 # ------------------------------------------------------------------------------------------ security
