@@ -28,6 +28,10 @@ def _system(messages: Sequence[Message]) -> list[Any]:
     return [m.get("content") for m in messages if m.get("role") in ("system", "developer")][:1]
 
 
+def _after_system(messages: Sequence[Message]) -> Sequence[Message]:
+    return messages[1:] if messages and messages[0].get("role") in ("system", "developer") else messages
+
+
 def _same(a: Message, b: Message) -> bool:
     """Equal as the model sees them: role, content, reasoning, tool names and arguments (ids, which the
     templates do not render, and cache marks, which the adapters drop, do not count)."""
@@ -56,14 +60,13 @@ def break_causes(previous: Sequence[Message], sampled: Any, current: Sequence[Me
     causes: list[str] = []
     if _system(previous) != _system(current):
         causes.append(CHANGED_SYSTEM)
+        previous, current = _after_system(previous), _after_system(current)  # the rest is compared apart
     shared = 0
     while shared < min(len(previous), len(current)) and _same(previous[shared], current[shared]):
         shared += 1
     left_behind = previous[shared:]  # earlier messages not where they were
     rest = current[shared:]
     for m in left_behind:
-        if m.get("role") in ("system", "developer") and shared == 0:
-            continue  # counted as a changed system prompt
         if any(_same(m, later) for later in rest):
             causes.append(INJECTED_REMINDER)  # resent after the new turn
         else:

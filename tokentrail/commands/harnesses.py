@@ -198,7 +198,10 @@ def _summary(text: Any, calls: list[dict[str, Any]], script: list[str]) -> dict[
     exact, spliced, causes, gateway_breaks = 0, 0, [], []
     for i, (call, prompt) in enumerate(zip(calls, prompts, strict=True)):
         messages, tools = conversations[i]
-        exact += call["status"] == "OK" and text.renderer.decode(prompt.tolist()) == text.render_text(messages, tools)
+        # Token-exact: the prompt decodes to a fresh render of the recorded request, and where nothing was
+        # spliced in (sampled ids kept), it is that render's tokenization id for id.
+        exact += (call["status"] == "OK" and text.renderer.decode(prompt.tolist()) == text.render_text(messages, tools)
+                  and (call["spliced_outputs"] > 0 or prompt.tolist() == text.renderer.render(messages, tools)))
         if i:
             before = np.concatenate([prompts[i - 1], unpack_ids(calls[i - 1]["output_ids"])])
             extends = bool(len(before) <= len(prompt) and np.array_equal(before, prompt[:len(before)]))
