@@ -1,4 +1,5 @@
-"""The report's feedback figures (issue 21): coverage, delay per kind, late and unmatched counts.
+"""The report's feedback figures (issue 21): coverage (of rollouts, and of organic sessions), the delay
+distribution per kind, late and unmatched counts.
 
 Computed from what the feedback join stored (sinks/feedback_store.py); pure over the loaded records
 (``summarize``), so the figures are tested without a report around them."""
@@ -24,6 +25,9 @@ from sinks.feedback_store import (
 from sinks.rows import Record
 
 S = 1e6
+# Rollout ids of organic session windows (producers/gateway/sessions.py: ROLLOUT_PREFIX; sinks may not
+# import the gateway).
+SESSION_PREFIX = "session-"
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,8 @@ class KindDelay:
     median_after_close_s: float | None  # event time - the named rollout's close (first attempt found)
     p90_after_close_s: float | None
     median_arrival_lag_s: float  # created (received) - event time
+    p10_after_close_s: float | None = None
+    max_after_close_s: float | None = None
 
 
 @dataclass
@@ -40,8 +46,15 @@ class FeedbackSummary:
     rollouts: int = 0
     feedback: int = 0
     coverage: list[tuple[str, int, int, int]] = field(default_factory=list)  # config, rewards, valued, filtered
+    sessions: int = 0  # completed organic session windows
+    sessions_with_feedback: int = 0  # of those, with a feedback reward that has a value
     delays: list[KindDelay] = field(default_factory=list)
     outcomes: Counter[str] = field(default_factory=Counter)  # admitted, late (reason), unmatched, invalid, pending
+
+    @property
+    def session_coverage(self) -> float | None:
+        """The fraction of organic sessions with feedback (None without sessions)."""
+        return self.sessions_with_feedback / self.sessions if self.sessions else None
 
     @property
     def empty(self) -> bool:
@@ -68,6 +81,9 @@ def summarize(refs: list[RolloutRef], feedback: list[Record], rewards: list[Reco
         per_config[reward["reward_config_id"]].append(reward)
     out.coverage = [(cid, len(rs), sum(not r["filtered"] for r in rs), sum(r["filtered"] for r in rs))
                     for cid, rs in sorted(per_config.items())]
+    valued = {r["rollout_id"] for r in stream if not r["filtered"]}
+    sessions = {ref.rollout_id for ref in refs if ref.rollout_id.startswith(SESSION_PREFIX)}
+    out.sessions, out.sessions_with_feedback = len(sessions), len(sessions & valued)
     closes: dict[tuple[str, str], int] = {}
     for ref in refs:
         for key in ref.target_keys():
@@ -80,7 +96,7 @@ def summarize(refs: list[RolloutRef], feedback: list[Record], rewards: list[Reco
                  if (k := target_key(f)) is not None and k in closes]
         lag = [(f["created_at_us"] - f["event_time_us"]) / S for f in items]
         out.delays.append(KindDelay(kind, len(items), _quantile(after, 0.5), _quantile(after, 0.9),
-                                    float(np.median(lag))))
+                                    float(np.median(lag)), _quantile(after, 0.1), max(after, default=None)))
     admitted = {fid for r in stream for fid in components(r).get("admitted", [])}
     stages: dict[str, str] = {}
     for letter in letters:

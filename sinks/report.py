@@ -170,12 +170,20 @@ def _audit_section(results: list[CheckResult]) -> str:
 def _feedback_section(summary: FeedbackSummary, by_version: str) -> str:
     if summary.empty:
         return '<p class="empty">no feedback stored</p>'
-    coverage = _table(["feedback config", "rollouts rewarded", "with a value", "filtered (no feedback)"],
-                      summary.coverage)
-    delays = _table(["kind", "feedback", "median s after close", "p90 s after close", "median arrival lag s"],
-                    [(d.kind, d.count, "-" if d.median_after_close_s is None else d.median_after_close_s,
-                      "-" if d.p90_after_close_s is None else d.p90_after_close_s, d.median_arrival_lag_s)
-                     for d in summary.delays])
+    coverage = _table(["feedback config", "rollouts rewarded", "with a value", "filtered (no feedback)",
+                       "fraction with feedback"],
+                      [(*row, round(row[2] / row[1], 3) if row[1] else "-") for row in summary.coverage])
+    if summary.session_coverage is not None:  # organic session windows (issue 21)
+        coverage += (f"<p>organic sessions: {summary.sessions}, with feedback {summary.sessions_with_feedback} "
+                     f"({summary.session_coverage:.1%})</p>")
+
+    def s(value: float | None) -> object:
+        return "-" if value is None else round(value, 1)
+
+    delays = _table(["kind", "feedback", "p10 s after close", "median s after close", "p90 s after close",
+                     "max s after close", "median arrival lag s"],
+                    [(d.kind, d.count, s(d.p10_after_close_s), s(d.median_after_close_s), s(d.p90_after_close_s),
+                      s(d.max_after_close_s), d.median_arrival_lag_s) for d in summary.delays])
     outcomes = _table(["outcome", "feedback"], sorted(summary.outcomes.items()))
     return (f"<p>{summary.feedback} feedback events, {summary.rollouts} completed rollout attempts</p>"
             f"<h3>Coverage</h3>{coverage}<h3>Delay per kind</h3>{delays}"

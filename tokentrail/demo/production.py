@@ -385,7 +385,7 @@ def _run(args: argparse.Namespace, settings: Settings, state_dir: Path) -> int:
     try:
         for service in services:
             service.start()
-        wait_until(http_ok(f"{gateway_url}/health"), 180, "the gateway", services[0])
+        wait_until(http_ok(f"{gateway_url}/health"), args.startup_s, "the gateway", services[0])
         tracker = FeedbackProgress(settings)
         tracker.start()
         outbox.start()
@@ -536,5 +536,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--watermark-lag-s", type=float, default=5.0, help="the join's watermark lag (5)")
     g.add_argument("--match-wait-s", type=float, default=30.0,
                    help="how long feedback waits for the session it names before it is unmatched (30)")
+    g.add_argument("--startup-s", type=float, default=600.0,
+                   help="longest wait for the gateway to answer (loads the model; slow on a loaded machine) (600)")
     g.add_argument("--unmatched", type=int, default=3,
                    help="feedback events sent on responses the gateway never served (3)")
