@@ -59,6 +59,7 @@ from typing import Any
 import faust
 
 from processors.stream.assembler_agent import AssemblerAgent
+from processors.stream.baseline_wiring import BaselineParts
 from processors.stream.commits import COMMIT_EVERY_S, InputOffsets
 from processors.stream.config import StreamConfig
 from processors.stream.feedback_wiring import FeedbackParts
@@ -135,12 +136,18 @@ class ProcessorsApp:
         # The feedback join (off unless settings.processors.feedback_join): feedback_wiring.py.
         self.feedback = (FeedbackParts(cfg, self.app, self.codec, self.outputs, self.health, self.stats,
                                        table_topic) if cfg.feedback is not None else None)
+        # Baselines without siblings (off unless settings.processors.baselines): baseline_wiring.py.
+        self.baselines = (BaselineParts(cfg, self.app, self.codec, self.outputs, self.health, self.stats, table_topic)
+                          if cfg.baselines is not None else None)
         inputs = {self.topics.calls, self.topics.env, self.topics.rollouts, self.topics.by_group}
         busy = {self.topics.calls: self.assembler.lock, self.topics.env: self.assembler.lock,
                 self.topics.by_group: self.grouper.lock}
         if self.feedback is not None:
             inputs |= self.feedback.inputs
             busy.update(self.feedback.busy)
+        if self.baselines is not None:
+            inputs |= self.baselines.inputs
+            busy.update(self.baselines.busy)
         self.offsets = InputOffsets(self.app, inputs, self.health, self.stats)
         self.watchdog = Watchdog(self.app, self.offsets, self.health, self.stats, cfg.stall_timeout_s, busy)
 
@@ -149,11 +156,15 @@ class ProcessorsApp:
         assemble, route = self.assembler.assemble, self.router.route
         if self.feedback is not None:  # calls and rollouts feed the join too, after their own agent
             assemble, route = self.feedback.after_assembler(assemble), self.feedback.after_router(route)
+        if self.baselines is not None:  # calls and rollouts feed the baselines' pairing too
+            assemble, route = self.baselines.after_assembler(assemble), self.baselines.after_router(route)
         app.agent(assembler_inputs, name="assembler", concurrency=1)(self._stream_of(assemble))
         app.agent(app.topic(self.topics.rollouts, **RAW_TOPIC), name="router", concurrency=1)(
             self._stream_of(route))
         if self.feedback is not None:
             self.feedback.register(self._stream_of)
+        if self.baselines is not None:
+            self.baselines.register(self._stream_of)
         app.agent(app.topic(self.topics.by_group, **RAW_TOPIC), name="grouper", concurrency=1)(
             self._stream_of(self.grouper.group))
         app.timer(cfg.tick_s, name="assembler-timer")(guarded(self.assembler.tick))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from processors.config import parse_config
+from processors.baselines.config import BaselineConfig
+from processors.config import load_config, parse_config
 from processors.errors import ConfigError
 from processors.feedback.config import FeedbackRewardConfig, load_feedback_config
 from processors.grouper import GroupingConfig
@@ -53,6 +54,7 @@ class StreamConfig:
     # place back without a rebalance. None: dynamic membership.
     instance_id: str | None = None
     feedback: FeedbackRewardConfig | None = None  # the feedback join's rules; None: the join is off
+    baselines: BaselineConfig | None = None  # baselines without siblings; None: off
 
     @property
     def app_id(self) -> str:
@@ -78,4 +80,5 @@ class StreamConfig:
                                             processors.sample_config),
                    verifiers=tuple(verifiers), state_retention_s=state_retention_s, tick_s=tick_s,
                    session_timeout_s=session_timeout_s, stall_timeout_s=stall_timeout_s, instance_id=instance_id,
-                   feedback=load_feedback_config(processors.feedback_config) if processors.feedback_join else None)
+                   feedback=load_feedback_config(processors.feedback_config) if processors.feedback_join else None,
+                   baselines=load_config(BaselineConfig, processors.baseline_config) if processors.baselines else None)

@@ -29,3 +29,9 @@ class ProcessorSettings(BaseModel):
     # unmatched feedback dead-lettered. Off by default: it adds Reward events to an existing topic.
     feedback_join: bool = False
     feedback_config: Path = DEPLOY_CONFIG_DIR / "feedback_reward.yaml"
+    # Baselines without siblings (issue 21 item 4, docs/feedback.md): feedback rewards grouped by a key over
+    # event-time windows, a running baseline per key where a window is too small; Baseline events on
+    # tokentrail.baselines and rewards, credits and samples measured against them. Off by default. It reads
+    # feedback rewards, so it is meant with feedback_join on.
+    baselines: bool = False
+    baseline_config: Path = DEPLOY_CONFIG_DIR / "baseline.yaml"

@@ -36,11 +36,22 @@ FEEDBACK_BY_ROLLOUT = T.TopicSpec(
     "tokentrail.feedback-by-rollout", "rollout_id", (), 7 * T.DAY_MS,
     "Internal to the processors app: resolved feedback and completed rollouts, keyed by rollout id.",
 )
+# Internal to the baselines (baseline_messages.py): what pairs a rollout attempt with its feedback reward (the
+# rollout, its first call's cluster key, the reward), keyed by rollout id; then the paired members, keyed by the
+# grouping key, so one worker holds a key's windows and running baseline.
+BASELINE_BY_ROLLOUT = T.TopicSpec(
+    "tokentrail.baseline-by-rollout", "rollout_id", (), 7 * T.DAY_MS,
+    "Internal to the processors app: rollouts, first-call keys and feedback rewards for the baselines, by rollout id.",
+)
+BASELINE_BY_KEY = T.TopicSpec(
+    "tokentrail.baseline-by-key", "grouping key", (), 7 * T.DAY_MS,
+    "Internal to the processors app: rewarded rollouts for the baselines, keyed by their grouping key.",
+)
 
 # Which topic each emitted record goes to.
 OUTPUT_SPECS: dict[str, T.TopicSpec] = {
     "CompletedRollout": T.ROLLOUTS, "RolloutGroup": T.GROUPS, "Score": T.SCORES, "Reward": T.REWARDS,
-    "Credit": T.CREDITS, "Sample": T.SAMPLES, "DeadLetter": T.DEAD_LETTER,
+    "Credit": T.CREDITS, "Sample": T.SAMPLES, "DeadLetter": T.DEAD_LETTER, "Baseline": T.BASELINES,
 }
 
 
@@ -50,6 +61,8 @@ def record_key(name: str, record: dict[str, Any]) -> str:
         return str(record["group_id"])
     if name == "Sample":
         return str(record["rollout_ids"][0])
+    if name == "Baseline":
+        return str(record["key"])
     return str(record["rollout_id"])
 
 
@@ -96,6 +109,18 @@ class StreamTopics:
         return self.name(FEEDBACK_BY_ROLLOUT)
 
     @property
+    def rewards(self) -> str:
+        return self.name(T.REWARDS)
+
+    @property
+    def baseline_by_rollout(self) -> str:
+        return self.name(BASELINE_BY_ROLLOUT)
+
+    @property
+    def baseline_by_key(self) -> str:
+        return self.name(BASELINE_BY_KEY)
+
+    @property
     def dead_letter(self) -> str:
         return self.name(T.DEAD_LETTER)
 
@@ -106,7 +131,7 @@ class StreamTopics:
         """Every topic the app touches (inputs, outputs, internal), renamed with the prefix."""
         wanted: list[T.TopicSpec] = []
         for spec in (T.CALLS, T.ENV, *OUTPUT_SPECS.values(), ROLLOUTS_BY_GROUP, T.FEEDBACK, FEEDBACK_BY_TARGET,
-                     FEEDBACK_BY_ROLLOUT):
+                     FEEDBACK_BY_ROLLOUT, BASELINE_BY_ROLLOUT, BASELINE_BY_KEY):
             if spec not in wanted:
                 wanted.append(spec)
         return tuple(dataclasses.replace(spec, name=self.name(spec)) for spec in wanted)

@@ -151,8 +151,8 @@ class Collected:
     undecodable: list[bytes] = field(default_factory=list)
 
     def add(self, name: str, key: bytes | None, record: Record) -> None:
-        self.records[name].append(record)
-        self.keys[name].append(key)
+        self.records.setdefault(name, []).append(record)  # outputs beyond OUTPUTS too (Baseline)
+        self.keys.setdefault(name, []).append(key)
 
     def ids(self, name: str) -> set[str]:
         return {r["event_id"] for r in self.records[name]}
