@@ -31,6 +31,7 @@ from trainer_consumer.behaviour import BehaviourLogprobs, BehaviourScorer, behav
 from trainer_consumer.events import OffPolicySettings, trainer_step_record
 from trainer_consumer.learner import Learner, LearnerConfig, StepResult
 from trainer_consumer.losses import loss_denominator
+from trainer_consumer.release_follower import RELEASE_SEQUENCE, RollbackResumer
 
 if TYPE_CHECKING:
     from trainer_consumer.settings import TrainerStackSettings
@@ -85,7 +86,8 @@ class TrainingLoop:
                  publisher: PolicyPublisher | None, run_id: str, steps_per_version: int = 1,
                  state: TrainerState | None = None, progress: Progress = _quiet,
                  scorer: BehaviourScorer | None = None,
-                 off_policy: OffPolicySettings = OffPolicySettings()) -> None:
+                 off_policy: OffPolicySettings = OffPolicySettings(),
+                 resumer: RollbackResumer | None = None) -> None:
         if steps_per_version < 1:
             raise ValueError("steps_per_version must be at least 1")
         self.learner = learner
@@ -103,6 +105,8 @@ class TrainingLoop:
         # True while the weights in memory carry steps not yet published (steps_per_version > 1): then
         # they are no version's weights, and no sample's behaviour logprobs come from the step's forward.
         self.unpublished = False
+        # Follows the release decisions: a rollback resumes training from the last good version.
+        self.resumer = resumer
 
     def current_version(self) -> int:
         return self.state.version
@@ -118,6 +122,8 @@ class TrainingLoop:
     def process(self, batch: Batch[Any], summary: RunSummary) -> dict[str, Any]:
         """Trains on one batch (if anything in it survived the filters), then records and commits."""
         result: StepResult | None = None
+        if self.resumer is not None and self.publisher is not None:
+            self._resume_if_rolled_back(summary)
         if batch.samples and loss_denominator(batch.samples, self.learner.cfg.loss.normalization) <= 0:
             # Only reachable with the zero-weight filter off: the whole batch carries no loss weight.
             batch.filtered["zero_weight_batch"] += len(batch.samples)
@@ -134,7 +140,8 @@ class TrainingLoop:
             if self.state.step % self.steps_per_version == 0 and self.publisher is not None:
                 self.publisher.publish(self.learner.model, before + 1, {
                     "run_id": self.run_id, "step": self.state.step,
-                    "consumed": self.source.checkpoint(batch)})
+                    "consumed": self.source.checkpoint(batch),
+                    **(self.resumer.metadata() if self.resumer is not None else {})})
                 self.state.version = before + 1
                 summary.versions_published.append(self.state.version)
                 self.unpublished = False
@@ -152,6 +159,19 @@ class TrainingLoop:
             summary.tokens += result.tokens
         self.progress(_progress_line(record, result, batch))
         return record
+
+    def _resume_if_rolled_back(self, summary: RunSummary) -> None:
+        def publish(metadata: dict[str, Any]) -> int:
+            assert self.publisher is not None
+            version = self.state.version + 1
+            self.publisher.publish(self.learner.model, version,
+                                   {"run_id": self.run_id, "step": self.state.step, **metadata})
+            self.state.version = version
+            summary.versions_published.append(version)
+            return version
+
+        assert self.resumer is not None
+        self.resumer.check(self.learner.model, self.learner.optimizer, self.state.version, publish)
 
     def run(self, max_steps: int | None = None, until_idle: bool = False,
             idle_timeout_s: float = 5.0, flush_partial: bool = False) -> RunSummary:
@@ -224,6 +244,10 @@ class TrainOptions:
     torch_threads: int | None = None  # None: torch's default (all cores)
     # The engine upstream the samples came from ("embedded" | "vllm"): decides importance_sampling "auto".
     upstream: str = "embedded"
+    # Follow this release track's decisions (the served model name): a rollback resumes from the last good
+    # version (trainer_consumer/release_follower.py). None: do not follow.
+    release_model: str | None = None
+    release_topic: str | None = None
 
 
 def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOptions(),
@@ -277,12 +301,23 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
     progress(f"off-policy: importance sampling {learner_cfg.loss.importance_sampling} (upstream "
              f"{options.upstream}), staleness bound {filter_cfg.max_staleness} ({filter_cfg.stale_rule}), "
              f"mismatch bound {learner_cfg.mismatch_bound:g}")
+    follower, resumer = None, None
+    if options.release_model:
+        from schemas.release_follower import ReleaseFollower
+
+        follower = ReleaseFollower(settings.kafka, options.release_model,
+                                   options.release_topic or topics.RELEASE_DECISIONS_TOPIC, reader="trainer").start()
+        follower.caught_up.wait(30.0)  # a rollback written while the trainer was down applies before its first step
+        resumer = RollbackResumer(follower.applied, state_dict_loader(model_dir, store),
+                                  handled_sequence=int(policy.metadata.get(RELEASE_SEQUENCE, -1)), progress=progress)
     loop = TrainingLoop(Learner(policy.model, learner_cfg, pad_id=policy.pad_id), stream, steps,
                         StorePublisher(store), run_id,
                         steps_per_version=options.steps_per_version or ts.steps_per_version,
-                        state=state, progress=progress, scorer=scorer, off_policy=off_policy)
+                        state=state, progress=progress, scorer=scorer, off_policy=off_policy, resumer=resumer)
     try:
         return loop.run(options.max_steps, options.until_idle, options.idle_timeout_s, options.flush_partial)
     finally:
         stream.close()
         steps.close()
+        if follower is not None:
+            follower.close()

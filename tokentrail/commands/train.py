@@ -45,6 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--threads", type=int, default=None,
                      help="torch threads (default: all cores; 1 is faster on a host shared with the "
                           "gateway and processors)")
+    run.add_argument("--follow-releases", action="store_true",
+                     help="follow the release decisions of settings release.model (else model.name): a rollback "
+                          "resumes training from the last good version (docs/release.md)")
     data = p.add_argument_group("batches and filters")
     data.add_argument("--batch-size", type=int, default=8, help="samples per optimizer step (default 8)")
     data.add_argument("--max-batch-tokens", type=int, default=None, help="also close a batch at N tokens")
@@ -138,6 +141,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         model_dir=args.model_dir,
         checkpoint_dir=args.checkpoint_dir,
         torch_threads=args.threads,
+        release_model=(settings.release.model or settings.model.name) if args.follow_releases else None,
     )
     summary = run_training(settings, options, progress=lambda line: print(line, flush=True))
     filtered = ", ".join(f"{k}: {v}" for k, v in sorted(summary.filtered.items())) or "none"
