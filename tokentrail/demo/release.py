@@ -295,6 +295,7 @@ def run_release_demo(args: argparse.Namespace) -> int:
     logs = state_dir / "logs"
     print(f"release demo in {state_dir} (its own Kafka broker on {settings.kafka.bootstrap_servers})", flush=True)
     services: list[Service] = []
+    sessions: Sessions | None = None
     began = time.monotonic()
     try:
         _step(1, "Kafka broker of this run, topics, ClickHouse tables, reference model")
@@ -331,17 +332,19 @@ def run_release_demo(args: argparse.Namespace) -> int:
             service.stop()
         calls = read_topic(settings.kafka, topics.CALLS_TOPIC, "CallRecord")
         rewards = read_topic(settings.kafka, topics.REWARDS_TOPIC, "Reward")
+        _step(7, "ClickHouse catch-up, then the audit checks")
+        _cli("sink", "--once", quiet=True)
+        audit = subprocess.run([sys.executable, "-m", "tokentrail.cli", "audit"], cwd=REPO_ROOT)
+        _step(8, "report")
+        report_path = state_dir / "report.html"
+        _cli("report", "--out", str(report_path), quiet=True)
     finally:
+        if sessions is not None:
+            sessions.stop()
         for service in reversed(services):
             service.stop()
-    _step(7, "ClickHouse catch-up, then the audit checks")
-    _cli("sink", "--once", quiet=True)
-    audit = subprocess.run([sys.executable, "-m", "tokentrail.cli", "audit"], cwd=REPO_ROOT)
-    _step(8, "report")
-    report_path = state_dir / "report.html"
-    _cli("report", "--out", str(report_path), quiet=True)
-    if not args.keep_broker:
-        _cli("kafka", "stop", quiet=True)
+        if not args.keep_broker:  # this run's own broker (its own data dir and port), never another
+            _cli("kafka", "stop", quiet=True)
     return _summarize(versions.probes, good, bad, sessions, calls, rewards, audit.returncode == 0, report_path,
                       time.monotonic() - began)
 
