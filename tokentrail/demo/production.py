@@ -6,7 +6,10 @@ organic sessions (producers/gateway/sessions.py) turn every session window into 
 explicitly (``POST /v1/sessions/{key}/end``) or by an idle gap. Each user judges the answer they got and
 sends feedback of several kinds (thumbs, a rating, an edit outcome with its edit distance, a task outcome)
 to ``POST /v1/feedback`` after a random delay; for a fraction of the sessions it comes only after the
-join's window (late). Rewards come from that feedback alone (the feedback join; no verifier runs). At the
+join's window (late). Rewards come from that feedback alone (the feedback join; no verifier runs); with no
+resampled siblings, the baselines (processors/baselines/) measure each session against the sessions of the
+same first-message template in its time window, or the template's running baseline, and the trainer trains
+on those advantages. At the
 end: drain, the five audit checks (the fifth, feedback accounting, exact under the demo's feedback
 config), a replay that admits the late feedback (rewards differ exactly on the sessions whose feedback
 was late), and one JSON line.
@@ -37,6 +40,7 @@ import yaml
 
 from producers.sdk import send_feedback
 from schemas.ids import call_id
+from schemas.local_paths import DEPLOY_CONFIG_DIR
 from tokentrail.demo.environment import LookupTask, make_task
 from tokentrail.demo.progress import ProgressTracker, VersionStats
 from tokentrail.demo.run import _cli, _step, version_bands
@@ -118,6 +122,18 @@ def demo_feedback_config(wait_s: float, lag_s: float, match_wait_s: float) -> di
             "values": {"binary_true": 1.0, "binary_false": 0.0, "accepted": 1.0, "rejected": 0.0,
                        "edited_by_distance": True, "edited": 0.5, "task_success": 1.0, "task_failure": 0.0,
                        "rating_low": 0.0, "rating_high": 1.0}}
+
+
+def demo_baseline_config(window_s: float, lag_s: float) -> dict[str, Any]:
+    """The deployed baseline config (sessions keyed by their first message's template) with windows short
+    enough for a run of minutes, small groups, and a prior so a template's first window has advantages."""
+    cfg = yaml.safe_load((DEPLOY_CONFIG_DIR / "baseline.yaml").read_text())
+    cfg["name"] = "baseline-demo-production"
+    cfg["window"] = {**cfg["window"], "size_s": window_s}
+    cfg["watermark_lag_s"] = lag_s
+    cfg["min_group_size"] = 3
+    cfg["running"] = {**cfg["running"], "prior_mean": 0.5}
+    return cfg
 
 
 # ---------------------------------------------------------------- the users (shell)
@@ -362,12 +378,17 @@ def _run(args: argparse.Namespace, settings: Settings, state_dir: Path) -> int:
     config_path = settings.var_dir / "production" / "feedback_reward.yaml"
     config_path.parent.mkdir(parents=True, exist_ok=True)
     config_path.write_text(yaml.safe_dump(demo_feedback_config(wait_s, lag_s, match_wait_s), sort_keys=False))
+    baseline_path = config_path.parent / "baseline.yaml"
+    baseline_path.write_text(yaml.safe_dump(demo_baseline_config(args.baseline_window_s, lag_s), sort_keys=False))
     env = {"TOKENTRAIL_GATEWAY__ORGANIC_SESSIONS": "true",
            "TOKENTRAIL_GATEWAY__SESSION_IDLE_S": str(args.idle_s),
            "TOKENTRAIL_PROCESSORS__FEEDBACK_JOIN": "true",
            "TOKENTRAIL_PROCESSORS__FEEDBACK_CONFIG": str(config_path),
            # Rewards from feedback alone: no verifier judges an organic session (it has no task input).
-           "TOKENTRAIL_PROCESSORS__VERIFIERS": "[]"}
+           "TOKENTRAIL_PROCESSORS__VERIFIERS": "[]",
+           # No resampled siblings: advantages against sessions of the same first message over time.
+           "TOKENTRAIL_PROCESSORS__BASELINES": "true",
+           "TOKENTRAIL_PROCESSORS__BASELINE_CONFIG": str(baseline_path)}
     logs = state_dir / "logs"
     gateway_url = f"http://{settings.gateway.host}:{settings.gateway.port}"
     services = [
@@ -533,7 +554,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fraction of sessions whose feedback comes only after the join's window (0.2)")
     g.add_argument("--feedback-wait-s", type=float, default=30.0,
                    help="the join's window: how long after a session closes its feedback counts (30)")
-    g.add_argument("--watermark-lag-s", type=float, default=5.0, help="the join's watermark lag (5)")
+    g.add_argument("--watermark-lag-s", type=float, default=5.0,
+                   help="the feedback join's and the baselines' watermark lag (5)")
+    g.add_argument("--baseline-window-s", type=float, default=30.0,
+                   help="the baselines' window: sessions of one first-message template within it form a group (30)")
     g.add_argument("--match-wait-s", type=float, default=30.0,
                    help="how long feedback waits for the session it names before it is unmatched (30)")
     g.add_argument("--startup-s", type=float, default=600.0,
