@@ -17,6 +17,11 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
+from processors.baselines.config import BaselineConfig
+from processors.baselines.derive import derive_window
+from processors.baselines.keys import rollout_key
+from processors.baselines.members import first_call_key, is_baseline_input, member_of, reward_of_attempt
+from processors.baselines.windows import Member, batch_windows
 from processors.errors import InvalidEvent, PipelineInputError
 from processors.feedback.config import FeedbackRewardConfig
 from processors.feedback.replay import event_time_rewards, replay_reward_record
@@ -125,7 +130,8 @@ def publish(events: list[Event], kafka: KafkaSettings, topic_of: dict[str, str] 
             errors.append(str(err))
 
     for name, record in events:
-        key = record["rollout_ids"][0] if name == "Sample" else record["rollout_id"]
+        key = (record["rollout_ids"][0] if name == "Sample" else record["key"] if name == "Baseline"
+               else record["rollout_id"])
         producer.produce(topic_of[name], value=codec.encode(name, record), key=key.encode(), on_delivery=on_delivery)
         producer.poll(0)
     remaining = producer.flush(60)
@@ -208,3 +214,57 @@ def format_feedback_replay(result: FeedbackReplay) -> str:
         late = ", ".join(row.late_admitted) or "-"
         lines.append(f"{row.rollout_id:<28} {row.attempt_id:<10} {original:<30} {value(row.replayed):<10} {late}")
     return "\n".join(lines)
+
+
+# ---- baselines without siblings (issue 21 item 4) ------------------------------------------------------
+
+
+@dataclass
+class BaselineReplay:
+    config_id: str
+    members: int = 0  # rollout attempts measured (with a feedback reward and a key)
+    unpaired: int = 0  # completed attempts with no feedback reward the baselines read
+    events: list[Event] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(name for name, _ in self.events))
+
+
+def replay_baselines(client: Client, cfg: BaselineConfig, configs: StageConfigs,
+                     progress: Callable[[str], None] | None = None) -> BaselineReplay:
+    """Every stored completed attempt with a stream feedback reward, grouped and measured as the stream does
+    (``batch_windows``: all members at once, in event-time order), with the Baseline events and the rewards,
+    credits and samples measured against them. Under the stream's configurations and with no member late in
+    the stream, the events and ids equal the stream's (the sink deduplicates them)."""
+    result = BaselineReplay(cfg.id)
+    rewards = [r for r in load_feedback_rewards(client) if is_baseline_input(r, cfg)]
+    by_rollout: dict[str, list[Record]] = {}
+    for reward in rewards:
+        by_rollout.setdefault(reward["rollout_id"], []).append(reward)
+    rollouts = load_rollouts(client, "status = 'COMPLETE' AND counted AND rollout_id IN {ids:Array(String)}",
+                             {"ids": sorted(by_rollout)}) if by_rollout else []
+    first_keys: dict[tuple[str, str], str | None] = {}
+    if cfg.key.by == "first_user_message" and rollouts:
+        for call in load_records(client, "calls", "call_index = 0 AND rollout_id IN {ids:Array(String)}",
+                                 {"ids": sorted(by_rollout)}):
+            first_keys[(call["rollout_id"], call["attempt_id"])] = first_call_key(call, cfg)
+    members: dict[str, list[Member]] = {}
+    inputs: dict[str, Record] = {}
+    by_event: dict[str, Record] = {}
+    for rollout in rollouts:
+        reward = next((r for r in by_rollout[rollout["rollout_id"]] if reward_of_attempt(r, rollout["event_id"])), None)
+        key = rollout_key(rollout, cfg.key, first_keys.get((rollout["rollout_id"], rollout["attempt_id"])))
+        if reward is None or key is None:
+            result.unpaired += reward is None
+            continue
+        members.setdefault(key, []).append(member_of(rollout, reward))
+        inputs[reward["event_id"]] = reward
+        by_event[rollout["event_id"]] = rollout
+    result.members = sum(len(m) for m in members.values())
+    if progress:
+        progress(f"replay --baselines: {result.members} rewarded rollouts in {len(members)} keys "
+                 f"({result.unpaired} completed attempts without a feedback reward)")
+    for window in batch_windows(members, cfg):
+        result.events += derive_window(window, by_event, inputs, configs.credit, configs.sample,
+                                       skip_zero=cfg.skip_zero_advantage)
+    return result
