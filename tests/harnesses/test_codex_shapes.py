@@ -6,8 +6,7 @@ responses adapter and the real gateway on the harness model (issue 18, item 4), 
   and the record says so), the tools of an ``additional_tools`` input item join the tools, the hosted
   ``web_search`` is left out and listed in the record; encrypted reasoning and the options not applied are listed;
 - the model's calls go back in Codex's terms (name and namespace apart, ``custom_tool_call`` with its input),
-  streamed with the events Codex parses, and sent back as Codex does they re-render as the model wrote them,
-  so the next call's prompt extends the last one's prompt and output token for token;
+  streamed as valid SDK events, and sent back as Codex does they re-render as the model wrote them;
 - a tool type the gateway cannot serve and an image are refused in OpenAI's error shape, naming the field,
   and the attempt goes on.
 """
@@ -20,20 +19,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 
 from models.reference.harness_corpus import CAPTURED_DIR
 from producers.gateway.body import validate
-from producers.gateway.chat import ToolCallOut
+from producers.gateway.chat import CallOutcome, ToolCallOut
 from producers.gateway.models_responses import ResponsesRequest
-from producers.gateway.responses_adapter import request_tools, to_internal
+from producers.gateway.responses_adapter import ResponseStream, request_tools, to_internal
 from producers.gateway.responses_tools import call_item
 from producers.gateway.testing import running_embedded_gateway
 from producers.gateway.text_side import ModelTextSide
 from producers.sdk import Rollout
 from schemas.tokens import unpack_ids
 from tests.producers.gateway.helpers import prompts_of, read_records
+from tests.producers.gateway.test_responses_api import STREAM_EVENTS
 from tokentrail.settings import Settings
 
 RUNS = ("codex", "codex-tool", "codex-default-model", "codex-default-model-tool")
@@ -108,6 +107,32 @@ def test_namespaced_and_custom_calls_go_back_in_codex_terms_and_re_render_as_wri
         assert json.loads(call["function"]["arguments"]) == ({"input": JS} if item is custom else SPAWN)
 
 
+def test_codex_calls_stream_as_sdk_events_and_the_completed_response_carries_them() -> None:
+    """Every frame of a custom and a namespaced call is a valid ``openai`` SDK stream event (Codex parses the same
+    event names); the custom call streams its input as custom_tool_call_input delta/done."""
+    req = validate(ResponsesRequest, _captured("codex-default-model-tool")[0])
+    calls = [ToolCallOut("call_a", "functions.exec", json.dumps({"input": JS})),
+             ToolCallOut("call_b", "collaboration.spawn_agent", json.dumps(SPAWN))]
+    outcome = CallOutcome("c1", 0, "m", 1, [1, 2], [3, 4], [-0.1, -0.2], "", "", None, calls, "stop")
+    fmt = ResponseStream(req, "c1", 1)
+    events = []
+    for frame in fmt.start([1, 2]) + fmt.finish(outcome):
+        name, data = frame.decode().removesuffix("\n\n").split("\n")
+        events.append(STREAM_EVENTS.validate_python(json.loads(data.removeprefix("data: "))))
+        assert name == f"event: {events[-1].type}"
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert kinds.count("response.custom_tool_call_input.delta") == kinds.count(
+        "response.function_call_arguments.delta") == 1
+    done = [e.item.model_dump() for e in events if e.type == "response.output_item.done"]
+    assert [(i["type"], i["name"], i["namespace"]) for i in done] == [
+        ("custom_tool_call", "exec", "functions"), ("function_call", "spawn_agent", "collaboration")]
+    assert done[0]["input"] == JS and json.loads(done[1]["arguments"]) == SPAWN
+    usage = events[-1].response.usage
+    assert usage is not None and usage.input_tokens == 2 and usage.output_tokens == 2
+    assert [i.model_dump() for i in events[-1].response.output] == done
+
+
 def _events(response: httpx.Response) -> list[dict[str, Any]]:
     assert response.status_code == 200, response.text
     return [json.loads(line.removeprefix("data: ")) for line in response.text.splitlines()
@@ -115,9 +140,11 @@ def _events(response: httpx.Response) -> list[dict[str, Any]]:
 
 
 @pytest.mark.kafka
-def test_codex_requests_through_the_gateway_calls_map_back_splice_and_refusals_are_clear(
+def test_codex_requests_through_the_gateway_refusals_are_clear_and_a_namespaced_call_comes_back(
         kafka_bootstrap: str, tokentrail_settings: Settings, harness_model_dir: Path,
         new_topic: Callable[..., str], tmp_path: Path) -> None:
+    """(Codex's freeform exec and the splice of its call sent back are the real binary's, in
+    test_codex_through_gateway.py.)"""
     topics = {"calls_topic": new_topic(partitions=1), "env_topic": new_topic(partitions=1)}
     served = tokentrail_settings.model.harness_name
     settings = tokentrail_settings.model_copy(update={"model": tokentrail_settings.model.model_copy(
@@ -125,41 +152,19 @@ def test_codex_requests_through_the_gateway_calls_map_back_splice_and_refusals_a
     text = ModelTextSide.from_dir(harness_model_dir)
     default_first = _captured("codex-default-model-tool")[0]
     plain_first = _captured("codex-tool")[0]
-    script = [_call("functions.exec", {"input": JS}), "hi.txt has 6 bytes.", _call("multi_agent_v1.spawn_agent", SPAWN)]
+    script = [_call("multi_agent_v1.spawn_agent", SPAWN)]
     with (running_embedded_gateway(settings, spool_dir=tmp_path / "spool", topics=topics,
                                    model_aliases={"*": served}) as gw,
           Rollout(gw.url, task_input={"harness": "codex"}, script=script) as rollout,
           httpx.Client(base_url=rollout.openai_base_url, timeout=600,
                        headers={"authorization": f"Bearer {rollout.api_key}", "originator": "codex_exec"}) as http):
-        # 1. Codex's default model: its freeform exec, called; streamed as Codex parses it.
-        events = _events(http.post("/responses", json=default_first))
-        kinds = [e["type"] for e in events]
-        assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
-        assert "response.custom_tool_call_input.delta" in kinds
-        done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
-        assert [(i["type"], i["name"], i["namespace"], i["input"]) for i in done] == [
-            ("custom_tool_call", "exec", "functions", JS)]
-        usage = events[-1]["response"]["usage"]
-        assert usage["input_tokens"] > 5_000 and usage["output_tokens"] > 0
-        assert {"cached_tokens"} <= set(usage["input_tokens_details"])
-        assert {"reasoning_tokens"} <= set(usage["output_tokens_details"])
-        assert events[-1]["response"]["output"] == done
-
-        # 2. Sent back as Codex does (the item as received, then its output as a list of parts): answered.
-        second = {**default_first, "input": [*default_first["input"], *done, {
-            "type": "custom_tool_call_output", "call_id": done[0]["call_id"],
-            "output": [{"type": "input_text", "text": "Script completed\n"}, {"type": "input_text", "text": "6\n"}]}]}
-        answer = [e["item"] for e in _events(http.post("/responses", json=second))
-                  if e["type"] == "response.output_item.done"]
-        assert [(i["type"], i["content"][0]["text"]) for i in answer] == [("message", script[1])]
-
-        # 3. Refused in OpenAI's error shape, naming the field: a tool type the gateway cannot serve (also
-        #    inside a namespace), an image; nothing is generated for them.
+        # Refused in OpenAI's error shape, naming the field: a tool type the gateway cannot serve (also inside
+        # a namespace), an image; nothing is generated for them.
+        hosted_inside = {"type": "additional_tools", "tools": [
+            {"type": "namespace", "name": "x", "tools": [{"type": "file_search"}]}]}
         refusals = [({**plain_first, "tools": [*plain_first["tools"], {"type": "local_shell"}]}, "tools.9.type",
                      "'local_shell' is not supported"),
-                    ({**default_first, "input": [{"type": "additional_tools", "tools": [{
-                        "type": "namespace", "name": "x", "tools": [{"type": "file_search"}]}]},
-                        *default_first["input"][1:]]},
+                    ({**default_first, "input": [hosted_inside, *default_first["input"][1:]]},
                      "input.0.tools.0.tools.0.type", "'file_search' is not supported"),
                     ({**plain_first, "input": [*plain_first["input"], {"type": "message", "role": "user", "content": [
                         {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}]}]},
@@ -170,26 +175,21 @@ def test_codex_requests_through_the_gateway_calls_map_back_splice_and_refusals_a
             error = refused.json()["error"]
             assert error["type"] == "invalid_request_error" and error["param"] == param and message in error["message"]
 
-        # 4. The attempt goes on, on Codex's plain tool set: a call into the multi_agent_v1 namespace comes back
-        #    namespaced.
-        #    (Its 19 K characters of developer instructions left out: this call checks the tools, not the prompt.)
+        # The attempt goes on, on Codex's plain tool set: a call into the multi_agent_v1 namespace comes back
+        # namespaced. (Its 19 K characters of developer instructions left out: this call checks the tools.)
         short = {**plain_first, "input": [i for i in plain_first["input"] if i.get("role") != "developer"]}
-        spawned = [e["item"] for e in _events(http.post("/responses", json=short))
-                   if e["type"] == "response.output_item.done"]
+        events = _events(http.post("/responses", json=short))
+        assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.completed"
+        spawned = [e["item"] for e in events if e["type"] == "response.output_item.done"]
         assert [(i["type"], i["name"], i.get("namespace"), json.loads(i["arguments"])) for i in spawned] == [
             ("function_call", "spawn_agent", "multi_agent_v1", SPAWN)]
+        assert events[-1]["response"]["usage"]["input_tokens"] > 1_000
 
-    calls = sorted((r for _, r in read_records(tokentrail_settings, topics["calls_topic"], 3)),
-                   key=lambda r: r["call_index"])
-    assert [(c["call_index"], c["status"], c["protocol"]) for c in calls] == [
-        (i, "OK", "openai.responses") for i in range(3)]
-    prompts = prompts_of(calls)
-    for call, prompt in zip(calls, prompts, strict=True):
-        internal = to_internal(validate(ResponsesRequest, json.loads(call["request_json"])["body"]), 10**6)
-        assert text.renderer.decode(prompt.tolist()) == text.render_text(internal.messages, internal.tools)
-        assert text.decode(unpack_ids(call["output_ids"]).tolist()) == script[call["call_index"]]
-    # The custom call sent back re-renders as the model wrote it: call 1 extends call 0's prompt ‖ output.
-    before = np.concatenate([prompts[0], unpack_ids(calls[0]["output_ids"])])
-    assert np.array_equal(prompts[1][:len(before)], before) and not calls[1]["prefix_breaks"]
-    extra = json.loads(calls[2]["sampling"]["extra_json"])["ignored_by_upstream"]
+    (call,) = [r for _, r in read_records(tokentrail_settings, topics["calls_topic"], 1)]
+    assert (call["call_index"], call["status"], call["protocol"]) == (0, "OK", "openai.responses")
+    (prompt,) = prompts_of([call])
+    internal = to_internal(validate(ResponsesRequest, json.loads(call["request_json"])["body"]), 10**6)
+    assert text.renderer.decode(prompt.tolist()) == text.render_text(internal.messages, internal.tools)
+    assert text.decode(unpack_ids(call["output_ids"]).tolist()) == script[0]
+    extra = json.loads(call["sampling"]["extra_json"])["ignored_by_upstream"]
     assert extra["omitted_hosted_tools"] == [{"type": "web_search", "external_web_access": False}]

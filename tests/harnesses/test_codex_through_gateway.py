@@ -114,3 +114,59 @@ def test_codex_does_a_tool_task_through_the_gateway_and_every_call_is_recorded_t
     (completed,) = emitted
     assert completed["status"] == "COMPLETE" and len(completed["calls"]) == 3
     get_codec().encode("CompletedRollout", completed)
+
+
+JS = 'const r = await tools.exec_command({cmd: "echo hello > hi.txt && cat hi.txt"});\ntext(r);\n'
+FREEFORM_SCRIPT = [f'<tool_call>\n{{"name": "functions.exec", "arguments": {json.dumps({"input": JS})}}}\n</tool_call>',
+                   "done: hi.txt says hello"]
+
+
+def test_codex_on_its_default_model_runs_its_freeform_exec_through_the_gateway(
+        kafka_bootstrap: str, tokentrail_settings: Settings, harness_model_dir: Path,
+        new_topic: Callable[..., str], tmp_path: Path) -> None:
+    """No ``model`` in the config: Codex picks its catalog default and sends its tools in an ``additional_tools``
+    item, with the freeform JavaScript ``exec`` (a custom tool in namespace ``functions``). The model's call goes
+    back as a ``custom_tool_call``; Codex runs the script (which runs the shell command) and sends the call back,
+    and the second prompt extends the first prompt and output token for token."""
+    topics = {"calls_topic": new_topic(partitions=1), "env_topic": new_topic(partitions=1)}
+    served = tokentrail_settings.model.harness_name
+    settings = tokentrail_settings.model_copy(
+        update={"model": tokentrail_settings.model.model_copy(update={"name": served})})
+    text = ModelTextSide.from_dir(harness_model_dir)
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    codex = HARNESSES["codex"]
+    with (running_embedded_gateway(settings, spool_dir=tmp_path / "spool", topics=topics, text=text,
+                                   upstream=EmbeddedEngine(harness_model_dir), model_aliases={"*": served}) as gw,
+          Rollout(gw.url, task_input={"file": "hi.txt"}, script=FREEFORM_SCRIPT) as rollout):
+        argv, extra = codex_command(rollout.anthropic_base_url, rollout.api_key, home, work, served,
+                                    "Create hi.txt containing hello with a shell command, then answer done.",
+                                    codex=str(codex.binary))
+        config = home / ".codex" / "config.toml"
+        config.write_text("".join(line for line in config.read_text().splitlines(keepends=True)
+                                  if not line.startswith("model = ")))
+        done = subprocess.run(argv, cwd=work, env=codex.env(home, extra), capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+        finished = rollout.finish("SUCCESS", {"answer": done.stdout.strip()})
+    assert done.stdout.strip().endswith(FREEFORM_SCRIPT[-1]), done.stdout[-2000:]
+    assert (work / "hi.txt").read_text() == "hello\n"  # Codex ran the script, which ran the command
+    assert finished["call_count"] == 2
+
+    calls = sorted((r for _, r in read_records(tokentrail_settings, topics["calls_topic"], 2)),
+                   key=lambda r: r["call_index"])
+    assert [(c["status"], c["protocol"]) for c in calls] == [("OK", "openai.responses")] * 2
+    bodies = [json.loads(c["request_json"])["body"] for c in calls]
+    assert bodies[0]["model"] != served and "tools" not in bodies[0]
+    assert bodies[0]["input"][0]["type"] == "additional_tools"
+    (sent_back,) = [i for i in bodies[1]["input"] if i.get("type") == "custom_tool_call"]
+    assert (sent_back["name"], sent_back["input"]) == ("exec", JS)
+    prompts = prompts_of(calls)
+    for call, prompt, body in zip(calls, prompts, bodies, strict=True):
+        internal = to_internal(validate(ResponsesRequest, body), 10**6)
+        assert text.renderer.decode(prompt.tolist()) == text.render_text(internal.messages, internal.tools)
+        extra_json = json.loads(call["sampling"]["extra_json"])["ignored_by_upstream"]
+        assert extra_json["unenforced_tool_formats"] == ["functions.exec"]
+    before = np.concatenate([prompts[0], output_of(calls[0])[0]])
+    assert np.array_equal(prompts[1][:len(before)], before) and not calls[1]["prefix_breaks"]
