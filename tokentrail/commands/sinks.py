@@ -161,6 +161,8 @@ def _replay(args: argparse.Namespace) -> int:
     p = settings.processors
     if args.feedback:
         return _replay_feedback(args)
+    if args.baselines:
+        return _replay_baselines(args)
     try:
         configs = StageConfigs.load(
             args.reward or p.reward_config, args.credit or p.credit_config, args.sample or p.sample_config
@@ -213,6 +215,38 @@ def _replay_feedback(args: argparse.Namespace) -> int:
         print(f"inserted into ClickHouse: {write_records(client, result.events)}")
     else:
         print(f"produced {publish(result.events, settings.kafka)} feedback rewards to Kafka")
+    return 0
+
+
+def _replay_baselines(args: argparse.Namespace) -> int:
+    """``replay --baselines``: baseline windows and what is measured against them, from stored rollouts and
+    feedback rewards (docs/feedback.md, "Baselines without siblings")."""
+    from processors.baselines.config import BaselineConfig
+    from processors.config import load_config
+    from processors.errors import ProcessorError
+    from processors.pipeline import StageConfigs
+    from sinks.replay import publish, replay_baselines
+    from sinks.store import write_records
+
+    settings = get_settings()
+    p = settings.processors
+    try:
+        cfg = load_config(BaselineConfig, args.baseline_config or p.baseline_config)
+        configs = StageConfigs.load(
+            args.reward or p.reward_config, args.credit or p.credit_config, args.sample or p.sample_config
+        )
+    except (ProcessorError, OSError) as exc:
+        raise CliError(f"configuration: {exc}") from exc
+    client = _client(args)
+    result = replay_baselines(client, cfg, configs, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(f"baseline config {result.config_id}: {result.members} rollouts measured: "
+          + ", ".join(f"{n} {k}" for k, n in sorted(result.counts().items())))
+    if args.dry_run:
+        print("dry run: nothing written")
+    elif args.to == "clickhouse":
+        print(f"inserted into ClickHouse: {write_records(client, result.events)}")
+    else:
+        print(f"produced {publish(result.events, settings.kafka)} events to Kafka")
     return 0
 
 
@@ -309,6 +343,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "counts), printed beside the stream's; the replayed rewards have ids of their own")
     p.add_argument("--feedback-config", help="feedback-reward config YAML (default: settings "
                    "processors.feedback_config)")
+    p.add_argument("--baselines", action="store_true",
+                   help="re-derive the baselines without siblings (Baseline events, and the rewards, credits and "
+                   "samples measured against them) from stored rollouts and feedback rewards")
+    p.add_argument("--baseline-config", help="baseline config YAML (default: settings processors.baseline_config)")
     p.set_defaults(func=_replay)
 
     p = sub.add_parser("report", help="self-contained HTML report (plots embedded) incl. reward vs policy version")
