@@ -49,8 +49,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,9 +118,12 @@ class FastUpstream:
 def _text_side(fast_ascii: bool = True) -> Any:
     from models.reference.build import build_model
     from producers.gateway.text_side import ModelTextSide
+    from producers.gateway.wiring import cache_budgets
     from tokentrail.settings import get_settings
 
-    return ModelTextSide.from_dir(build_model(get_settings().model.dir), fast_ascii=fast_ascii)
+    settings = get_settings()
+    return ModelTextSide.from_dir(build_model(settings.model.dir), fast_ascii=fast_ascii,
+                                  caches=cache_budgets(settings.gateway))
 
 
 def _output_ids(text: Any, count: int) -> list[int]:
@@ -159,11 +163,72 @@ def gateway_app(spool_dir: str, calls_topic: str, env_topic: str, output_tokens:
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    app = gateway_app(args.spool_dir, args.calls_topic, args.env_topic, args.output_tokens, args.prefix_mode,
+    if args.processes > 1 and args.process is None:
+        return serve_processes(args)
+    spool_dir = args.spool_dir if args.process is None else str(Path(args.spool_dir) / f"process-{args.process}")
+    app = gateway_app(spool_dir, args.calls_topic, args.env_topic, args.output_tokens, args.prefix_mode,
                       not args.no_fast_ascii, args.upstream_url or "")
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
-                timeout_keep_alive=120)  # the client keeps its connections; no race with idle closes
+    if args.tracemalloc:
+        app = _with_tracemalloc(app, args.tracemalloc)
+    # The client keeps its connections (timeout_keep_alive): no race with idle closes.
+    config = {"log_level": "warning", "access_log": False, "timeout_keep_alive": 120}
+    if args.process is None:
+        uvicorn.run(app, host="127.0.0.1", port=args.port, **config)
+        return 0
+    from producers.gateway.peers import StickyRouter, shared_socket
+
+    peers = [f"http://127.0.0.1:{p}" for p in args.peer_ports.split(",")]
+    own = int(args.peer_ports.split(",")[args.process])
+    sockets = [shared_socket("127.0.0.1", args.port), shared_socket("127.0.0.1", own)]
+    uvicorn.Server(uvicorn.Config(StickyRouter(app, args.process, peers), **config)).run(sockets=sockets)
     return 0
+
+
+def serve_processes(args: argparse.Namespace) -> int:
+    """``--processes N``: N gateway processes on the one port, rollout-sticky (producers/gateway/peers.py),
+    as children of this one (so the benchmark reads their CPU and RSS as one server's)."""
+    import signal
+
+    peer_ports = ",".join(str(free_port()) for _ in range(args.processes))
+    argv = [a for a in sys.argv]
+    children = [subprocess.Popen([sys.executable, "-m", "bench.gateway", *argv[1:], "--process", str(n),
+                                  "--peer-ports", peer_ports]) for n in range(args.processes)]
+
+    def stop_children(*_: Any) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop_children)
+    signal.signal(signal.SIGINT, stop_children)
+    codes = [child.wait() for child in children]
+    return max(codes, default=0)
+
+
+def _with_tracemalloc(app: Any, frames: int) -> Any:
+    """``app`` with tracemalloc on and ``GET /bench/tracemalloc`` answering what grew since the last such
+    request, by allocating line (for finding what grows per request; costs CPU, never in timed runs)."""
+    import tracemalloc
+
+    tracemalloc.start(frames)
+    last: list[Any] = [tracemalloc.take_snapshot()]
+
+    async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/bench/tracemalloc":
+            await app(scope, receive, send)
+            return
+        snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+        stats = snapshot.compare_to(last[0], "traceback")[:25]
+        last[0] = snapshot
+        lines = []
+        for stat in stats:
+            lines.append(f"{stat.size_diff / 1e6:+.2f} MB {stat.count_diff:+d} blocks")
+            lines.extend(f"    {line}" for line in stat.traceback.format()[-2 * frames:])
+        body = "\n".join(lines).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": body})
+
+    return wrapped
 
 
 # ---------------------------------------------------------------- requests
@@ -412,6 +477,10 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         targets["litellm"] = Target("litellm", proc, f"http://127.0.0.1:{port}", litellm_proxy.HEALTH_PATH)
     if litellm_missing:
         print(f"{litellm_proxy.INSTALL_HINT}; its figures are null", flush=True)
+    multi = None
+    if args.processes > 1 and "gateway" in wanted:
+        multi = spawn("multi", [*serve_gateway, "--spool-dir", str(workdir / "spool-multi"), "--processes",
+                                str(args.processes), "--upstream-url", upstream.url], gateway=True)
     inprocess = None
     if args.inprocess_calls and args.upstream == "http" and "gateway" in wanted:
         inprocess = spawn("inprocess", [*serve_gateway, "--spool-dir", str(workdir / "spool-inprocess")],
@@ -425,7 +494,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=60) as client:
             for target in targets.values():
                 await wait_healthy(client, target.url + target.health, target.proc, target.name)
-            front = [t for name, t in targets.items() if name != "inprocess"]
+            front = [t for name, t in targets.items() if name not in ("inprocess", "multi")]
             print(f"targets: {', '.join(t.name for t in front)} (+ in-process gateway)" if inprocess else
                   f"targets: {', '.join(t.name for t in front)}", flush=True)
 
@@ -441,6 +510,12 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 _check_alive(targets)
                 print(f"concurrency 64: {target.name}, {sum(len(c) for c in c64)} calls ...", flush=True)
                 c64_results[target.name] = await _c64(client, post, target, c64)
+            if multi is not None:
+                _check_alive(targets)
+                print(f"concurrency 64: gateway in {args.processes} processes, {sum(len(c) for c in warmup)} "
+                      f"calls to warm up, then {sum(len(c) for c in c64)} ...", flush=True)
+                await _c64(client, post, multi, warmup)
+                c64_results["multi"] = await _c64(client, post, multi, c64)
 
             extra_results = {}
             for label, convs in extras.items():
@@ -462,6 +537,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             if "gateway" in targets else 0
         gateway_calls += sum(sum(len(c) for c in p) for p in (warmup, phase(args.workload, args.inprocess_calls, 6))) \
             if inprocess is not None else 0
+        gateway_calls += sum(sum(len(c) for c in p) for p in (warmup, c64)) if multi is not None else 0
 
         consumer = Consumer(consumer_config(settings.kafka, f"bench-{tag}"))
         metadata = admin.list_topics(calls_topic, timeout=30).topics[calls_topic]
@@ -505,6 +581,14 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             "throughput_vs_thin": _ratio(figures["calls_per_s_c64"], figures["thin_calls_per_s_c64"]),
             "cpu_vs_thin": _ratio(figures["cpu_ms_per_call"], figures["thin_cpu_ms_per_call"]),
         }
+        if "multi" in c64_results:
+            several = c64_results["multi"]
+            figures |= {"processes": args.processes, "calls_per_s_c64_processes": several.calls_per_s,
+                        "cpu_ms_per_call_c64_processes": several.cpu_ms_per_call,
+                        "gateway_p50_ms_c64_processes": several.p50_ms,
+                        "processes_vs_one": _ratio(several.calls_per_s, figures["calls_per_s_c64"]),
+                        "processes_vs_thin": _ratio(several.calls_per_s, figures["thin_calls_per_s_c64"]),
+                        "rss_mib_end_processes": several.rss_mib[-1] if several.rss_mib else None}
         if gw and gw.rss_mib:
             figures |= {"rss_growth_fraction": gw.rss_mib[-1] / gw.rss_mib[0] - 1,
                         "rss_mib_first_tenth_c64": gw.rss_mib[0], "rss_mib_end": gw.rss_mib[-1]}
@@ -545,6 +629,153 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             except Exception as exc:  # best effort: the figures matter more than the cleanup
                 print(f"could not delete a bench topic: {exc}", file=sys.stderr)
     return figures
+
+
+# ---------------------------------------------------------------- the memory run
+
+
+def _memory_conversations(count: int, turns: int, first: str, answer: str, turn_words: int, max_tokens: int,
+                          seed: int) -> Iterator[list[bytes]]:
+    """``count`` conversations of ``turns`` calls, made as they are needed (50k calls would hold hundreds
+    of MB in the client): every one differs from its first word on, so every call is a distinct request."""
+    rng = random.Random(seed)
+    for n in range(count):
+        messages = [{"role": "user", "content": f"memory-{seed}-{n}-{uuid.uuid4().hex[:8]} {first}"}]
+        bodies = []
+        for turn in range(turns):
+            if turn:
+                messages = [*messages, {"role": "assistant", "content": answer},
+                            {"role": "user", "content": _words(rng, turn_words)}]
+            bodies.append(orjson.dumps({"model": MODEL, "messages": messages, "max_tokens": max_tokens,
+                                        "temperature": 1.0}))
+        yield bodies
+
+
+async def run_memory(args: argparse.Namespace) -> dict[str, Any]:
+    """RSS of the gateway (real path, splice by default) after ``--memory-checkpoint`` and after
+    ``--memory-calls`` distinct requests: conversations of ``--turns`` calls on a small first message,
+    each in a rollout started before and finished after (as an environment does), ``--memory-concurrency``
+    at a time. Figures: the RSS at each checkpoint and the growth fraction between the first and the end,
+    with what the byte-bounded parts hold (/health: the text side's caches, the attempt registry)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from schemas.kafka_config import admin_config
+    from tokentrail import kafka_local
+    from tokentrail.settings import get_settings
+
+    settings = get_settings()
+    if not kafka_local.broker_answers(settings.kafka):
+        kafka_local.start(wait_s=120, kafka=settings.kafka)
+    admin = AdminClient(admin_config(settings.kafka))
+    tag = uuid.uuid4().hex[:8]
+    calls_topic, env_topic = f"bench.gateway.mem-calls.{tag}", f"bench.gateway.mem-env.{tag}"
+    for future in admin.create_topics([NewTopic(calls_topic, 6, replication_factor=-1),
+                                       NewTopic(env_topic, 6, replication_factor=-1)]).values():
+        future.result(timeout=60)
+    text = _text_side()
+    first = _prompt(text, args.memory_prompt_tokens)
+    output_ids = _output_ids(text, args.output_tokens)
+    answer = text.decode(output_ids)
+    total = args.memory_calls
+    checkpoints = sorted({min(args.memory_checkpoint, total), *range(args.memory_checkpoint, total, 5000), total})
+    workdir = Path(tempfile.mkdtemp(prefix="bench-gateway-memory-"))
+    python = sys.executable
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(argv: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+        port = free_port()
+        procs.append(subprocess.Popen([a.replace("{port}", str(port)) for a in argv]))
+        return procs[-1], f"http://127.0.0.1:{port}"
+
+    upstream, upstream_url = spawn([
+        python, "-m", "bench.fake_vllm", "--port", "{port}", "--model", MODEL, "--vocab-size", str(text.vocab_size),
+        "--output", orjson.dumps({"ids": output_ids, "pieces": [text.decode([i]) for i in output_ids]}).decode()])
+    async with httpx.AsyncClient(timeout=60) as client:  # before the next port is drawn: it could be the same
+        await wait_healthy(client, upstream_url + "/health", upstream, "upstream")
+    gateway, url = spawn([
+        python, "-m", "bench.gateway", "--output-tokens", str(args.output_tokens), "--serve", "--port", "{port}",
+        "--prefix-mode", args.prefix_mode, "--calls-topic", calls_topic, "--env-topic", env_topic,
+        "--spool-dir", str(workdir / "spool"), "--upstream-url", upstream_url,
+        *(["--tracemalloc", str(args.tracemalloc)] if args.tracemalloc else [])])
+    raw = RawClient()
+    rows: list[dict[str, Any]] = []
+    done = 0
+    next_checkpoint = 0
+    print(f"memory run: {total:,} distinct calls ({args.turns}-call conversations, first message "
+          f"{args.memory_prompt_tokens} tokens), {args.memory_concurrency} at a time; RSS at "
+          f"{', '.join(f'{c:,}' for c in checkpoints)}", flush=True)
+    try:
+        async with httpx.AsyncClient(timeout=60) as client:
+            await wait_healthy(client, url + "/health", gateway, "gateway")
+            conversations = _memory_conversations(-(-total // args.turns), args.turns, first, answer,
+                                                  args.memory_turn_words, args.output_tokens, 7)
+            began = time.perf_counter()
+
+            async def checkpoint() -> None:
+                health = (await client.get(url + "/health")).json()
+                row = {"calls": done, "rss_mib": rss_mib(gateway.pid), "text_caches": health.get("text_caches"),
+                       "registry_bytes": health["registry_memory"]["bytes"],
+                       "calls_per_s": done / (time.perf_counter() - began)}
+                rows.append(row)
+                caches = row["text_caches"] or {}
+                held = ", ".join(f"{name} {c['bytes'] / 2**20:,.1f}/{c['max_bytes'] / 2**20:,.0f} MiB"
+                                 for name, c in caches.items())
+                print(f"  {done:,}/{total:,} calls: RSS {row['rss_mib']:,.0f} MiB; {held}; registry "
+                      f"{row['registry_bytes'] / 2**20:,.1f} MiB; {row['calls_per_s']:,.0f} calls/s", flush=True)
+                if args.tracemalloc:
+                    print((await client.get(url + "/bench/tracemalloc", timeout=600)).text, flush=True)
+
+            lock = asyncio.Lock()
+
+            async def worker() -> None:
+                nonlocal done, next_checkpoint
+                for bodies in conversations:
+                    status, data = await raw.post(url + "/v1/rollouts", b'{"task_input": {"bench": "memory"}}')
+                    if status != 201:
+                        raise RuntimeError(f"start: HTTP {status}: {data[:300]!r}")
+                    started = orjson.loads(data)
+                    base = f"{url}/rollouts/{started['rollout_id']}/attempts/{started['attempt_id']}"
+                    for body in bodies:
+                        status, data = await raw.post(base + CHAT, body)
+                        if status != 200:
+                            raise RuntimeError(f"call: HTTP {status}: {data[:300]!r}")
+                        done += 1
+                        if next_checkpoint < len(checkpoints) and done >= checkpoints[next_checkpoint]:
+                            next_checkpoint += 1
+                            async with lock:
+                                await checkpoint()
+                    finish = (f"{url}/v1/rollouts/{started['rollout_id']}/attempts/{started['attempt_id']}"
+                              "/finish")
+                    status, data = await raw.post(finish, b'{"status": "SUCCESS"}')
+                    if status != 200:
+                        raise RuntimeError(f"finish: HTTP {status}: {data[:300]!r}")
+
+            await asyncio.gather(*(worker() for _ in range(args.memory_concurrency)))
+            wall = time.perf_counter() - began
+            counts = (await client.get(upstream_url + "/bench/counts")).json()
+    finally:
+        await raw.close()
+        stop(procs)
+        for future in admin.delete_topics([calls_topic, env_topic], operation_timeout=30).values():
+            try:
+                future.result(timeout=60)
+            except Exception as exc:  # best effort
+                print(f"could not delete a bench topic: {exc}", file=sys.stderr)
+    first_row, last_row = rows[0], rows[-1]
+    caches = last_row["text_caches"] or {}
+    return {
+        "mode": "memory", "path": "http", "prefix_mode": args.prefix_mode, "memory_calls": done,
+        "memory_checkpoint_calls": first_row["calls"], "turns_per_conversation": args.turns,
+        "first_message_tokens": args.memory_prompt_tokens,
+        "rss_mib_at_checkpoint": first_row["rss_mib"], "rss_mib_at_end": last_row["rss_mib"],
+        "rss_growth_fraction": last_row["rss_mib"] / first_row["rss_mib"] - 1,
+        "rss_mib_checkpoints": {str(r["calls"]): round(r["rss_mib"], 1) for r in rows},
+        **{f"{name}_bytes_at_end": c["bytes"] for name, c in caches.items()},
+        **{f"{name}_max_bytes": c["max_bytes"] for name, c in caches.items()},
+        "registry_bytes_at_checkpoint": first_row["registry_bytes"],
+        "registry_bytes_at_end": last_row["registry_bytes"],
+        "calls_per_s": done / wall, "upstream_completions_requests": counts.get("/v1/completions", 0),
+    }
 
 
 def _summary(f: dict[str, Any]) -> None:
@@ -593,6 +824,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upstream", choices=["http", "inprocess"], default="http",
                         help="http: the gateway talks to the fake vLLM over HTTP (the real path, default); "
                         "inprocess: the gateway's upstream answers in its own process")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="also measure, at concurrency 64, the gateway as this many processes behind one port "
+                        "(rollout-sticky, producers/gateway/peers.py); 1: not measured")
+    parser.add_argument("--memory", action="store_true",
+                        help="instead of the comparison: the gateway's RSS after --memory-checkpoint and after "
+                        "--memory-calls distinct requests on the real path (rollouts started and finished)")
+    parser.add_argument("--memory-calls", type=int, default=50_000, help="calls in the memory run")
+    parser.add_argument("--memory-checkpoint", type=int, default=5_000,
+                        help="calls after which the memory run's reference RSS is read")
+    parser.add_argument("--memory-prompt-tokens", type=int, default=64, help="first message of the memory run")
+    parser.add_argument("--memory-turn-words", type=int, default=16, help="words of each later turn there")
+    parser.add_argument("--memory-concurrency", type=int, default=32, help="conversations in flight there")
+    parser.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES",
+                        help="memory run: trace the gateway's allocations (FRAMES deep) and print what grew at "
+                        "each checkpoint (slow; for finding what grows)")
     parser.add_argument("--no-fast-ascii", action="store_true",
                         help="tokenize with the tokenizer itself, not the exact ASCII fast path (for comparison)")
     # Internal: run a gateway (the benchmark starts it as a subprocess).
@@ -600,11 +846,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--upstream-url", help=argparse.SUPPRESS)
     parser.add_argument("--spool-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--process", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--peer-ports", help=argparse.SUPPRESS)
     parser.add_argument("--calls-topic", help=argparse.SUPPRESS)
     parser.add_argument("--env-topic", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         return serve(args)
+    if args.memory:
+        figures = asyncio.run(run_memory(args))
+        print(f"\nRSS {figures['rss_mib_at_checkpoint']:,.0f} MiB after {figures['memory_checkpoint_calls']:,} "
+              f"calls, {figures['rss_mib_at_end']:,.0f} MiB after {figures['memory_calls']:,}: growth "
+              f"{figures['rss_growth_fraction']:+.1%}\n")
+        emit(figures)
+        return 0
     figures = asyncio.run(run_bench(args))
     if figures["records_on_kafka"] < figures["gateway_calls"]:
         print(f"WARNING: only {figures['records_on_kafka']} of {figures['gateway_calls']} call records "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from urllib.parse import urlsplit
 
 import httptools
@@ -52,6 +52,7 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = True
         self.received_any = False
         self.body: deque[bytes] = deque()
+        self.headers: list[tuple[bytes, bytes]] = []
 
     # -- asyncio.Protocol
 
@@ -74,6 +75,9 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     # -- httptools callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
@@ -121,6 +125,7 @@ class Response:
     def __init__(self, pool: Http1Pool, key: str, conn: _Connection, deadline: asyncio.TimerHandle) -> None:
         self._pool, self._key, self._conn, self._deadline = pool, key, conn, deadline
         self.status_code = conn.status
+        self.headers = conn.headers  # (name, value) as received
         self._released = False
 
     async def read(self) -> bytes:
@@ -180,8 +185,10 @@ class Http1Pool:
         self._headers = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
 
-    async def request(self, method: str, url: str, body: bytes = b"") -> Response:
-        """Send a request; returns once the answer's status and headers are in (its body may not be)."""
+    async def request(self, method: str, url: str, body: bytes = b"",
+                      headers: Sequence[tuple[bytes, bytes]] = ()) -> Response:
+        """Send a request; returns once the answer's status and headers are in (its body may not be).
+        ``headers``: more header lines for this request (not host or content-length, which are set here)."""
         parts = urlsplit(url)
         if parts.scheme != "http" or parts.hostname is None:
             raise ConnectFailed(f"only plain http:// servers are supported, not {url!r}")
@@ -190,7 +197,10 @@ class Http1Pool:
         if parts.query:
             path += "?" + parts.query
         head = (f"{method} {path} HTTP/1.1\r\nhost: {key}\r\n{self._headers}"
-                f"content-length: {len(body)}\r\n\r\n").encode()
+                f"content-length: {len(body)}\r\n").encode()
+        if headers:
+            head += b"".join(name + b": " + value + b"\r\n" for name, value in headers)
+        head += b"\r\n"
         loop = asyncio.get_running_loop()
         # A kept connection the server closed just before our request can fail without an answer; the
         # request then goes once more on a new connection (the server never read it).

@@ -1,0 +1,114 @@
+"""Several gateway processes behind one port (producers/gateway/peers.py, sticky.py): every request about a
+rollout reaches the process that owns it, passed on over a real HTTP hop when it landed elsewhere; a
+rollout started without an id gets one its starting process owns. Two routers run here in one event loop
+in front of small ASGI apps that say which process answered (the gateway itself runs as two processes in
+tests/bench/test_gateway.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections import Counter
+from typing import Any
+
+import orjson
+import uvicorn
+
+from producers.gateway.peers import StickyRouter
+from producers.gateway.sticky import mint_owned_rollout_id, owner_of, rollout_of
+from producers.upstreams.http1 import Http1Pool
+
+
+def test_ownership_is_stable_spread_and_minted_ids_are_owned() -> None:
+    ids = [f"rollout-{n}" for n in range(2000)]
+    assert [owner_of(r, 2) for r in ids] == [owner_of(r, 2) for r in ids]
+    spread = Counter(owner_of(r, 3) for r in ids)
+    assert set(spread) == {0, 1, 2} and min(spread.values()) > 500
+    for process in range(3):
+        assert owner_of(mint_owned_rollout_id(process, 3), 3) == process
+    assert rollout_of("/rollouts/r1/attempts/a1/v1/chat/completions", []) == "r1"
+    assert rollout_of("/v1/rollouts/r2/attempts/a2/finish", []) == "r2"
+    assert rollout_of("/v1/chat/completions", [(b"x-rollout-id", b"r3")]) == "r3"
+    assert rollout_of("/v1/chat/completions", [(b"authorization", b"Bearer x")]) is None
+    assert rollout_of("/v1/rollouts", []) is None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _echo(process: int) -> Any:
+    """An app that answers which process it is, what it was asked, and (``?stream``) in several chunks."""
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        answer = orjson.dumps({"process": process, "path": scope["path"], "body": body.decode(),
+                               "header": dict(scope["headers"]).get(b"x-test", b"").decode()})
+        await send({"type": "http.response.start", "status": 201, "headers": [(b"content-type", b"text/plain")]})
+        if scope["query_string"] == b"stream":
+            for piece in (b"data: one\n\n", b"data: two\n\n", answer):
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            await send({"type": "http.response.body", "body": answer})
+    return app
+
+
+def test_requests_reach_the_process_that_owns_their_rollout() -> None:
+    asyncio.run(_two_processes())
+
+
+async def _two_processes() -> None:
+    ports = [_free_port(), _free_port()]
+    peers = [f"http://127.0.0.1:{p}" for p in ports]
+    routers = [StickyRouter(_echo(n), n, peers) for n in range(2)]
+    servers = [uvicorn.Server(uvicorn.Config(r, host="127.0.0.1", port=p, log_level="warning"))
+               for r, p in zip(routers, ports, strict=True)]
+    tasks = [asyncio.create_task(s.serve()) for s in servers]
+    client = Http1Pool()
+    try:
+        while not all(s.started for s in servers):
+            await asyncio.sleep(0.05)
+        owned_by_1 = mint_owned_rollout_id(1, 2)
+        # Landed on process 0, owned by 1: passed on, headers, body and a streamed answer intact.
+        response = await client.request("POST", f"{peers[0]}/rollouts/{owned_by_1}/attempts/a/v1/chat/completions"
+                                        "?stream", b'{"x": 1}', [(b"x-test", b"kept")])
+        status, text = response.status_code, await response.read()
+        assert status == 201 and text.startswith(b"data: one\n\ndata: two\n\n")
+        answer = orjson.loads(text[len(b"data: one\n\ndata: two\n\n"):])
+        assert answer == {"process": 1, "path": f"/rollouts/{owned_by_1}/attempts/a/v1/chat/completions",
+                          "body": '{"x": 1}', "header": "kept"}
+        assert routers[0].forwarded == 1
+        # Owned here: served here. Named by header: routed by it.
+        status, text = await client.post(f"{peers[1]}/v1/rollouts/{owned_by_1}/attempts/a/finish", b"{}")
+        assert orjson.loads(text)["process"] == 1 and routers[1].forwarded == 0
+        response = await client.request("POST", f"{peers[0]}/v1/chat/completions", b"{}",
+                                        [(b"x-rollout-id", owned_by_1.encode())])
+        assert orjson.loads(await response.read())["process"] == 1
+        # A start without an id gets one the receiving process owns; with an id, its owner serves it.
+        for n in range(2):
+            status, text = await client.post(f"{peers[n]}/v1/rollouts", b'{"task_input": {"q": 1}}')
+            answer = orjson.loads(text)
+            start = orjson.loads(answer["body"])
+            assert answer["process"] == n and start["task_input"] == {"q": 1}
+            assert owner_of(start["rollout_id"], 2) == n
+        status, text = await client.post(f"{peers[0]}/v1/rollouts", orjson.dumps({"rollout_id": owned_by_1}))
+        assert orjson.loads(text)["process"] == 1
+        # Requests that name no rollout stay where they land.
+        status, text = await client.post(f"{peers[0]}/v1/chat/completions", b"{}")
+        assert orjson.loads(text)["process"] == 0
+    finally:
+        await client.aclose()
+        for router in routers:
+            await router.pool.aclose()
+        for server in servers:
+            server.should_exit = True
+        await asyncio.gather(*tasks)
