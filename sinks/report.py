@@ -23,6 +23,7 @@ from matplotlib.ticker import MaxNLocator
 from sinks.audit import CheckResult, run_audit
 from sinks.feedback_report import FeedbackSummary, feedback_summary
 from sinks.feedback_store import IS_FEEDBACK_REWARD
+from sinks.release_report import release_section
 from sinks.store import table_counts
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
@@ -220,6 +221,7 @@ def build_report(client: Client, title: str = "tokentrail report", audit: bool =
             ),
         ),
         ("Feedback", _feedback_section(feedback_summary(client), _feedback_reward_by_version(client))),
+        ("Release: versions in traffic, reward per version, decisions", release_section(client, _png, _table)),
         ("Staleness", _plot_staleness(client)),
         (
             "Throughput",

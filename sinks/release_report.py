@@ -1,0 +1,123 @@
+"""The report's release section (issue 22): which versions served the traffic over time, each version's reward
+with an interval, and every release decision on the timeline and in a table with the interval it was taken on.
+
+Reads ``calls`` (the version that produced each call's tokens), ``rewards`` joined to complete rollouts served
+by one version (what the release controller compares: ``raw_reward``, verifier rewards only, rewards filtered
+for a score error left out) and ``release_decisions``. Plots are base64 PNG like the rest of the report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+import matplotlib.pyplot as plt
+from clickhouse_connect.driver.client import Client
+
+from sinks.feedback_store import IS_FEEDBACK_REWARD
+
+Html = Callable[..., str]
+
+CALL_SHARES = """
+SELECT toStartOfInterval(event_time, INTERVAL {bucket_s} SECOND) AS t, policy_version, count()
+FROM calls FINAL WHERE NOT scripted GROUP BY t, policy_version ORDER BY t, policy_version"""
+
+REWARD_BY_VERSION = f"""
+SELECT r.version, avg(w.raw_reward), varSamp(w.raw_reward), count()
+FROM rewards AS w FINAL
+INNER JOIN (SELECT rollout_id, arrayMax(policy_versions) AS version FROM rollouts FINAL
+            WHERE status = 'COMPLETE' AND notEmpty(policy_versions)
+              AND arrayMin(policy_versions) = arrayMax(policy_versions)) AS r ON w.rollout_id = r.rollout_id
+WHERE NOT (w.filtered AND startsWith(ifNull(w.filter_reason, ''), 'score_error'))
+  AND NOT ({IS_FEEDBACK_REWARD})
+GROUP BY r.version ORDER BY r.version"""
+
+DECISIONS = """
+SELECT sequence, fromUnixTimestamp64Micro(created_at_us) AS at, model, action, source, rule, serving_version,
+       candidate_version, candidate_fraction, interval_low, interval_high, alpha, serving_rewards,
+       candidate_rewards, reason
+FROM release_decisions FINAL ORDER BY model, sequence"""
+
+Z95 = 1.959963984540054
+
+
+def normal_interval(mean: float, variance: float | None, n: int) -> tuple[float, float]:
+    """The mean's 95% normal interval (a description of each version's rewards, not the release's test)."""
+    if n < 2 or variance is None or math.isnan(variance):
+        return (math.nan, math.nan)
+    half = Z95 * math.sqrt(variance / n)
+    return (mean - half, mean + half)
+
+
+def call_shares(rows: Sequence[tuple[Any, int, int]]) -> tuple[list[Any], dict[int, list[float]]]:
+    """Per time bucket, each version's share of the calls: (buckets, version -> shares)."""
+    per: dict[Any, dict[int, int]] = defaultdict(dict)
+    for t, version, count in rows:
+        per[t][int(version)] = int(count)
+    buckets = sorted(per)
+    versions = sorted({v for counts in per.values() for v in counts})
+    shares = {v: [per[t].get(v, 0) / max(1, sum(per[t].values())) for t in buckets] for v in versions}
+    return buckets, shares
+
+
+def release_section(client: Client, png: Html, table: Html, bucket_s: int = 30) -> str:
+    """HTML for the report: ``png(fig)`` and ``table(headers, rows)`` are the report's own helpers."""
+    decisions = client.query(DECISIONS).result_rows
+    shares_rows = client.query(CALL_SHARES.format(bucket_s=int(bucket_s))).result_rows
+    rewards = client.query(REWARD_BY_VERSION).result_rows
+    if not decisions:
+        return '<p class="empty">no release decisions</p>'
+    parts = [_timeline(shares_rows, decisions, png, bucket_s), _rewards(rewards, png, table)]
+    parts.append(table(
+        ["#", "time", "model", "action", "by", "rule", "serving", "candidate", "share after",
+         "interval (cand − serving)", "alpha", "rewards (serving / candidate)", "reason"],
+        [(d[0], d[1].strftime("%H:%M:%S") if isinstance(d[1], datetime) else d[1], d[2], d[3], d[4], d[5], d[6],
+          "-" if d[7] is None else d[7], f"{d[8]:.0%}", _interval(d[9], d[10]), "-" if d[11] is None else d[11],
+          f"{d[12]} / {d[13]}", d[14]) for d in decisions]))
+    return "".join(parts)
+
+
+def _interval(low: float | None, high: float | None) -> str:
+    return "-" if low is None or high is None else f"[{low:+.3f}, {high:+.3f}]"
+
+
+def _timeline(rows: Sequence[tuple[Any, int, int]], decisions: Sequence[tuple[Any, ...]], png: Html,
+              bucket_s: int) -> str:
+    buckets, shares = call_shares(rows)
+    if not buckets:
+        return '<p class="empty">no calls</p>'
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    ax.stackplot(buckets, *shares.values(), labels=[f"v{v}" for v in shares], alpha=0.75, step="post")
+    colours = {"start": "#1f5fbf", "ramp": "#888888", "promote": "#176b1f", "rollback": "#b00020", "pin": "#7a4fbf"}
+    for d in decisions:
+        ax.axvline(d[1], color=colours.get(d[3], "#444444"), linestyle="--", linewidth=1.2)
+        ax.annotate(f"{d[3]} v{d[7] if d[7] is not None else d[6]}", (d[1], 1.0), rotation=90, fontsize=7,
+                    va="top", ha="right", color=colours.get(d[3], "#444444"))
+    ax.set_ylim(0, 1)
+    ax.set_ylabel(f"share of calls ({bucket_s} s buckets)")
+    ax.set_title("Versions in traffic, and each release decision")
+    ax.legend(fontsize="small", loc="lower left")
+    fig.autofmt_xdate()
+    return png(fig)
+
+
+def _rewards(rows: Sequence[tuple[Any, ...]], png: Html, table: Html) -> str:
+    if not rows:
+        return '<p class="empty">no rewards of single-version rollouts yet</p>'
+    intervals = [normal_interval(float(r[1]), r[2], int(r[3])) for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    versions = [int(r[0]) for r in rows]
+    means = [float(r[1]) for r in rows]
+    low = [m - lo if not math.isnan(lo) else 0.0 for m, (lo, _) in zip(means, intervals, strict=True)]
+    high = [hi - m if not math.isnan(hi) else 0.0 for m, (_, hi) in zip(means, intervals, strict=True)]
+    ax.errorbar(versions, means, yerr=[low, high], marker="o", capsize=4, linestyle="none")
+    ax.set_xticks(versions)
+    ax.set_xlabel("policy version")
+    ax.set_ylabel("raw reward")
+    ax.set_title("Reward per version (mean, 95% interval)")
+    ax.grid(alpha=0.3)
+    return png(fig) + table(["policy version", "mean raw reward", "95% interval", "rollouts"],
+                            [(r[0], float(r[1]), _interval(*i), r[3]) for r, i in zip(rows, intervals, strict=True)])
