@@ -266,7 +266,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     rows: dict[str, dict[str, Any]] = {}
     with ExitStack() as stack:
         if args.gateway:
-            url, text = args.gateway.rstrip("/"), ModelTextSide.from_dir(settings.model.harness_dir)
+            url, text = args.gateway.rstrip("/"), None  # loaded when a harness runs
         else:
             from models.reference.build import build_model
             from models.reference.spec import HARNESS_SPEC
@@ -285,6 +285,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 rows[name] = {"passed": False, "reason": NOT_YET.get(name, "unknown harness")}
                 continue
             print(f"{name}: running {HARNESSES[name].protocol} through {url} ...", flush=True)
+            text = text or ModelTextSide.from_dir(settings.model.harness_dir)
             rows[name] = check_harness(HARNESSES[name], url, model, text, settings, topics, args.timeout_s)
             print(f"{name}: {'passed' if rows[name]['passed'] else 'FAILED ' + rows[name]['reason']} "
                   f"({rows[name]['seconds']} s)", flush=True)
