@@ -37,8 +37,8 @@ ENV_SH = REPO / "deploy" / "harnesses" / "env.sh"
 TASK = "Create hi.txt containing hello with a shell command, count its bytes, then answer."
 WRITE, COUNT, ANSWER = "echo hello > hi.txt && cat hi.txt", "wc -c < hi.txt", "hi.txt says hello, in 6 bytes."
 API_KEY = "tokentrail-harness-check"
-NOT_YET = {
-}
+# Harnesses the check lists as not passing, with the reason (none: all four run through the gateway).
+NOT_YET: dict[str, str] = {}
 
 
 def _tool_call(name: str, arguments: dict[str, str]) -> str:
