@@ -501,6 +501,7 @@ def _audit_and_replay(settings: Settings, config_path: Path, users: Users, outbo
     late_landed = {row.rollout_id for row in replay.rows if row.late_admitted}
     sent_late = {s.event_id for s in outbox.sent if s.late}
     admitted_late = {fid for row in replay.rows for fid in row.late_admitted}
+    planned_late_rows = {row.rollout_id for row in replay.rows if sent_late & set(row.late_admitted)}
     print(f"  {len(replay.rows)} rollouts re-derived; {len(changed)} rewards differ; late feedback landed on "
           f"{len(late_landed)} rollouts; differ exactly there: {changed == late_landed}", flush=True)
     for row in [r for r in replay.rows if r.changed][:5]:
@@ -518,6 +519,11 @@ def _audit_and_replay(settings: Settings, config_path: Path, users: Users, outbo
         "feedback_coverage": round(sum(c[2] for c in summary.coverage) / max(1, summary.rollouts), 4),
         "replay_rollouts_changed": len(changed),
         "replay_changed_exactly_where_late": changed == late_landed and bool(changed),
+        # The two halves of it that hold whatever the machine's load: no reward changed where no late
+        # feedback landed, and every session whose feedback was all sent late changed (its stream reward
+        # was filtered). Timely feedback the loaded stream still recorded late can leave a mean unchanged.
+        "replay_changed_only_where_late": changed <= late_landed and bool(changed),
+        "replay_changed_on_every_late_session": planned_late_rows <= changed,
         "replay_admits_the_late_sent": sent_late <= admitted_late if sent_late else False,
         "delay_median_s_by_kind": {d.kind: d.median_after_close_s for d in summary.delays},
     }
