@@ -41,6 +41,8 @@ from sinks.sample_refs import SampleRefError, is_input_ref, rebuild_sample
 from sinks.store import CallTokenCache, select_rows
 
 MAX_LISTED_FAILURES = 200
+# Rewards measured against a baseline (processors/baselines/derive.py: components_json "source": "baseline").
+IS_BASELINE_REWARD = "JSONExtractString(components_json, 'source') = 'baseline'"
 WEIGHT_REL_TOL = 1e-4
 WEIGHT_ABS_TOL = 1e-6
 SAMPLE_PAGE = 500
@@ -341,10 +343,20 @@ SELECT w.event_id, w.rollout_id, w.reward_config_id, length(w.score_ids) AS n_sc
        groupArrayIf(w.score_id, s.found != 1) AS missing
 FROM (SELECT event_id, rollout_id, reward_config_id, score_ids,
              arrayJoin(if(empty(score_ids), [''], score_ids)) AS score_id FROM rewards FINAL
-      WHERE NOT IS_FEEDBACK_REWARD) AS w
+      WHERE NOT IS_FEEDBACK_REWARD AND NOT IS_BASELINE_REWARD) AS w
 LEFT JOIN (SELECT DISTINCT event_id, 1 AS found FROM scores FINAL) AS s ON w.score_id = s.event_id
 GROUP BY w.event_id, w.rollout_id, w.reward_config_id, w.score_ids
-""".replace("IS_FEEDBACK_REWARD", IS_FEEDBACK_REWARD)  # feedback rewards name feedback: check (e)
+""".replace("IS_FEEDBACK_REWARD", IS_FEEDBACK_REWARD).replace(
+    "IS_BASELINE_REWARD", IS_BASELINE_REWARD)  # feedback rewards name feedback: check (e); baseline ones below
+
+# A reward measured against a baseline (processors/baselines/derive.py) names feedback, not scores, and the
+# Baseline event it was measured against: that event must be stored.
+SQL_BASELINE_REWARDS = """
+SELECT w.event_id, w.rollout_id, w.baseline_id, b.found
+FROM (SELECT event_id, rollout_id, JSONExtractString(components_json, 'baseline_id') AS baseline_id
+      FROM rewards FINAL WHERE IS_BASELINE_REWARD) AS w
+LEFT JOIN (SELECT DISTINCT event_id, 1 AS found FROM baselines FINAL) AS b ON w.baseline_id = b.event_id
+""".replace("IS_BASELINE_REWARD", IS_BASELINE_REWARD)
 
 SQL_CREDIT_REWARDS = """
 SELECT c.event_id, c.reward_id, c.credit_config_id, w.found, w.rollout_id = c.rollout_id
@@ -376,6 +388,11 @@ def check_score_reviewability(client: Client) -> CheckResult:
             )
         if not config_id:
             result.fail(event_id, "Reward", "names no reward_config_id")
+    measured = _rows(client, SQL_BASELINE_REWARDS)
+    for event_id, rollout_id, baseline_id, found in measured:
+        if found != 1:
+            result.fail(event_id, "Reward", f"reward of rollout {rollout_id} was measured against baseline "
+                        f"{baseline_id!r}, which is not stored")
     credits = _rows(client, SQL_CREDIT_REWARDS)
     for event_id, reward_id, config_id, found, same_rollout in credits:
         if found != 1:
@@ -388,7 +405,7 @@ def check_score_reviewability(client: Client) -> CheckResult:
     for event_id, versions, _hashes in edited:
         result.fail(event_id, "Score", f"raw score was rewritten: {versions} different contents under one event id")
     n_scores = _rows(client, "SELECT uniqExact(event_id) FROM scores FINAL")[0][0]
-    result.checked = len(rewards) + len(credits) + int(n_scores)
+    result.checked = len(rewards) + len(measured) + len(credits) + int(n_scores)
     return result
 
 

@@ -19,6 +19,7 @@ from processors.feedback.replay import replay_reward_record
 from processors.grouper import GroupingConfig
 from processors.pipeline import StageConfigs
 from schemas.local_paths import DEPLOY_CONFIG_DIR
+from sinks.audit import check_score_reviewability
 from sinks.replay import replay_baselines
 from sinks.store import load_records, write_records
 from tests.processors.baselines.organic import T0_US, S, organic_rollout, thumbs
@@ -84,3 +85,13 @@ def test_replay_derives_the_baselines_from_stored_rollouts_and_feedback_rewards(
     write_records(ch, [("Baseline", rec) for rec in baselines])
     assert load_records(ch, "baselines", order_by="event_id") == sorted(baselines, key=lambda b: b["event_id"])
     assert replay_baselines(ch, CFG, stages).events == want  # stored Baseline events change nothing
+
+    # The audit's check (c): a reward measured against a baseline names a stored Baseline event.
+    write_records(ch, [(name, rec) for name, rec in result.events if name != "Baseline"])
+    assert check_score_reviewability(ch).passed
+    measured = next(rec for name, rec in result.events if name == "Reward")
+    orphan = dict(measured, event_id="orphan-reward",
+                  components_json=measured["components_json"].replace(baselines[0]["event_id"], "no-such-baseline"))
+    write_records(ch, [("Reward", orphan)])
+    check = check_score_reviewability(ch)
+    assert check.failing_ids() == ["orphan-reward"] and "no-such-baseline" in check.failures[0].reason
