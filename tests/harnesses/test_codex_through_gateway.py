@@ -1,7 +1,9 @@
 """Codex CLI, unchanged, through the real gateway (issue 18, items 4 and 7): ``codex exec`` on a custom
 Responses provider (the rollout's root, the harness model variant's name), in a throwaway HOME/CODEX_HOME and
 working directory, does a task of three calls with two real shell-tool runs (``exec_command``); every call it
-made is on Kafka token-exact and the attempt assembles into a COMPLETE rollout.
+made is on Kafka token-exact and the attempt assembles into a COMPLETE rollout. That run is the shared
+``tokentrail harnesses check`` run (``harnesses_check``); this file asserts what is Codex's own in its records,
+and runs Codex once more on its default catalog model (its freeform ``exec``).
 
 Codex posts ``/v1/responses`` with its ``namespace`` tool group (``multi_agent_v1``), a hosted ``web_search``
 tool, ``reasoning``, ``include``, ``store: false``, ``prompt_cache_key`` and ``client_metadata``: all accepted,
@@ -29,59 +31,31 @@ from producers.gateway.text_side import ModelTextSide
 from producers.sdk import Rollout
 from producers.upstreams.embedded.engine import EmbeddedEngine
 from schemas.codec import get_codec
+from tests.harnesses.check_run import CheckRun
 from tests.harnesses.harnesses import CODEX_QUIET_TOML, HARNESSES
 from tests.producers.gateway.helpers import output_of, prompts_of, read_records
 from tokentrail.commands.harness_codex import QUIET_TOML, codex_command
+from tokentrail.commands.harnesses import COUNT, WRITE
+from tokentrail.commands.harnesses import HARNESSES as CHECK_HARNESSES
 from tokentrail.settings import Settings
 
 pytestmark = pytest.mark.kafka
-
-WRITE = "echo hello > hi.txt && cat hi.txt"
-COUNT = "wc -c < hi.txt"
-TASK = "Create hi.txt containing hello with a shell command, count its bytes, then answer."
-
-
-def _exec_command(command: str) -> str:
-    return f'<tool_call>\n{{"name": "exec_command", "arguments": {json.dumps({"cmd": command})}}}\n</tool_call>'
-
-
-SCRIPT = [_exec_command(WRITE), _exec_command(COUNT), "hi.txt says hello, in 6 bytes."]
 
 
 def test_the_check_quiets_codex_as_the_tests_do() -> None:
     assert QUIET_TOML == CODEX_QUIET_TOML
 
 
-def test_codex_does_a_tool_task_through_the_gateway_and_every_call_is_recorded_token_exact(
-        kafka_bootstrap: str, tokentrail_settings: Settings, harness_model_dir: Path,
-        new_topic: Callable[..., str], tmp_path: Path) -> None:
-    topics = {"calls_topic": new_topic(partitions=1), "env_topic": new_topic(partitions=1)}
-    served = tokentrail_settings.model.harness_name
-    settings = tokentrail_settings.model_copy(
-        update={"model": tokentrail_settings.model.model_copy(update={"name": served})})
-    text = ModelTextSide.from_dir(harness_model_dir)
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    codex = HARNESSES["codex"]
-    with (running_embedded_gateway(settings, spool_dir=tmp_path / "spool", topics=topics, text=text,
-                                   upstream=EmbeddedEngine(harness_model_dir)) as gw,
-          Rollout(gw.url, task_input={"file": "hi.txt"}, script=SCRIPT) as rollout):
-        argv, extra = codex_command(rollout.anthropic_base_url, rollout.api_key, home, work, served, TASK,
-                                    codex=str(codex.binary))
-        done = subprocess.run(argv, cwd=work, env=codex.env(home, extra), capture_output=True, text=True,
-                              timeout=600)
-        assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-        finished = rollout.finish("SUCCESS", {"answer": done.stdout.strip()})
-    assert done.stdout.strip().endswith(SCRIPT[-1]), done.stdout[-2000:]  # the answer Codex received
-    assert (work / "hi.txt").read_text() == "hello\n"  # Codex really ran the first command...
-    assert "6" in done.stderr  # ...and the second (its output, `6`, is in Codex's exec log)
-    assert finished["call_count"] == 3
-
-    calls = sorted((r for _, r in read_records(tokentrail_settings, topics["calls_topic"], 3)),
-                   key=lambda r: r["call_index"])
+def test_codex_requests_tool_runs_and_outputs_as_recorded(harnesses_check: CheckRun) -> None:
+    row = harnesses_check.row("codex")
+    assert row["passed"], row["reason"]
+    # Codex sends every item back as received: each call's prompt extends the last one's prompt and output.
+    assert row["routes"] == ["POST /v1/responses"] and row["spliced_calls"] == 2 and row["break_causes"] == []
+    calls, env = harnesses_check.records("codex")
     assert [(c["status"], c["scripted"], c["protocol"], c["streamed"]) for c in calls] == [
         ("OK", True, "openai.responses", True)] * 3
+    text = ModelTextSide.from_dir(harnesses_check.settings.model.harness_dir)
+    script = CHECK_HARNESSES["codex"].script
     for call, prompt in zip(calls, prompts_of(calls), strict=True):
         body = json.loads(call["request_json"])["body"]
         # Recorded as sent: Codex's namespace tool group and hosted web_search, its Responses options.
@@ -90,28 +64,23 @@ def test_codex_does_a_tool_task_through_the_gateway_and_every_call_is_recorded_t
         extra = json.loads(call["sampling"]["extra_json"])
         assert extra["ignored_by_upstream"]["omitted_hosted_tools"] == [
             t for t in body["tools"] if t["type"] == "web_search"]
-        # The recorded prompt is what the recorded tokenizer and template make of the request Codex sent.
         internal = to_internal(validate(ResponsesRequest, body), 10**6)
         assert any(t["function"]["name"].startswith("multi_agent_v1.") for t in internal.tools or [])
         assert text.renderer.decode(prompt.tolist()) == text.render_text(internal.messages, internal.tools)
-        if call["spliced_outputs"] == 0:
-            assert prompt.tolist() == text.renderer.render(internal.messages, internal.tools)
         ids, logprobs = output_of(call)
-        assert text.decode(ids.tolist()) == SCRIPT[call["call_index"]] and len(logprobs) == len(ids)
+        assert text.decode(ids.tolist()) == script[call["call_index"]] and len(logprobs) == len(ids)
         assert np.isfinite(logprobs).all() and (logprobs <= 0).all()
-    # Codex sends back each call's items as received: the next call's input holds them, then the tool output.
-    second = json.loads(calls[1]["request_json"])["body"]["input"]
-    (call_item,) = [i for i in second if i.get("type") == "function_call"]
-    assert call_item["name"] == "exec_command" and json.loads(call_item["arguments"]) == {"cmd": WRITE}
-    (output_item,) = [i for i in second if i.get("type") == "function_call_output"]
-    assert output_item["call_id"] == call_item["call_id"] and "hello" in output_item["output"]
+    # The calls and the real runs' results, as Codex sent them back: the command, then what it printed.
+    last = json.loads(calls[2]["request_json"])["body"]["input"]
+    sent = [i for i in last if i.get("type") == "function_call"]
+    assert [json.loads(i["arguments"]) for i in sent] == [{"cmd": WRITE}, {"cmd": COUNT}]
+    results = [i["output"] for i in last if i.get("type") == "function_call_output"]
+    assert [i["call_id"] for i in last if i.get("type") == "function_call_output"] == [i["call_id"] for i in sent]
+    assert results[0].endswith("Output:\nhello\n") and results[1].endswith("Output:\n6\n"), results
     assert 5_000 < calls[0]["prompt"]["length"] < calls[1]["prompt"]["length"] < calls[2]["prompt"]["length"]
-
-    env_records = [(name, r) for name, r in read_records(tokentrail_settings, topics["env_topic"], 2)]
-    state = RolloutAssembly(rollout.rollout_id)
-    emitted = [r for name, rec in [*env_records, *(("CallRecord", c) for c in calls)]
-               for r in state.accept(name, rec).rollouts]
-    (completed,) = emitted
+    state = RolloutAssembly(row["rollout_id"])
+    (completed,) = [r for name, rec in [*env, *(("CallRecord", c) for c in calls)]
+                    for r in state.accept(name, rec).rollouts]
     assert completed["status"] == "COMPLETE" and len(completed["calls"]) == 3
     get_codec().encode("CompletedRollout", completed)
 
