@@ -173,6 +173,46 @@ PANELS: tuple[Panel, ...] = (
         "version that sampled them.",
     ),
     # ---- end issue 21
+    # ---- issue 22: safe policy release (versions in traffic, reward per version, decisions)
+    Panel(
+        "Release: share of calls by policy version",
+        "SELECT time, version, calls / sum(calls) OVER (PARTITION BY time) AS share\n"
+        "FROM (SELECT $__timeInterval(event_time) AS time, concat('v', toString(policy_version)) AS version,\n"
+        "             count() AS calls\n"
+        "      FROM calls FINAL WHERE $__timeFilter(event_time) AND NOT scripted GROUP BY time, version)\n"
+        "ORDER BY time, version",
+        description="Which versions produced the calls' tokens: a candidate's share ramps up, goes to 1 on a "
+        "promotion and to 0 on a rollback. The decisions are in the table beside it.",
+    ),
+    Panel(
+        "Release decisions",
+        "SELECT fromUnixTimestamp64Micro(created_at_us) AS time, model, sequence, action, source, rule,\n"
+        "       serving_version AS serving, candidate_version AS candidate, candidate_fraction AS share_after,\n"
+        "       round(interval_low, 4) AS interval_low, round(interval_high, 4) AS interval_high,\n"
+        "       serving_rewards, candidate_rewards, reason\n"
+        "FROM release_decisions FINAL ORDER BY model, sequence DESC LIMIT 200",
+        kind="table",
+        description="Every ReleaseDecision (controller and operators), with the always-valid interval of "
+        "candidate minus serving mean reward it was taken on (docs/release.md).",
+    ),
+    Panel(
+        "Release: raw reward per version (95% interval)",
+        "SELECT toString(r.version) AS policy_version, avg(w.raw_reward) AS mean_raw_reward,\n"
+        "       mean_raw_reward - 1.96 * sqrt(varSamp(w.raw_reward) / count()) AS low,\n"
+        "       mean_raw_reward + 1.96 * sqrt(varSamp(w.raw_reward) / count()) AS high, count() AS rollouts\n"
+        "FROM rewards AS w FINAL\n"
+        "INNER JOIN (SELECT rollout_id, arrayMax(policy_versions) AS version FROM rollouts FINAL\n"
+        "            WHERE status = 'COMPLETE' AND notEmpty(policy_versions)\n"
+        "              AND arrayMin(policy_versions) = arrayMax(policy_versions)) AS r ON w.rollout_id = r.rollout_id\n"
+        "WHERE $__timeFilter(event_time) AND NOT (w.filtered AND startsWith(ifNull(w.filter_reason, ''), "
+        "'score_error'))\n"
+        "  AND JSONExtractString(w.components_json, 'source') != 'feedback'\n"
+        "GROUP BY r.version ORDER BY r.version",
+        kind="table",
+        description="What the release controller compares: verifier raw reward of rollouts served by one "
+        "version (a normal 95% interval per version; the controller's own test is always-valid).",
+    ),
+    # ---- end issue 22
 )
 
 
