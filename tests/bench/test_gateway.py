@@ -21,7 +21,7 @@ def test_bench_gateway_measures_the_http_path_beside_a_thin_proxy_with_every_rec
     run = subprocess.run(
         [sys.executable, "-m", "bench.gateway", "--calls", "4", "--c64-calls", "64", "--warmup", "2",
          "--turns", "2", "--extra-calls", "2", "--inprocess-calls", "0", "--prompt-tokens", "1024",
-         "--targets", "gateway,thin"],
+         "--targets", "gateway,thin", "--processes", "2"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, check=False,
     )
     assert run.returncode == 0, run.stderr[-3000:]
@@ -43,3 +43,27 @@ def test_bench_gateway_measures_the_http_path_beside_a_thin_proxy_with_every_rec
     assert figures["upstream_completions_requests"] == figures["gateway_calls"]
     assert figures["delivery_errors"] == 0 and figures["spool_depth_at_end"] == 0
     assert figures["workload"] == "agent" and figures["turns_per_conversation"] == 2
+    # The gateway as two processes behind one port, rollout-sticky: measured beside one process, and its
+    # calls are among those every record of reached Kafka (a call on the wrong process would be refused).
+    assert figures["processes"] == 2 and figures["calls_per_s_c64_processes"] > 0
+    assert figures["processes_vs_one"] is not None and figures["rss_mib_end_processes"] > 0
+
+
+def test_bench_gateway_memory_run_reads_rss_at_both_checkpoints_with_the_caches_within_their_budgets(
+    kafka_bootstrap: str,
+) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.gateway", "--memory", "--memory-calls", "120", "--memory-checkpoint", "40",
+         "--turns", "4", "--memory-concurrency", "8"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    figures = json.loads(run.stdout.strip().splitlines()[-1])
+    assert figures["mode"] == "memory" and figures["path"] == "http"
+    assert figures["memory_calls"] == figures["upstream_completions_requests"] == 120
+    assert figures["memory_checkpoint_calls"] >= 40 and figures["rss_growth_fraction"] is not None
+    assert figures["rss_mib_at_checkpoint"] > 0 and figures["rss_mib_at_end"] > 0
+    for cache in ("token_cache", "render_memo", "output_memo"):
+        assert 0 < figures[f"{cache}_bytes_at_end"] <= figures[f"{cache}_max_bytes"], (cache, figures)
+    # Finished rollouts leave tombstones only: the registry holds little.
+    assert figures["registry_bytes_at_end"] < 16 * 1024 * 1024
