@@ -1,12 +1,12 @@
 """``tokentrail harnesses check``: real agent harnesses, unchanged, through the gateway (issue 18, item 8).
 
-Each harness that runs through the gateway (Pi over OpenAI chat, Claude Code over Anthropic Messages, OpenClaw
-over OpenAI chat: tokentrail/commands/harness_openclaw.py) does a scripted task in a throwaway HOME and working
-directory: a rollout with a ``script`` (the engine emits the given completions under the model, recorded
-``scripted``), two shell-tool runs, then an answer. From the calls topic: every call OK and token-exact (its
-prompt decodes to a fresh render of the request it recorded), its output decodes to the scripted text the
-harness received, the attempt assembles COMPLETE (the processors' assembler), and how many calls extend the
-previous call's prompt ‖ output exactly (spliced), with the named causes of every prefix break
+Each harness (Pi over OpenAI chat, Claude Code over Anthropic Messages, Codex CLI over Responses:
+tokentrail/commands/harness_codex.py, OpenClaw over OpenAI chat: tokentrail/commands/harness_openclaw.py) does a
+scripted task in a throwaway HOME and working directory: a rollout with a ``script`` (the engine emits the given
+completions under the model, recorded ``scripted``), two shell-tool runs, then an answer. From the calls topic:
+every call OK and token-exact (its prompt decodes to a fresh render of the request it recorded), its output decodes
+to the scripted text the harness received, the attempt assembles COMPLETE (the processors' assembler), and how many
+calls extend the previous call's prompt ‖ output exactly (spliced), with the named causes of every prefix break
 (tokentrail/commands/harness_breaks.py). A harness not run yet is listed as not passing, with the reason.
 
 Starts a gateway of its own on a free port, on the harness model variant (spec ``harness``), unless
