@@ -24,11 +24,12 @@ Record = dict[str, Any]
 ClusterFunction = Callable[[str], str]
 NONE_KEY = "none"
 
+# Particulars (URLs, quoted strings, paths and file names, hex ids) become one placeholder, numbers another.
 _PLACEHOLDERS = (
-    (re.compile(r"https?://\S+"), " <url> "),
-    (re.compile(r"`[^`]*`|\"[^\"]*\"|'[^']*'"), " <quoted> "),
-    (re.compile(r"(?:[\w.-]*/)+[\w.-]+|\b[\w-]+\.[a-z]{1,5}\b"), " <path> "),
-    (re.compile(r"\b[0-9a-f]{7,}\b"), " <hex> "),
+    (re.compile(r"https?://\S+"), " <v> "),
+    (re.compile(r"`[^`]*`|\"[^\"]*\"|'[^']*'"), " <v> "),
+    (re.compile(r"(?:[\w.-]*/)+[\w.-]+|\b[\w-]+\.[a-z]{1,5}\b"), " <v> "),
+    (re.compile(r"\b[0-9a-f]{7,}\b"), " <v> "),
     (re.compile(r"\d+(?:\.\d+)?"), " <n> "),
 )
 _WORD = re.compile(r"<\w+>|\w+")
