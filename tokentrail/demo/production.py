@@ -234,9 +234,12 @@ class Users:
     def run_until(self, deadline: float, on_tick: Callable[[], None]) -> None:
         with ThreadPoolExecutor(max_workers=self.count, thread_name_prefix="user") as pool:
             futures = [pool.submit(self._user, n, deadline) for n in range(self.count)]
-            while not all(f.done() for f in futures):
-                time.sleep(min(10.0, max(0.5, deadline - time.monotonic())))
-                on_tick()
+            last_tick = time.monotonic()
+            while not all(f.done() for f in futures):  # after the deadline: each user ends its session
+                time.sleep(1.0)
+                if time.monotonic() - last_tick >= 10:
+                    on_tick()
+                    last_tick = time.monotonic()
             for future in futures:
                 future.result()
 
