@@ -32,11 +32,13 @@ FEEDBACK = {"name": "baseline-stream-test", "wait_s": {k: 1 for k in ("BINARY", 
 BASELINE = {"name": "baseline-stream-test", "window": {"kind": "tumbling", "size_s": 10}, "min_group_size": 3,
             "watermark_lag_s": 1, "running": {"method": "ewma", "alpha": 0.1}}
 FIX = "Fix the failing test in {} line {}"
-# cluster A: three rollouts in window [0 s, 10 s) (a group), one in [10 s, 20 s) (too small: running baseline);
+# cluster A: three rollouts in window [0 s, 10 s) (a group), one later (too small: running baseline);
 # cluster B: one rollout, no history (no advantage). (name, message, seconds after T0, thumbs up)
 PHASE_1 = [("a1", FIX.format("foo.py", 42), 7.0, True), ("a2", FIX.format("src/bar.py", 7), 7.2, False),
            ("a3", FIX.format("baz.py", 310), 7.4, True), ("b1", "Write a haiku about autumn", 7.6, True)]
-PHASE_2 = [("a4", FIX.format("qux.py", 9), 17.0, False)]
+# Far ahead in event time: stream time is the newest event time plus the wall time since, so however long the
+# machine takes between the phases, a4's window has not closed before it arrives.
+PHASE_2 = [("a4", FIX.format("qux.py", 9), 1007.0, False)]
 
 
 def produce(rig: StreamRig, rollouts: list[tuple[str, str, float, bool]], seed: int) -> list:
