@@ -493,7 +493,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     try:
         async with httpx.AsyncClient(timeout=60) as client:
             for target in targets.values():
-                await wait_healthy(client, target.url + target.health, target.proc, target.name)
+                await wait_healthy(client, target.url + target.health, target.proc, target.name, timeout_s=900)
             front = [t for name, t in targets.items() if name not in ("inprocess", "multi")]
             print(f"targets: {', '.join(t.name for t in front)} (+ in-process gateway)" if inprocess else
                   f"targets: {', '.join(t.name for t in front)}", flush=True)
@@ -706,7 +706,7 @@ async def run_memory(args: argparse.Namespace) -> dict[str, Any]:
           f"{', '.join(f'{c:,}' for c in checkpoints)}", flush=True)
     try:
         async with httpx.AsyncClient(timeout=60) as client:
-            await wait_healthy(client, url + "/health", gateway, "gateway")
+            await wait_healthy(client, url + "/health", gateway, "gateway", timeout_s=900)
             conversations = _memory_conversations(-(-total // args.turns), args.turns, first, answer,
                                                   args.memory_turn_words, args.output_tokens, 7)
             began = time.perf_counter()
