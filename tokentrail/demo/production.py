@@ -69,12 +69,16 @@ def edit_distance(answer: str, wanted: str) -> float:
 
 @dataclass(frozen=True)
 class PlannedFeedback:
-    """One feedback a user will send about a session's answer, ``delay_s`` after the session ends."""
+    """One feedback a user gives about a session's answer ``event_offset_s`` after the session ends; it
+    reaches the gateway ``delay_s`` after the session ends (later for late feedback)."""
 
     kind: str
     fields: dict[str, Any]
+    event_offset_s: float
     delay_s: float
-    late: bool  # sent after the join's window for its kind: recorded late, used only by replay
+    # Given in time but delivered after the join's window closed (an offline client, a queued webhook):
+    # recorded late by the stream; replay, going by event time, uses it.
+    late: bool
 
 
 def feedback_fields(kind: str, answer: str, wanted: str) -> dict[str, Any]:
@@ -98,16 +102,17 @@ def feedback_fields(kind: str, answer: str, wanted: str) -> dict[str, Any]:
 
 def plan_feedback(answer: str, wanted: str, rng: random.Random, *, late_fraction: float, wait_s: float,
                   lag_s: float) -> list[PlannedFeedback]:
-    """One or two kinds of feedback for a session. A late session's feedback all comes after its window
-    (a verdict that took too long), so its stream reward has none and replay's differs."""
+    """One or two kinds of feedback for a session, given well inside the join's wait. A late session's
+    feedback all arrives after its window closed, so its stream reward has none and replay's differs."""
     late = rng.random() < late_fraction
     kinds = rng.sample(KINDS, k=rng.choice((1, 2)))
     planned = []
     for kind in kinds:
-        # Late: past the window end (the kind's wait after the close) and the watermark lag, with room
-        # for the close-time uncertainty of an idle end. Timely: well inside the wait.
-        delay = wait_s + lag_s + rng.uniform(10.0, 20.0) if late else rng.uniform(0.5, 0.35 * wait_s)
-        planned.append(PlannedFeedback(kind, feedback_fields(kind, answer, wanted), round(delay, 3), late))
+        given = round(rng.uniform(0.5, 0.35 * wait_s), 3)
+        # Late arrival: past the window end (the kind's wait after the close) and the watermark lag, with
+        # room for the stream's own delays.
+        arrives = round(wait_s + lag_s + rng.uniform(10.0, 20.0), 3) if late else given
+        planned.append(PlannedFeedback(kind, feedback_fields(kind, answer, wanted), given, arrives, late))
     return planned
 
 
@@ -163,7 +168,7 @@ class FeedbackOutbox:
 
     def __init__(self, gateway_url: str) -> None:
         self.gateway_url = gateway_url
-        self._queue: list[tuple[float, int, dict[str, str], PlannedFeedback]] = []
+        self._queue: list[tuple[float, int, dict[str, str], PlannedFeedback, float]] = []
         self._serial = 0
         self._cv = threading.Condition()
         self._closing = False
@@ -175,10 +180,10 @@ class FeedbackOutbox:
     def start(self) -> None:
         self._thread.start()
 
-    def schedule(self, due: float, target: dict[str, str], planned: PlannedFeedback) -> None:
+    def schedule(self, due: float, target: dict[str, str], planned: PlannedFeedback, event_time: float) -> None:
         with self._cv:
             self._serial += 1
-            heapq.heappush(self._queue, (due, self._serial, target, planned))
+            heapq.heappush(self._queue, (due, self._serial, target, planned, event_time))
             self._cv.notify()
 
     def pending(self) -> int:
@@ -200,18 +205,18 @@ class FeedbackOutbox:
                     self._cv.wait()
                 if not self._queue:
                     return
-                due, _, target, planned = self._queue[0]
+                due, _, target, planned, event_time = self._queue[0]
                 wait = due - time.time()
                 if wait > 0:
                     self._cv.wait(min(wait, 1.0))
                     continue
                 heapq.heappop(self._queue)
-            self._send(target, planned)
+            self._send(target, planned, event_time)
 
-    def _send(self, target: dict[str, str], planned: PlannedFeedback) -> None:
-        try:  # event_time: when the user gave it; a retried POST would keep its id
+    def _send(self, target: dict[str, str], planned: PlannedFeedback, event_time: float) -> None:
+        try:  # event_time: when the user gave it (a retried POST would keep its id)
             sent = send_feedback(self.gateway_url, target, planned.kind, client=self._http, source=SOURCE,
-                                 event_time=time.time(), **planned.fields)
+                                 event_time=event_time, **planned.fields)
         except Exception as exc:  # reported at the end; the run goes on
             self.errors.append(f"{planned.kind}: {exc!r}"[:300])
             return
@@ -266,9 +271,10 @@ class Users:
             ended = time.time()
             for planned in plan_feedback(outcome.answer, make_task_answer(outcome), rng,
                                          late_fraction=self.late_fraction, wait_s=self.wait_s, lag_s=self.lag_s):
-                # Idle-ended sessions close idle_s later: late feedback is counted from that close.
+                # Idle-ended sessions close idle_s later: late arrival is counted from that close.
                 base = ended + (self.idle_s if outcome.ended_by == "idle" and planned.late else 0.0)
-                self.outbox.schedule(base + planned.delay_s, {"response_id": outcome.response_ids[-1]}, planned)
+                self.outbox.schedule(base + planned.delay_s, {"response_id": outcome.response_ids[-1]}, planned,
+                                     event_time=ended + planned.event_offset_s)
             time.sleep(rng.uniform(0.2, 1.0))  # the user reads the answer
 
     def _session(self, client: openai.OpenAI, user: str, task: LookupTask, rng: random.Random) -> SessionOutcome:
@@ -387,8 +393,9 @@ def _run(args: argparse.Namespace, settings: Settings, state_dir: Path) -> int:
            "TOKENTRAIL_GATEWAY__SESSION_IDLE_S": str(args.idle_s),
            "TOKENTRAIL_PROCESSORS__FEEDBACK_JOIN": "true",
            "TOKENTRAIL_PROCESSORS__FEEDBACK_CONFIG": str(config_path),
-           # Rewards from feedback alone: no verifier judges an organic session (it has no task input).
-           "TOKENTRAIL_PROCESSORS__VERIFIERS": "[]",
+           # Rewards from feedback alone: the verifier stays on (so every verifier reward names its raw
+           # score, audit check (c)), but an organic session has no task input, so its score is an ERROR
+           # and its verifier reward filtered: no sample comes from it.
            # No resampled siblings: advantages against sessions of the same first message over time.
            "TOKENTRAIL_PROCESSORS__BASELINES": "true",
            "TOKENTRAIL_PROCESSORS__BASELINE_CONFIG": str(baseline_path)}
@@ -420,7 +427,7 @@ def _run(args: argparse.Namespace, settings: Settings, state_dir: Path) -> int:
                       late_fraction=args.late_fraction, wait_s=wait_s, lag_s=lag_s, explicit_end=args.explicit_end)
         for n in range(args.unmatched):  # feedback on responses the gateway never served
             outbox.schedule(time.time() + 5 + n, {"response_id": unknown_response_id(n)},
-                            PlannedFeedback("BINARY", {"binary": True}, 0.0, False))
+                            PlannedFeedback("BINARY", {"binary": True}, 0.0, 0.0, False), event_time=time.time())
         start = time.monotonic()
 
         def tick() -> None:
@@ -439,7 +446,7 @@ def _run(args: argparse.Namespace, settings: Settings, state_dir: Path) -> int:
               f"{len(users.errors)} failed" + (f" (first: {users.errors[0]})" if users.errors else ""), flush=True)
 
         _step(6, total, "the last feedback (late ones after their window), then the join closes every window")
-        last_due = max([time.time()] + [due for due, *_ in outbox._queue])
+        last_due = max([time.time()] + [entry[0] for entry in outbox._queue])
         outbox.close(timeout_s=max(0.0, last_due - time.time()) + 120)
         print(f"  feedback sent: {len(outbox.sent)} ({sum(s.late for s in outbox.sent)} planned late), "
               f"{len(outbox.errors)} refused" + (f" (first: {outbox.errors[0]})" if outbox.errors else ""), flush=True)
