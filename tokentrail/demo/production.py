@@ -5,8 +5,9 @@ Nobody creates a rollout: each user's calls carry their end-user id (OpenAI ``us
 organic sessions (producers/gateway/sessions.py) turn every session window into a rollout, ended
 explicitly (``POST /v1/sessions/{key}/end``) or by an idle gap. Each user judges the answer they got and
 sends feedback of several kinds (thumbs, a rating, an edit outcome with its edit distance, a task outcome)
-to ``POST /v1/feedback`` after a random delay; for a fraction of the sessions it comes only after the
-join's window (late). Rewards come from that feedback alone (the feedback join; no verifier runs); with no
+to ``POST /v1/feedback`` after a random delay; for a fraction of the sessions it is given in time but
+delivered only after the join's window closed (late). Rewards come from that feedback alone (the feedback
+join; the verifier has no task input to judge a session by: its scores are errors, its rewards filtered); with no
 resampled siblings, the baselines (processors/baselines/) measure each session against the sessions of the
 same first-message template in its time window, or the template's running baseline, and the trainer trains
 on those advantages. At the
