@@ -2,8 +2,9 @@
 with an interval, and every release decision on the timeline and in a table with the interval it was taken on.
 
 Reads ``calls`` (the version that produced each call's tokens), ``rewards`` joined to complete rollouts served
-by one version (what the release controller compares: ``raw_reward``, verifier rewards only, rewards filtered
-for a score error left out) and ``release_decisions``. Plots are base64 PNG like the rest of the report.
+by one version (what the release controller compares: ``raw_reward``, verifier rewards only: not feedback
+rewards, nor those measured against a baseline; rewards filtered for a score error left out) and
+``release_decisions``. Plots are base64 PNG like the rest of the report.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ INNER JOIN (SELECT rollout_id, arrayMax(policy_versions) AS version FROM rollout
               AND arrayMin(policy_versions) = arrayMax(policy_versions)) AS r ON w.rollout_id = r.rollout_id
 WHERE NOT (w.filtered AND startsWith(ifNull(w.filter_reason, ''), 'score_error'))
   AND NOT ({IS_FEEDBACK_REWARD})
+  AND JSONExtractString(w.components_json, 'source') != 'baseline'  -- restates a feedback reward
 GROUP BY r.version ORDER BY r.version"""
 
 DECISIONS = """

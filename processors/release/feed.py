@@ -12,7 +12,9 @@ Feed it every record in the order it was read; it returns the ReleaseDecision re
   mean zero within each group and says nothing about versions), of the rollout's version. A reward
   filtered for a score error has no meaningful value and is skipped. Rewards of one source are compared:
   the verifiers' (default) or the feedback join's (``components_json`` says ``"source": "feedback"``), never
-  the two mixed, since they measure different things on different scales.
+  the two mixed, since they measure different things on different scales. A reward measured against a
+  baseline (``"source": "baseline"``, baselines without siblings) restates a feedback reward already
+  counted, with the same ``raw_reward``; it is never counted again.
 - Decisions: the topic is the truth. A decision (the controller's own or an operator's) changes the
   state only when it is read back, through the same fold every reader uses (``DecisionLog``); until its
   own decision on a model is read back the controller makes no other decision on it. A ramp or pin read
@@ -40,16 +42,21 @@ MIXED = -1  # the version of a rollout whose calls were served by different vers
 REWARD_SOURCES = ("verifier", "feedback")
 
 
+DERIVED_SOURCES = ("baseline",)  # rewards that restate another reward (same raw_reward): never counted
+
+
 def reward_source(record: Record) -> str:
-    """``feedback`` for a reward the feedback join derived, else ``verifier``."""
+    """``feedback`` for a reward the feedback join derived, ``baseline`` for one measured against a baseline
+    window, else ``verifier``."""
     components = record.get("components_json") or ""
-    if '"feedback"' not in components:  # cheap: most rewards never need parsing
+    if '"source"' not in components:  # cheap: most rewards never need parsing
         return "verifier"
     try:
         parsed = json.loads(components)
     except ValueError:
         return "verifier"
-    return "feedback" if isinstance(parsed, dict) and parsed.get("source") == "feedback" else "verifier"
+    source = parsed.get("source") if isinstance(parsed, dict) else None
+    return source if source in ("feedback", *DERIVED_SOURCES) else "verifier"
 
 
 class ReleaseFeed:
@@ -111,7 +118,11 @@ class ReleaseFeed:
         return out
 
     def on_reward(self, record: Record) -> list[Record]:
-        if reward_source(record) != self.source:
+        source = reward_source(record)
+        if source in DERIVED_SOURCES:
+            self.skipped["reward measured against a baseline (its input reward is counted)"] += 1
+            return []
+        if source != self.source:
             self.skipped[f"reward from the other source (comparing {self.source} rewards)"] += 1
             return []
         reason = record.get("filter_reason") or ""

@@ -162,3 +162,22 @@ def test_rewards_of_one_source_are_compared_never_verifier_and_feedback_rewards_
         assert sum(n for reason, n in feed.skipped.items() if "other source" in reason) == 40
     # Each source's rewards are the ones counted: the same draws, so the same totals.
     assert verifier.states[MODEL].candidate == feedback.states[MODEL].candidate
+
+
+def test_a_reward_measured_against_a_baseline_is_never_counted_again_under_either_source() -> None:
+    import json
+
+    traffic = _traffic(30, 0.5, 0.5, seed=5)
+    as_feedback = [(c, {**r, "components_json": json.dumps({"source": "feedback", "admitted": []})})
+                   for c, r in traffic]
+    # Baselines without siblings restate each feedback reward (same raw_reward) against its window's baseline.
+    as_baseline = [(c, {**r,
+                        "components_json": json.dumps({"source": "baseline", "baseline_id": "w1"})})
+                   for c, r in traffic]
+    verifier, feedback = ReleaseFeed(), ReleaseFeed(source="feedback")
+    for feed in (verifier, feedback):
+        feed.on_decision(_start())
+        _feed(feed, traffic + as_feedback + as_baseline)
+        state = feed.states[MODEL]
+        assert state.candidate.rewards + state.serving.rewards == 30
+        assert sum(n for reason, n in feed.skipped.items() if "baseline" in reason) == 30
