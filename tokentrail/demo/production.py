@@ -368,13 +368,16 @@ def run_production(args: argparse.Namespace) -> int:
     settings = Settings()  # the private settings, for this process's own clients
     print(f"production demo in {state_dir} (its own Kafka broker on {settings.kafka.bootstrap_servers})", flush=True)
     try:
-        return _run(args, settings, state_dir)
+        rc, last_line = _run(args, settings, state_dir)
     finally:
         if not getattr(args, "keep_broker", False):
+            sys.stdout.flush()
             subprocess.run([sys.executable, "-m", "tokentrail.cli", "kafka", "stop"], cwd=REPO_ROOT, check=False)
+    print(last_line, flush=True)  # the JSON, last, after the broker's stop lines
+    return rc
 
 
-def _run(args: argparse.Namespace, settings: Settings, state_dir: Path) -> int:
+def _run(args: argparse.Namespace, settings: Settings, state_dir: Path) -> tuple[int, str]:
     total = 9
     _step(1, total, "Kafka broker of this run (KRaft) and topics")
     _cli("kafka", "start")
@@ -541,7 +544,9 @@ def _audit_and_replay(settings: Settings, config_path: Path, users: Users, outbo
     return figures
 
 
-def _summarize_production(figures: Figures, users: Users, outbox: FeedbackOutbox, report_path: Path) -> int:
+def _summarize_production(figures: Figures, users: Users, outbox: FeedbackOutbox,
+                          report_path: Path) -> tuple[int, str]:
+    """Prints the reward bands and the audit's verdict; returns the exit code and the JSON line."""
     bands = version_bands(figures.by_version)
     print("\nreward from feedback alone, by policy version:")
     for first, last, mean, count in bands:
@@ -556,8 +561,7 @@ def _summarize_production(figures: Figures, users: Users, outbox: FeedbackOutbox
                "feedback_refused": len(outbox.errors), "policy_versions": len(figures.by_version),
                "reward_first_band": first_mean, "reward_last_band": last_mean, "reward_improved": improved,
                "audit_passed": figures.audit_passed, "report": str(report_path)}
-    print(json.dumps(summary))
-    return 0 if figures.audit_passed else 1
+    return (0 if figures.audit_passed else 1), json.dumps(summary)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
