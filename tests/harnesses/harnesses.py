@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokentrail.commands.harness_codex import QUIET_TOML
+
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS_DIR = ROOT / "deploy" / "harnesses"
 BIN = HARNESS_DIR / "node_modules" / ".bin"
@@ -43,26 +45,7 @@ CLAUDE_QUIET = {
 # Codex has no environment switches for these; its CODEX_HOME/config.toml turns analytics, feedback,
 # the update check and OpenTelemetry export off (see CODEX_QUIET_TOML).
 CODEX_QUIET: dict[str, str] = {}
-CODEX_QUIET_TOML = """\
-check_for_update_on_startup = false
-
-[analytics]
-enabled = false
-
-[feedback]
-enabled = false
-
-[features]
-# The curated-plugin sync at startup fetches github.com/openai/plugins (git, then api.github.com) and
-# chatgpt.com; plugins off stops it. It changes nothing in the model requests (checked on 0.169.0).
-plugins = false
-remote_plugin = false
-
-[otel]
-exporter = "none"
-trace_exporter = "none"
-metrics_exporter = "none"
-"""
+CODEX_QUIET_TOML = QUIET_TOML  # one copy: the check's (tokentrail/commands/harness_codex.py)
 # Pi: PI_OFFLINE skips every startup network operation (version check, tool downloads).
 PI_QUIET = {"PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0"}
 # OpenClaw: CI suppresses the daily update check/statistics request; its config also sets

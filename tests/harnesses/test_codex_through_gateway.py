@@ -43,7 +43,15 @@ pytestmark = pytest.mark.kafka
 
 
 def test_the_check_quiets_codex_as_the_tests_do() -> None:
-    assert QUIET_TOML == CODEX_QUIET_TOML
+    """One copy of the switches, and they turn off everything that would leave the machine."""
+    import tomllib
+
+    assert QUIET_TOML is CODEX_QUIET_TOML
+    quiet = tomllib.loads(QUIET_TOML)
+    assert quiet["check_for_update_on_startup"] is False
+    assert quiet["analytics"]["enabled"] is False and quiet["feedback"]["enabled"] is False
+    assert quiet["features"] == {"plugins": False, "remote_plugin": False}
+    assert set(quiet["otel"].values()) == {"none"}
 
 
 def test_codex_requests_tool_runs_and_outputs_as_recorded(harnesses_check: CheckRun) -> None:

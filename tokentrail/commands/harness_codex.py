@@ -16,7 +16,7 @@ from pathlib import Path
 
 PROVIDER = "tokentrail"
 KEY_VAR = "TOKENTRAIL_API_KEY"
-# The same switches as tests/harnesses/harnesses.py CODEX_QUIET_TOML (a test checks they agree).
+# Telemetry, update checks, plugin sync and OpenTelemetry export off (tests/harnesses uses the same).
 QUIET_TOML = """\
 check_for_update_on_startup = false
 
