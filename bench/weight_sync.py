@@ -127,10 +127,8 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=30)
 
 
-async def call_once(upstream: GatedUpstream, max_tokens: int, whole: bool) -> Call:
-    request = GenerateRequest(prompt_ids=PROMPT, sampling=Sampling(temperature=1.0, max_tokens=max_tokens),
-                              request_id=uuid.uuid4().hex, rollout_id=uuid.uuid4().hex)
-    started = time.monotonic()
+async def final_result(upstream: GatedUpstream, request: GenerateRequest, whole: bool) -> GenerateResult:
+    """The call's final result, streamed or (``whole``) asked for in one answer."""
     stream = upstream.generate_stream(request)
     if whole:
         stream.prefer_whole()
@@ -141,7 +139,16 @@ async def call_once(upstream: GatedUpstream, max_tokens: int, whole: bool) -> Ca
                 result = item
     finally:
         await stream.aclose()
-    assert result is not None and result.output_ids, "no result"
+    assert result is not None, "no result"
+    return result
+
+
+async def call_once(upstream: GatedUpstream, max_tokens: int, whole: bool) -> Call:
+    request = GenerateRequest(prompt_ids=PROMPT, sampling=Sampling(temperature=1.0, max_tokens=max_tokens),
+                              request_id=uuid.uuid4().hex, rollout_id=uuid.uuid4().hex)
+    started = time.monotonic()
+    result = await final_result(upstream, request, whole)
+    assert result.output_ids, "no result"
     return Call(started, time.monotonic(), result.policy_version, result.output_ids[0], result.output_logprobs[0])
 
 

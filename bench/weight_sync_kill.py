@@ -38,9 +38,9 @@ import torch
 
 from bench.common import emit
 from bench.processes import free_port
-from bench.weight_sync import PROMPT, perturbed, start_server, stop_server
+from bench.weight_sync import PROMPT, final_result, perturbed, start_server, stop_server
 from models.policy_store import PolicyStore
-from producers.upstreams.base import GenerateRequest, GenerateResult, Sampling
+from producers.upstreams.base import GenerateRequest, Sampling
 from producers.upstreams.vllm import VLLMUpstream, label_version, spans_from_text
 from tokentrail.commands.weight_sync import GatedUpstream, gate_upstream
 
@@ -59,17 +59,7 @@ class Call:
 async def call_once(upstream: GatedUpstream, index: int, whole: bool) -> Call:
     request = GenerateRequest(prompt_ids=PROMPT, sampling=Sampling(temperature=1.0, max_tokens=24),
                               request_id=uuid.uuid4().hex, rollout_id=f"kill-{index}-{uuid.uuid4().hex[:6]}")
-    stream = upstream.generate_stream(request)
-    if whole:
-        stream.prefer_whole()
-    result: GenerateResult | None = None
-    try:
-        async for item in stream:
-            if isinstance(item, GenerateResult):
-                result = item
-    finally:
-        await stream.aclose()
-    assert result is not None
+    result = await final_result(upstream, request, whole)
     spans = spans_from_text(str(result.extra["weight_versions"]))
     return Call(time.monotonic(), result.upstream, result.policy_version,
                 [label_version(s.version) for s in spans], int(result.extra["gate_version"]))  # type: ignore[arg-type]
