@@ -226,15 +226,19 @@ def _drain(tracker: ProgressTracker, budget_s: float) -> None:
 def version_bands(by_version: dict[int, VersionStats], bands: int = 5) -> list[tuple[int, int, float, int]]:
     """(first version, last version, mean reward, rollouts) for about ``bands`` equal slices of versions.
 
-    Each policy version serves only a few rollouts in a short run, so single versions are noisy.
+    Each policy version serves only a few rollouts in a short run, so single versions are noisy. A last
+    slice of fewer than half the others' versions joins the one before it: the first and last bands are
+    what ``reward_improved`` compares, and one or two versions alone would decide it on a handful of rollouts.
     """
     versions = [v for v, s in by_version.items() if s.rewards]
     if not versions:
         return []
     size = max(1, -(-len(versions) // bands))
+    chunks = [versions[i:i + size] for i in range(0, len(versions), size)]
+    if len(chunks) > 1 and 2 * len(chunks[-1]) < size:
+        chunks[-2:] = [chunks[-2] + chunks[-1]]
     out = []
-    for i in range(0, len(versions), size):
-        chunk = versions[i:i + size]
+    for chunk in chunks:
         rewards = [r for v in chunk for r in by_version[v].rewards]
         out.append((chunk[0], chunk[-1], sum(rewards) / len(rewards), len(rewards)))
     return out

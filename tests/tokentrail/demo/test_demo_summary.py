@@ -20,6 +20,15 @@ def test_bands_average_equal_slices_of_versions() -> None:
     assert bands == [(1, 2, 0.25, 2), (3, 4, 1.0, 2)]
 
 
+def test_a_last_slice_of_one_version_joins_the_band_before_it() -> None:
+    # 21 versions in 5 bands of 5: the 21st alone would be the last band that reward_improved compares.
+    bands = version_bands(_versions([0.5] * 20 + [0.0]), bands=5)
+    assert [(first, last) for first, last, _, _ in bands] == [(1, 5), (6, 10), (11, 15), (16, 21)]
+    assert bands[-1][2:] == (2.5 / 6, 6)
+    # A last slice of at least half a band stays a band of its own.
+    assert len(version_bands(_versions([0.5] * 23), bands=5)) == 5
+
+
 @pytest.mark.parametrize(("rewards", "improved"), [([0.1, 0.2, 0.8, 0.9], True), ([0.8, 0.9, 0.1, 0.0], False)])
 def test_summary_says_whether_reward_rose(rewards: list[float], improved: bool, capsys: pytest.CaptureFixture[str],
                                           tmp_path: Path) -> None:
