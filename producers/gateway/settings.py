@@ -29,10 +29,11 @@ class GatewaySettings(BaseModel):
     # "record": calls with no rollout are recorded as unattributed; "refuse": 400.
     unattributed: str = "record"
     # Organic sessions (sessions.py): a call that names no rollout but carries a session key (a harness
-    # session header, OpenAI `user`, Anthropic `metadata.user_id`) joins a real attempt of rollout
-    # "session-<hash of the key>", which ends on POST /v1/sessions/{key}/end or after session_idle_s with
-    # no call, so it completes like any rollout. Off by default: it changes what such calls are recorded
-    # under (rollout "unattributed" today) and puts starts and finishes on the environment topic.
+    # session header, OpenAI `user`, Anthropic `metadata.user_id`) joins the key's current session window:
+    # a rollout of its own, "session-<key hash>-<window hash>", which ends on POST /v1/sessions/{key}/end or
+    # after session_idle_s with no call, so it completes like any rollout. Off by default: it changes what
+    # such calls are recorded under (rollout "unattributed" today) and puts starts and finishes on the
+    # environment topic.
     organic_sessions: bool = False
     # Keep it below attempt_idle_timeout_s, which would otherwise drop the attempt unfinished first.
     session_idle_s: float = Field(default=900.0, gt=0)
