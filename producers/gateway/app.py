@@ -48,7 +48,7 @@ from producers.gateway.models_responses import ResponsesRequest
 from producers.gateway.ports import TextEvent, TextSide
 from producers.gateway.recovery import KafkaRecoverySource, RecoveryReport, recover
 from producers.gateway.service import CallService, ErrorBody, PreparedCall, ResponseBuilder
-from producers.gateway.sessions import OrganicSessions, session_key
+from producers.gateway.sessions import DEFAULT_KEY_SOURCES, OrganicSessions, session_key
 from producers.gateway.settings import GatewayStackSettings
 from producers.gateway.sse import SSE_HEADERS
 from producers.upstreams.base import Upstream
@@ -91,6 +91,7 @@ class GatewayOptions:
     # Organic sessions (sessions.py): calls that name no rollout but carry a session key become attempts.
     organic_sessions: bool = False
     session_idle_s: float = 900.0
+    session_key_sources: tuple[str, ...] = DEFAULT_KEY_SOURCES
 
     @classmethod
     def from_settings(cls, settings: GatewayStackSettings) -> GatewayOptions:
@@ -100,7 +101,8 @@ class GatewayOptions:
                    max_tokens_limit=g.max_tokens_limit, admin_key=g.admin_key, require_auth=g.require_auth,
                    registry_max_bytes=g.registry_max_bytes, attempt_idle_timeout_s=g.attempt_idle_timeout_s,
                    key_secret=g.key_secret, key_secret_dir=g.spool_dir,
-                   organic_sessions=g.organic_sessions, session_idle_s=g.session_idle_s)
+                   organic_sessions=g.organic_sessions, session_idle_s=g.session_idle_s,
+                   session_key_sources=tuple(g.session_key_sources))
 
     def make_registry(self) -> AttemptRegistry:
         secret = resolve_secret(self.key_secret, self.admin_key, self.key_secret_dir)
@@ -346,16 +348,21 @@ class Gateway:
 
     async def _organic(self, request: Request, raw: dict[str, Any], protocol: Protocol) -> CallIdentity | None:
         """The organic session's attempt (started if it has none), None when off or there is no key."""
-        found = session_key(request.headers, raw, protocol) if self.sessions is not None else None
+        found = self._session_key(request, raw, protocol)
         if found is None or self.sessions is None:
             return None
         state = await self.sessions.attempt_for(*found)
         return CallIdentity(state, "session", session_id_of(request.headers))
 
+    def _session_key(self, request: Request, raw: dict[str, Any], protocol: Protocol) -> tuple[str, str] | None:
+        if self.sessions is None:
+            return None
+        return session_key(request.headers, raw, protocol, self.options.session_key_sources, self.options.admin_key)
+
     def _unnamed(self, request: Request, raw: dict[str, Any], protocol: Protocol) -> CallIdentity:
         """A call that names no attempt and starts none: its session's live organic attempt if there is one
         (count_tokens renders with its history), else the unattributed pseudo-attempt (or a refusal)."""
-        found = session_key(request.headers, raw, protocol) if self.sessions is not None else None
+        found = self._session_key(request, raw, protocol)
         state = self.sessions.current(found[0]) if found is not None and self.sessions is not None else None
         if state is not None:
             return CallIdentity(state, "session", session_id_of(request.headers))

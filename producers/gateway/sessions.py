@@ -2,8 +2,11 @@
 
 Production traffic never calls ``POST /v1/rollouts``. With ``gateway.organic_sessions`` a call that names
 no attempt (no path prefix, no ``X-Rollout-Id``, no minted key) but carries a session key joins that
-session's attempt. The key is, first match: a harness session header (``identity.SESSION_HEADERS``), the
-OpenAI body's ``user``, the Anthropic body's ``metadata.user_id``.
+session's attempt. The key is the first match of ``gateway.session_key_sources``, in its order (default:
+a harness session header (``identity.SESSION_HEADERS``), the OpenAI body's ``user``, the Anthropic body's
+``metadata.user_id``). ``api_key`` makes the API key the caller presented its tenant's key, for deployments
+whose auth proxy gives each tenant a key: the key stands for itself only as a hash (``api-key:`` + 24 hex of
+its sha256), so no secret reaches a record; the operator's admin key is nobody's tenant and never counts.
 
 Each session window is a rollout of its own: a key's sessions follow each other (a user comes back
 tomorrow), and the processors count and train on one attempt per rollout, so later windows must not be
@@ -29,7 +32,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -49,21 +52,41 @@ MAX_KEY_CHARS = 200
 SWEEP_INTERVAL_S = 1.0
 
 
-def session_key(headers: Mapping[str, str], body: Mapping[str, Any], protocol: str) -> tuple[str, str] | None:
-    """The call's session key and where it came from, first match; None when it carries none."""
-    for name in SESSION_HEADERS:
-        value = headers.get(name)
-        if value:
-            return value[:MAX_KEY_CHARS], f"header:{name}"
-    if protocol == "openai":
+KEY_SOURCES = ("headers", "openai.user", "anthropic.metadata.user_id", "api_key")
+DEFAULT_KEY_SOURCES = ("headers", "openai.user", "anthropic.metadata.user_id")
+
+
+def session_key(headers: Mapping[str, str], body: Mapping[str, Any], protocol: str,
+                sources: Sequence[str] = DEFAULT_KEY_SOURCES, admin_key: str = "") -> tuple[str, str] | None:
+    """The call's session key and where it came from, first match of ``sources`` in their order; None when
+    it carries none."""
+    for source in sources:
+        found = _from_source(source, headers, body, protocol, admin_key)
+        if found is not None:
+            return found
+    return None
+
+
+def _from_source(source: str, headers: Mapping[str, str], body: Mapping[str, Any], protocol: str,
+                 admin_key: str) -> tuple[str, str] | None:
+    if source == "headers":
+        for name in SESSION_HEADERS:
+            value = headers.get(name)
+            if value:
+                return value[:MAX_KEY_CHARS], f"header:{name}"
+    elif source == "openai.user" and protocol == "openai":
         user = body.get("user")
         if isinstance(user, str) and user:
-            return user[:MAX_KEY_CHARS], "openai.user"
-    elif protocol == "anthropic":
+            return user[:MAX_KEY_CHARS], source
+    elif source == "anthropic.metadata.user_id" and protocol == "anthropic":
         metadata = body.get("metadata")
         user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
         if isinstance(user_id, str) and user_id:
-            return user_id[:MAX_KEY_CHARS], "anthropic.metadata.user_id"
+            return user_id[:MAX_KEY_CHARS], source
+    elif source == "api_key":
+        key = presented_key(headers)
+        if key and not is_admin(key, admin_key):
+            return "api-key:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:24], source
     return None
 
 

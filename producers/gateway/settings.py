@@ -37,6 +37,11 @@ class GatewaySettings(BaseModel):
     organic_sessions: bool = False
     # Keep it below attempt_idle_timeout_s, which would otherwise drop the attempt unfinished first.
     session_idle_s: float = Field(default=900.0, gt=0)
+    # Where an organic session's key comes from, first match in this order (sessions.py); "api_key": the
+    # API key the caller presented stands for its tenant (hashed; never the admin key), for deployments
+    # whose auth proxy gives each tenant its key. E.g. TOKENTRAIL_GATEWAY__SESSION_KEY_SOURCES='["api_key"]'.
+    session_key_sources: list[Literal["headers", "openai.user", "anthropic.metadata.user_id", "api_key"]] = Field(
+        default=["headers", "openai.user", "anthropic.metadata.user_id"], min_length=1)
     # "splice": reuse exact sampled ids of earlier outputs; "retokenize": render history from text;
     # "upstream": pass-through, the upstream (vLLM, or the embedded engine) renders chats itself and the
     # gateway records the prompt ids it reports.

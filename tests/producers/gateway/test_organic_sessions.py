@@ -5,6 +5,7 @@ the assembler builds a COMPLETE rollout from the records on Kafka, one per windo
 
 from __future__ import annotations
 
+import typing
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,12 @@ import anthropic
 import httpx
 import openai
 import orjson
+import pydantic
+import pytest
 
 from processors.assembler import RolloutAssembly
-from producers.gateway.sessions import key_part, rollout_id_for, session_key
+from producers.gateway.sessions import DEFAULT_KEY_SOURCES, KEY_SOURCES, key_part, rollout_id_for, session_key
+from producers.gateway.settings import GatewaySettings
 from producers.gateway.testing import embedded_gateway_app, running_gateway
 from producers.gateway.text_side import ModelTextSide
 from tokentrail.reliability.kafka_read import first_records
@@ -75,6 +79,40 @@ def test_the_session_key_comes_from_headers_then_the_body() -> None:
     assert rollout_id_for("h-1", 10) != rollout_id_for("h-2", 10)
     assert rollout_id_for("h-1", 10).startswith(key_part("h-1") + "-") and key_part("h-1").startswith("session-")
     assert key_part("h-1") != key_part("h-2")
+
+
+def test_the_key_sources_are_configurable_and_an_api_key_stands_for_its_tenant_only_as_a_hash() -> None:
+    headers = {"x-session-id": "h-1", "authorization": "Bearer tenant-secret-a"}
+    assert session_key(headers, {"user": "u-1"}, "openai", ("openai.user", "headers")) == ("u-1", "openai.user")
+    tenant, source = session_key(headers, {"user": "u-1"}, "openai", ("api_key",)) or ("", "")
+    assert source == "api_key" and tenant.startswith("api-key:") and "tenant-secret-a" not in tenant
+    assert session_key({"x-api-key": "tenant-secret-a"}, {}, "anthropic", ("api_key",)) == (tenant, "api_key")
+    assert session_key({"authorization": "Bearer tenant-b"}, {}, "openai", ("api_key",))[0] != tenant  # type: ignore[index]
+    # The operator's admin key is nobody's tenant; no key at all is no session.
+    assert session_key({"authorization": "Bearer admin"}, {}, "openai", ("api_key",), admin_key="admin") is None
+    assert session_key({}, {}, "openai", ("api_key",)) is None
+    # The settings accept exactly the sources the gateway knows.
+    field = GatewaySettings.model_fields["session_key_sources"]
+    assert set(typing.get_args(typing.get_args(field.annotation)[0])) == set(KEY_SOURCES)
+    assert tuple(GatewaySettings().session_key_sources) == DEFAULT_KEY_SOURCES
+    with pytest.raises(pydantic.ValidationError):
+        GatewaySettings(session_key_sources=["cookie"])
+
+
+def test_with_the_api_key_as_the_source_each_tenant_is_a_session_of_its_own(
+    start_gateway, topics: dict[str, str], tokentrail_settings: Settings
+) -> None:
+    with start_gateway(organic_sessions=True, session_key_sources=("api_key",)) as gw:
+        for key, turns in (("tenant-a-key", 2), ("tenant-b-key", 1)):
+            _chat(openai.OpenAI(base_url=gw.openai_base_url, api_key=key, max_retries=0), turns, user="ignored")
+        tenants = [session_key({"authorization": f"Bearer {key}"}, {}, "openai", ("api_key",))[0]  # type: ignore[index]
+                   for key in ("tenant-a-key", "tenant-b-key")]
+        ended = [httpx.post(f"{gw.url}/v1/sessions/{quote(t, safe='')}/end", timeout=60) for t in tenants]
+    assert [r.status_code for r in ended] == [200, 200]
+    assert [r.json()["call_count"] for r in ended] == [2, 1]  # the body's `user` is not a source here
+    env_records, started = _complete(tokentrail_settings, topics, ended[0].json()["rollout_id"], 2)
+    assert orjson.loads(started["metadata_json"])["session_source"] == "api_key"
+    assert not any(b"tenant-a-key" in orjson.dumps(r) for _, r in env_records)  # only its hash is recorded
 
 
 def test_harness_sessions_with_no_rollout_become_complete_rollouts(
