@@ -15,6 +15,13 @@ Feed it every record in the order it was read; it returns the ReleaseDecision re
   the two mixed, since they measure different things on different scales. A reward measured against a
   baseline (``"source": "baseline"``, baselines without siblings) restates a feedback reward already
   counted, with the same ``raw_reward``; it is never counted again.
+- Pinned (evaluation) traffic: a call whose record says the release routed it on the ``pinned`` arm (the
+  record's ``release``: release id, decision sequence, arm, pin label) is left out of the comparison, and so
+  is the reward of its rollout; both are counted per model and pin label (``pinned``). A call's arm is also
+  checked against the decision log: when the traffic after the decision it was routed by has another release
+  id, or gives its arm another version than the one that produced its tokens (an upstream that could not
+  serve the version it was routed to), it is counted in ``arm_disagreements``; it is observed by the version
+  that produced its tokens, as every call is.
 - Decisions: the topic is the truth. A decision (the controller's own or an operator's) changes the
   state only when it is read back, through the same fold every reader uses (``DecisionLog``); until its
   own decision on a model is read back the controller makes no other decision on it. A ramp or pin read
@@ -31,12 +38,14 @@ from typing import Any
 from processors.release.arms import ArmStats, CallObservation, RewardObservation
 from processors.release.controller import CONTROLLER, ReleaseState, decide, fold_call, fold_reward
 from processors.release.events import DecisionLog, decision_record
+from schemas.release_traffic import Traffic, traffic_after
 
 Record = dict[str, Any]
 
 DEFAULT_MAX_ROLLOUTS = 200_000  # rollouts whose version is remembered (oldest forgotten first)
 DEFAULT_MAX_WAITING = 20_000  # rewards waiting for their rollout's calls (oldest given up first)
 MIXED = -1  # the version of a rollout whose calls were served by different versions
+PINNED = "pinned"  # the release arm of evaluation traffic (CallRecord.release.arm)
 
 
 REWARD_SOURCES = ("verifier", "feedback")
@@ -67,13 +76,17 @@ class ReleaseFeed:
         self.source = source
         self.log = DecisionLog.fold([])
         self.states: dict[str, ReleaseState] = {}  # the log's states plus the totals counted since
-        self.rollouts: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        # rollout id -> (model, version, pin label or None: not pinned)
+        self.rollouts: OrderedDict[str, tuple[str, int, str | None]] = OrderedDict()
         self.max_rollouts = max_rollouts
         self.waiting: OrderedDict[str, list[Record]] = OrderedDict()  # rollout id -> rewards read before its calls
         self.max_waiting = max_waiting
         self.pending: dict[str, str] = {}  # model -> event id of our decision not read back yet
         self.skipped: Counter[str] = Counter()  # inputs that are not observations, by reason
         self.counts: Counter[str] = Counter()  # calls, rewards and decisions folded
+        self.pinned: Counter[tuple[str, str, str]] = Counter()  # (model, pin label, "calls" | "rewards")
+        self.arm_disagreements: Counter[tuple[str, str]] = Counter()  # (model, arm on the record)
+        self.traffic_at: dict[tuple[str, int], Traffic] = {}  # (model, decision sequence) -> traffic after it
 
     # ---- inputs -----------------------------------------------------------------------------------
 
@@ -85,6 +98,7 @@ class ReleaseFeed:
             self.skipped["stale or malformed decision"] += 1
             return
         self.counts["decisions"] += 1
+        self.traffic_at[(record["model"], int(record["sequence"]))] = traffic_after(record)
         folded, old = self.log.states[record["model"]], self.states.get(record["model"])
         if record["action"] in ("ramp", "pin") and old is not None and old.release_id == folded.release_id:
             # Keep what was counted since; an operator's ramp starts its stage at today's count.
@@ -101,14 +115,20 @@ class ReleaseFeed:
             return []
         versions, timings = record["versions"], record["timings"]
         model, version = versions["model"], int(versions["policy_version"])
-        self._remember(record["rollout_id"], model, version)
+        release = record.get("release")  # absent before CallRecord v3, null when no release routed the call
+        pin = (release.get("pin_label") or "") if release and release.get("arm") == PINNED else None
+        self._remember(record["rollout_id"], model, version, pin)
         self.counts["calls"] += 1
+        if pin is not None:
+            self.pinned[(model, pin, "calls")] += 1
         out: list[Record] = []
         state = self.states.get(model)
+        self._check_arm(model, release, version)
         if state is not None:
             latency_ms = max(float(timings["total_ms"]), 0.0)
+            observation = CallObservation(version, record["status"] == "OK", latency_ms, pinned=pin is not None)
             try:
-                self.states[model] = fold_call(state, CallObservation(version, record["status"] == "OK", latency_ms))
+                self.states[model] = fold_call(state, observation)
             except ValueError:
                 self.skipped["call whose latency is not a finite number"] += 1
             else:
@@ -136,7 +156,11 @@ class ReleaseFeed:
                 _, given_up = self.waiting.popitem(last=False)
                 self.skipped["reward of a rollout with no call seen"] += len(given_up)
             return []
-        model, version = known
+        model, version, pin = known
+        if pin is not None:  # evaluation traffic: reported per pin, never compared
+            self.pinned[(model, pin, "rewards")] += 1
+            self.counts["rewards"] += 1
+            return []
         if version == MIXED:
             self.skipped["reward of a rollout served by several versions"] += 1
             return []
@@ -154,14 +178,30 @@ class ReleaseFeed:
 
     # ---- deciding ---------------------------------------------------------------------------------
 
-    def _remember(self, rollout_id: str, model: str, version: int) -> None:
+    def _remember(self, rollout_id: str, model: str, version: int, pin: str | None) -> None:
         known = self.rollouts.get(rollout_id)
         if known is not None and known[1] != version:
             version = MIXED  # its reward cannot be attributed to one version
-        self.rollouts[rollout_id] = (model, version)
+        if known is not None and known[2] is not None:
+            pin = known[2]  # one pinned call makes the rollout evaluation traffic
+        self.rollouts[rollout_id] = (model, version, pin)
         self.rollouts.move_to_end(rollout_id)
         while len(self.rollouts) > self.max_rollouts:
             self.rollouts.popitem(last=False)
+
+    def _check_arm(self, model: str, release: Record | None, version: int) -> None:
+        """Does the record's release arm agree with the decision log? The traffic after the decision the call
+        was routed by must have the record's release id, and the arm's version must be the call's version."""
+        if not release:
+            return
+        traffic = self.traffic_at.get((model, int(release["decision_sequence"])))
+        if traffic is None:
+            return  # a decision this controller has not read yet (or no longer remembers)
+        arm = str(release.get("arm"))
+        expected = {"serving": traffic.serving_version, "candidate": traffic.candidate_version,
+                    PINNED: traffic.pinned.get(release.get("pin_label") or "")}.get(arm)
+        if traffic.release_id != release.get("release_id") or expected != version:
+            self.arm_disagreements[(model, arm)] += 1
 
     def _decide(self, model: str, at_us: int) -> list[Record]:
         if model in self.pending:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from processors.release.controller import initial_state, manual_decision, start_decision
+from processors.release.controller import initial_state, manual_decision, pin_decision, start_decision
 from processors.release.events import Record, decision_record
 from processors.release.feed import ReleaseFeed
 from processors.release.plan import load_plan
@@ -21,9 +21,11 @@ def _start() -> Record:
     return record
 
 
-def _rollout(i: int, version: int, reward: float, **call: object) -> tuple[Record, Record]:
+def _rollout(i: int, version: int, reward: float, release: Record | None = None,
+             **call: object) -> tuple[Record, Record]:
     rid = f"r{i}"
     c = make_call(rid, "a0", 0, [1, 2, 3], [4, 5], policy_version=version, **call)  # type: ignore[arg-type]
+    c["release"] = release  # CallRecord.release: the release arm the gateway routed the call on
     reward_record = {"rollout_id": rid, "raw_reward": reward, "reward": 0.0, "filtered": False,
                      "filter_reason": None, "created_at_us": 10_000 + i}
     return c, reward_record
@@ -181,3 +183,65 @@ def test_a_reward_measured_against_a_baseline_is_never_counted_again_under_eithe
         state = feed.states[MODEL]
         assert state.candidate.rewards + state.serving.rewards == 30
         assert sum(n for reason, n in feed.skipped.items() if "baseline" in reason) == 30
+
+
+def _release(start: Record, arm: str, sequence: int = 0, pin_label: str | None = None,
+             release_id: str | None = None) -> Record:
+    """A call's CallRecord.release, as the gateway writes it."""
+    return {"release_id": release_id or start["release_id"], "decision_sequence": sequence, "arm": arm,
+            "pin_label": pin_label}
+
+
+def test_pinned_traffic_is_counted_per_pin_and_kept_out_of_the_comparison() -> None:
+    feed = ReleaseFeed()
+    state = initial_state(MODEL, PLAN, serving_version=4)
+    start, state = decision_record(state, start_decision(state, 5, "ops", plan=PLAN), created_at_us=1)
+    pin, state = decision_record(state, pin_decision(state, "eval-suite", 5, "ops"), created_at_us=2)
+    feed.on_decision(start)
+    feed.on_decision(pin)
+    # An evaluation suite pinned to the candidate's version, answering badly: not a word in the comparison.
+    for i in range(100):
+        call, reward = _rollout(i, 5, 0.0, release=_release(start, "pinned", 1, pin_label="eval-suite"))
+        assert feed.on_call(call) == [] and feed.on_reward(reward) == []
+    state = feed.states[MODEL]
+    assert state.candidate == state.serving and state.candidate.calls == 0
+    assert feed.pinned == {(MODEL, "eval-suite", "calls"): 100, (MODEL, "eval-suite", "rewards"): 100}
+    # A later unpinned call of a pinned rollout does not bring it into the comparison.
+    later, reward = _rollout(7, 5, 1.0, release=_release(start, "candidate", 1))
+    feed.on_call(later)
+    assert feed.on_reward(reward) == [] and feed.states[MODEL].candidate.rewards == 0
+    assert feed.states[MODEL].candidate.calls == 1  # the call itself was routed as candidate traffic
+    # The same traffic unpinned is compared, and the bad candidate is rolled back.
+    written = []
+    for i in range(100, 300):
+        version = 5 if i % 2 else 4
+        arm = "candidate" if version == 5 else "serving"
+        call, reward = _rollout(i, version, float(version == 4), release=_release(start, arm, 1))
+        written += feed.on_call(call) + feed.on_reward(reward)
+    assert [r["action"] for r in written] == ["rollback"] and not feed.arm_disagreements
+
+
+def test_the_arm_on_the_record_is_checked_against_the_decision_log() -> None:
+    feed = ReleaseFeed()
+    start = _start()  # serving 4, candidate 5
+    feed.on_decision(start)
+    agree = [(5, _release(start, "candidate")), (4, _release(start, "serving")),
+             (4, _release(start, "candidate", sequence=9))]  # a decision the controller has not read: unchecked
+    for i, (version, release) in enumerate(agree):
+        feed.on_call(_rollout(i, version, 1.0, release=release)[0])
+    assert not feed.arm_disagreements
+    # Routed to the candidate, but the tokens came from serving's weights (an upstream that serves one
+    # version); routed by a release the log does not have at that decision; not routed at all: unchecked.
+    disagree = [(4, _release(start, "candidate")), (5, _release(start, "candidate", release_id="other")),
+                (5, None)]
+    for i, (version, release) in enumerate(disagree, start=10):
+        feed.on_call(_rollout(i, version, 1.0, release=release)[0])
+    assert feed.arm_disagreements == {(MODEL, "candidate"): 2}
+    # After a rollback read back, a call routed by the rollback is serving traffic of serving's version.
+    state = initial_state(MODEL, PLAN, 4)
+    _, state = decision_record(state, start_decision(state, 5, "ops", plan=PLAN), created_at_us=1)
+    rollback, _ = decision_record(state, manual_decision(state, "rollback", "ops"), created_at_us=2)
+    feed.on_decision(rollback)
+    feed.on_call(_rollout(20, 4, 1.0, release=_release(start, "serving", sequence=1))[0])
+    feed.on_call(_rollout(21, 5, 1.0, release=_release(start, "candidate", sequence=0))[0])  # routed before it
+    assert feed.arm_disagreements == {(MODEL, "candidate"): 2}
