@@ -354,7 +354,8 @@ def _rollout_call(call: Record, prompt: Record) -> Record:
             "logprob_kind": call["logprob_kind"], "finish_reason": call.get("finish_reason", ""),
             "tokenizer_fingerprint": versions["tokenizer_fingerprint"],
             "chat_template_fingerprint": versions["chat_template_fingerprint"],
-            "scripted": bool(call.get("scripted", False))}
+            "scripted": bool(call.get("scripted", False)),
+            "version_spans": [dict(span) for span in call.get("version_spans") or []]}
 
 
 def rollout_event_id(rollout_id: str, attempt_id: str, status: str, present_ids: list[str]) -> str:
@@ -428,7 +429,9 @@ def build_rollout(buf: AttemptBuffer, *, counted: bool, missing: list[str] | Non
                         "call_id": e.get("call_id"), "name": e.get("name"), "payload_json": e["payload_json"]}
                        for e in envs],
         "prefix_links": links,
-        "policy_versions": sorted({int(c["versions"]["policy_version"]) for c in calls}),
+        # Every version that sampled a token, those of calls that span a weight update included.
+        "policy_versions": sorted({int(c["versions"]["policy_version"]) for c in calls}
+                                  | {int(span["version"]) for c in calls for span in c.get("version_spans") or []}),
         "call_ids": [c["call_id"] for c in calls],
         "env_event_ids": [e["event_id"] for e in envs],
         "created_at_us": max(times) if times else 0,

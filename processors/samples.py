@@ -13,7 +13,10 @@
 Per-token advantages and weights come from ``credit.token_values``; every sampled token appears in
 the loss exactly once whatever the layout, with the same value, so a rollout's total weight is the
 same split, merged or packed. Each sample lists provenance segments (which call, prompt or output,
-which offsets), the score / reward / credit ids and the policy version span.
+which offsets), the score / reward / credit ids and the policy version span. Where some loss token was
+sampled by another version than ``policy_version_first`` (calls of several versions merged or packed, or a
+call whose tokens span a weight update: its ``version_spans``), ``version_spans`` says which version
+sampled each loss token (over sample positions), so the trainer can judge staleness per token.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from processors.errors import PipelineInputError
 from processors.prefix import common_prefix_len_concat
 from schemas.ids import event_id
 from schemas.tokens import FLOAT_DTYPE, IDS_DTYPE, MASK_DTYPE, pack_int32, unpack_floats, unpack_mask
+from schemas.version_spans import SpanRecord, VersionSpanError, call_versions_of, check_tiling, merge_adjacent, shifted
 
 Record = dict[str, Any]
 
@@ -72,6 +76,7 @@ class Piece:
     policy_versions: list[int]
     refs: dict[str, list[str]] = field(default_factory=dict)
     created_at_us: int = 0
+    version_spans: list[SpanRecord] = field(default_factory=list)  # over the piece's loss tokens, in order
 
 
 def _segment(rollout_id: str, call: Record, source: str, sample_start: int, call_start: int,
@@ -116,6 +121,7 @@ def _piece(rollout: Record, group_id: str, chain: list[int], tokens: list[CallTo
     advantages = np.zeros(n, dtype=FLOAT_DTYPE)
     weights = np.zeros(n, dtype=FLOAT_DTYPE)
     segments: list[Record] = []
+    spans: list[SpanRecord] = []
     rid = rollout["rollout_id"]
     prev_end = 0
     for i in chain:
@@ -131,9 +137,20 @@ def _piece(rollout: Record, group_id: str, chain: list[int], tokens: list[CallTo
             advantages[start:end] = tv.advantages[lo:hi]
             weights[start:end] = tv.weights[lo:hi]
             segments.append(_segment(rid, call, "OUTPUT", start, 0, length))
+            spans += shifted(_output_versions(rid, call, length), start)
         prev_end = start + length
+    versions = [int(calls[i]["policy_version"]) for i in chain] + [s["version"] for s in spans]
     return Piece("MERGED" if len(chain) > 1 else "CALL", rid, group_id, ids, mask, logprobs, advantages,
-                 weights, segments, [int(calls[i]["policy_version"]) for i in chain], refs, created_at_us)
+                 weights, segments, sorted(set(versions)), refs, created_at_us, merge_adjacent(spans))
+
+
+def _output_versions(rollout_id: str, call: Record, n_output: int) -> list[SpanRecord]:
+    """Which version sampled each of a call's output tokens, as spans over its output."""
+    try:
+        check_tiling(call.get("version_spans") or [], n_output)
+    except VersionSpanError as exc:
+        raise PipelineInputError(f"rollout {rollout_id}: call {call['call_id']}: {exc}") from None
+    return call_versions_of(call)
 
 
 def rollout_pieces(rollout: Record, group_id: str, credit: Record, reward: Record, credit_cfg: CreditConfig,
@@ -175,10 +192,11 @@ def _unique(values: list[str]) -> list[str]:
 
 def _sample(bin_: list[Piece], cfg_id: str) -> Record:
     kind = bin_[0].kind if len(bin_) == 1 else "PACKED"
-    starts, segments, pos = [], [], 0
+    starts, segments, spans, pos = [], [], [], 0
     for p in bin_:
         starts.append(pos)
         segments += [dict(s, sample_start=s["sample_start"] + pos) for s in p.segments]
+        spans += shifted(p.version_spans, pos)
         pos += len(p.ids)
 
     def joined(attr: str) -> bytes:
@@ -187,6 +205,9 @@ def _sample(bin_: list[Piece], cfg_id: str) -> Record:
 
     credit_ids = sorted({c for p in bin_ for c in p.refs["credit_ids"]})
     versions = [v for p in bin_ for v in p.policy_versions]
+    first = min(versions)
+    if all(s["version"] == first for s in spans):
+        spans = []  # one version for every loss token: policy_version_first says it
     descriptor = [[s["rollout_id"], s["call_id"], s["source"], s["call_start"], s["length"],
                    s["sample_start"]] for s in segments]
     return {
@@ -195,10 +216,10 @@ def _sample(bin_: list[Piece], cfg_id: str) -> Record:
         "group_ids": _unique([p.group_id for p in bin_]),
         "score_ids": sorted({s for p in bin_ for s in p.refs["score_ids"]}),
         "reward_ids": sorted({r for p in bin_ for r in p.refs["reward_ids"]}), "credit_ids": credit_ids,
-        "policy_version_first": min(versions), "policy_version_last": max(versions),
+        "policy_version_first": first, "policy_version_last": max(versions),
         "input_ids": joined("ids"), "loss_mask": joined("mask"), "rollout_logprobs": joined("logprobs"),
         "advantages": joined("advantages"), "weights": joined("weights"),
-        "sequence_starts": pack_int32(starts), "segments": segments,
+        "sequence_starts": pack_int32(starts), "segments": segments, "version_spans": spans,
         "created_at_us": max(p.created_at_us for p in bin_),
     }
 

@@ -35,9 +35,10 @@ def make_call(rollout_id: str, attempt_id: str, index: int, prompt: Sequence[int
               policy_version: int = 0, status: str = "OK", text: str = "", received_at_us: int | None = None,
               total_ms: float = 5.0, response_json: str | None = None, request_json: str | None = None,
               versions: Record | None = None, spliced_outputs: int = 0, timings: Record | None = None,
-              scripted: bool = False) -> Record:
+              scripted: bool = False, version_spans: Sequence[tuple[int, int, int]] = (),
+              release: Record | None = None) -> Record:
     """A CallRecord; ``base`` = (base call id, base prompt ‖ output) delta-encodes the prompt. ``versions``
-    and ``timings`` replace those sub-records whole."""
+    and ``timings`` replace those sub-records whole. ``version_spans``: (version, start, end) over the output."""
     prompt_arr, output_arr = _ids(prompt), _ids(output)
     if logprobs is None:
         logprobs = -((np.arange(len(output_arr), dtype=np.float32) % 7) + 1) / 8
@@ -66,6 +67,8 @@ def make_call(rollout_id: str, attempt_id: str, index: int, prompt: Sequence[int
         if request_json is None else request_json,
         "response_json": chat_response(text) if response_json is None else response_json,
         "scripted": scripted,
+        "version_spans": [{"version": v, "start": a, "end": b} for v, a, b in version_spans],
+        "release": release,
     }
 
 

@@ -552,6 +552,21 @@ TRAINER_STEP_OFF_POLICY: tuple[str, ...] = (
 )
 
 
+# Migration 0014: (version, start, end) spans, end exclusive, over a call's output tokens (calls, and per
+# call in rollouts) or over a sample's token positions; empty (the Avro default) means one version for all.
+VERSION_SPAN = "Tuple(version Int64, start UInt32, end UInt32)"
+VERSION_SPAN_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("calls", f"version_spans Array({VERSION_SPAN}) DEFAULT [] AFTER upstream"),
+    # CallRecord.release (null: no release plan routed the call): NULL release_id and the rest NULL too.
+    ("calls", "release_id Nullable(String) DEFAULT NULL"),
+    ("calls", "release_decision_sequence Nullable(Int64) DEFAULT NULL AFTER release_id"),
+    ("calls", "release_arm LowCardinality(Nullable(String)) DEFAULT NULL AFTER release_decision_sequence"),
+    ("calls", "release_pin_label Nullable(String) DEFAULT NULL AFTER release_arm"),
+    ("rollouts", f"c_version_spans Array(Array({VERSION_SPAN})) DEFAULT [] AFTER c_scripted"),
+    ("samples", f"version_spans Array({VERSION_SPAN}) DEFAULT [] AFTER seg_length"),
+)
+
+
 @dataclass(frozen=True)
 class Migration:
     id: str
@@ -639,6 +654,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         "0013_trainer_steps_off_policy",
         "trainer_steps: engine/trainer logprob mismatch, importance sampling and staleness (TrainerStep v2, issue 19)",
         lambda db: [f"ALTER TABLE {db}.trainer_steps ADD COLUMN IF NOT EXISTS {c}" for c in TRAINER_STEP_OFF_POLICY],
+    ),
+    Migration(
+        "0014_version_spans_and_release",
+        "per-token policy version spans on calls, rollouts' calls and samples; the release arm of a call "
+        "(CallRecord v3, CompletedRollout v4, Sample v2; issues 19 and 22)",
+        lambda db: [f"ALTER TABLE {db}.{table} ADD COLUMN IF NOT EXISTS {c}" for table, c in VERSION_SPAN_COLUMNS],
     ),
 )
 

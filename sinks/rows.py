@@ -143,7 +143,38 @@ def call_row(rec: Record) -> Row:
         "request_length": len(rec["request_json"]),
         "request_sha256": text_digest(rec["request_json"]),
         "scripted": rec.get("scripted", False),
+        "version_spans": span_tuples(rec.get("version_spans") or []),
+        **release_columns(rec.get("release")),
     }
+
+
+RELEASE_FIELDS = ("release_id", "decision_sequence", "arm", "pin_label")
+
+
+def release_columns(release: Record | None) -> Row:
+    """CallRecord.release as the calls table's columns (all NULL when no release plan routed the call)."""
+    return {"release_id" if f == "release_id" else f"release_{f}": None if release is None else release[f]
+            for f in RELEASE_FIELDS}
+
+
+def release_from_columns(row: Row) -> Record | None:
+    if row.get("release_id") is None:  # also rows stored before migration 0014: the schema's default
+        return None
+    return {f: row["release_id" if f == "release_id" else f"release_{f}"] for f in RELEASE_FIELDS}
+
+
+def span_tuples(spans: list[Record]) -> list[tuple[int, int, int]]:
+    """VersionSpan records as the (version, start, end) tuples of a ClickHouse column."""
+    return [(int(s["version"]), int(s["start"]), int(s["end"])) for s in spans]
+
+
+def span_records(column: Any) -> list[Record]:
+    """A version-span column back as VersionSpan records (tuples, or dicts for named tuples)."""
+    out = []
+    for span in column or ():
+        version, start, end = (span["version"], span["start"], span["end"]) if isinstance(span, dict) else span
+        out.append({"version": int(version), "start": int(start), "end": int(end)})
+    return out
 
 
 ROLLOUT_CALL_FIELDS = (
@@ -177,6 +208,7 @@ def rollout_row(rec: Record) -> Row:
     row["c_output_tokens"] = [len(c["output_ids"]) // 4 for c in calls]
     row["c_output_sha256"] = [_sha(c["output_ids"]) for c in calls]
     row["c_logprobs_sha256"] = [_sha(c["output_logprobs"]) for c in calls]
+    row["c_version_spans"] = [span_tuples(c.get("version_spans") or []) for c in calls]
     for f in ROLLOUT_ENV_FIELDS:
         row[f"e_{f}"] = [e[f] for e in envs]
     for f in PREFIX_LINK_FIELDS:
@@ -201,6 +233,7 @@ def sample_row(rec: Record) -> Row:
         if seg["call_start"] < 0:
             raise RowError(f"sample {rec['event_id']}: segment {seg} has a negative call offset")
     row = {k: v for k, v in rec.items() if k != "segments"}
+    row["version_spans"] = span_tuples(rec.get("version_spans") or [])
     for f in SEGMENT_FIELDS:
         row[f"seg_{f}"] = [s[f] for s in rec["segments"]]
     # Derived for SQL (ClickHouse cannot cheaply sum packed float32): each segment's loss weight, and
@@ -328,6 +361,7 @@ def call_from_row(row: Row) -> Record:
     )
     rec["timings"] = {k: row[k] for k in ("received_at_us", "queue_ms", "first_token_ms", "total_ms")}
     rec.update(request_json=row["request_json"], response_json=row["response_json"], scripted=row["scripted"])
+    rec.update(version_spans=span_records(row.get("version_spans")), release=release_from_columns(row))
     return rec
 
 
@@ -366,6 +400,8 @@ def rollout_from_row(row: Row, call_tokens: Callable[[str], CallTokens | None]) 
         call = {f: row[f"c_{f}"][i] for f in ROLLOUT_CALL_FIELDS if f != "scripted"}
         scripted = row["c_scripted"]  # empty in rows stored before migration 0009: the schema's default
         call["scripted"] = bool(scripted[i]) if scripted else False
+        spans = row.get("c_version_spans") or []  # empty in rows stored before migration 0014
+        call["version_spans"] = span_records(spans[i]) if spans else []
         call.update(prompt=prompt, output_ids=tokens.output_ids, output_logprobs=tokens.output_logprobs)
         calls.append(
             {
@@ -383,6 +419,7 @@ def rollout_from_row(row: Row, call_tokens: Callable[[str], CallTokens | None]) 
                     "tokenizer_fingerprint",
                     "chat_template_fingerprint",
                     "scripted",
+                    "version_spans",
                 )
             }
         )
@@ -419,7 +456,8 @@ def sample_from_row(row: Row) -> Record:
     if row.get("input_ref_call_ids") or row.get("logprobs_sha256"):
         # Never an empty column in place of tokens: rebuilding needs the calls (sinks/store.py does it).
         raise RowError(f"sample {row['event_id']}: token columns stored by reference to calls, not rebuilt")
-    rec = {k: _plain(row[k]) for k in _schema_fields("Sample") if k != "segments"}
+    rec = {k: _plain(row[k]) for k in _schema_fields("Sample") if k not in ("segments", "version_spans")}
+    rec["version_spans"] = span_records(row.get("version_spans"))
     rec["segments"] = [{f: row[f"seg_{f}"][i] for f in SEGMENT_FIELDS} for i in range(len(row["seg_call_id"]))]
     return _reorder("Sample", rec)
 

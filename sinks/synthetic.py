@@ -381,6 +381,7 @@ def _rollout(
             "tokenizer_fingerprint": c["versions"]["tokenizer_fingerprint"],
             "chat_template_fingerprint": c["versions"]["chat_template_fingerprint"],
             "scripted": c["scripted"],
+            "version_spans": c["version_spans"],
         }
         for c in calls
     ]
@@ -459,6 +460,7 @@ def _call_sample(info: dict, i: int, config: dict) -> Record:
                 "length": n_o,
             },
         ],
+        "version_spans": [],  # every loss token from policy_version_first
         "created_at_us": 0,
     }
 
@@ -497,5 +499,6 @@ def pack_samples(parts: list[Record], config: dict) -> Record:
         "weights": cat("weights"),
         "sequence_starts": pack_int32(starts),
         "segments": segments,
+        "version_spans": [],  # every loss token from policy_version_first
         "created_at_us": 0,
     }

@@ -628,6 +628,20 @@ ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS stale_dropped_ids 
 
 ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS stale_masked_tokens Int64 DEFAULT 0 AFTER stale_dropped_ids;
 
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS version_spans Array(Tuple(version Int64, start UInt32, end UInt32)) DEFAULT [] AFTER upstream;
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS release_id Nullable(String) DEFAULT NULL;
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS release_decision_sequence Nullable(Int64) DEFAULT NULL AFTER release_id;
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS release_arm LowCardinality(Nullable(String)) DEFAULT NULL AFTER release_decision_sequence;
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS release_pin_label Nullable(String) DEFAULT NULL AFTER release_arm;
+
+ALTER TABLE tokentrail.rollouts ADD COLUMN IF NOT EXISTS c_version_spans Array(Array(Tuple(version Int64, start UInt32, end UInt32))) DEFAULT [] AFTER c_scripted;
+
+ALTER TABLE tokentrail.samples ADD COLUMN IF NOT EXISTS version_spans Array(Tuple(version Int64, start UInt32, end UInt32)) DEFAULT [] AFTER seg_length;
+
 CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
         FROM tokentrail.attempt_starts FINAL
         UNION ALL

@@ -5,8 +5,10 @@ Pure functions: inputs in, plain dicts out, matching schemas/*.avsc.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_plus
@@ -16,9 +18,11 @@ import orjson
 from schemas.ids import event_id
 from schemas.prompt_delta import PromptTokens, full_prompt
 from schemas.tokens import NO_IDS, IdArray, pack_floats, pack_ids
+from schemas.version_spans import PolicySpan, call_spans
 
 if TYPE_CHECKING:
     from producers.delivery.quarantine import QuarantinedRecord
+    from producers.upstreams.base import ReleaseAssignment
 
 REDACTED = "[redacted]"
 
@@ -57,6 +61,16 @@ def _words(name: str) -> list[str]:
 
 def is_secret_field(name: str) -> bool:
     """Whether a body field or payload key of this name holds a credential (see the rule above)."""
+    # Every request repeats the same few names (role, content, ...): remember short ones, so redacting a
+    # long conversation costs a lookup per field instead of a regex and a scan of the fragments.
+    return _secret_field_known(name) if len(name) <= _MEMO_NAME_CHARS else _secret_field(name)
+
+
+_MEMO_NAME_CHARS = 64  # with at most _MEMO_NAMES names, the memo holds well under a megabyte
+_MEMO_NAMES = 4096
+
+
+def _secret_field(name: str) -> bool:
     words = _words(name)
     if not words:
         return False
@@ -70,6 +84,9 @@ def is_secret_field(name: str) -> bool:
     return kind not in _TOKEN_KINDS
 
 
+_secret_field_known = functools.lru_cache(maxsize=_MEMO_NAMES)(_secret_field)
+
+
 def is_secret_header(name: str) -> bool:
     """Whether a header (or query parameter) of this name holds a credential."""
     lowered = name.lower()
@@ -81,10 +98,11 @@ def redact(value: Any, _depth: int = 0) -> Any:
     if _depth > _MAX_DEPTH:
         return value
     if isinstance(value, dict):
-        return {k: (REDACTED if v not in (None, "") and is_secret_field(str(k)) else redact(v, _depth + 1))
+        return {k: (REDACTED if v not in (None, "") and is_secret_field(str(k))
+                    else redact(v, _depth + 1) if isinstance(v, dict | list) else v)
                 for k, v in value.items()}
     if isinstance(value, list):
-        return [redact(v, _depth + 1) for v in value]
+        return [redact(v, _depth + 1) if isinstance(v, dict | list) else v for v in value]
     return value
 
 
@@ -157,7 +175,12 @@ def call_record(*, call_id: str, rollout_id: str, attempt_id: str, call_index: i
                 output_ids: list[int] | IdArray, output_logprobs: list[float], logprob_kind: str, finish_reason: str,
                 versions: Versions, sampling: dict[str, Any], prefix_mode: str, spliced_outputs: int,
                 prefix_breaks: list[str], received_at_us: int, queue_ms: float, first_token_ms: float,
-                total_ms: float, request: str, response: str, scripted: bool = False) -> dict[str, Any]:
+                total_ms: float, request: str, response: str, scripted: bool = False,
+                version_spans: Sequence[PolicySpan] = (), release: ReleaseAssignment | None = None,
+                ) -> dict[str, Any]:
+    """``version_spans`` are kept only where they say more than ``versions.policy_version`` (a weight update
+    landed mid-call); ``release`` is the release arm that served the call, if a release plan routed it."""
+    n_output = len(output_ids)
     return {
         "event_id": call_id, "call_id": call_id, "rollout_id": rollout_id, "attempt_id": attempt_id,
         "call_index": call_index, "session_id": session_id, "protocol": protocol, "streamed": streamed,
@@ -169,6 +192,8 @@ def call_record(*, call_id: str, rollout_id: str, attempt_id: str, call_index: i
         "timings": {"received_at_us": received_at_us, "queue_ms": float(queue_ms),
                     "first_token_ms": float(first_token_ms), "total_ms": float(total_ms)},
         "request_json": request, "response_json": response, "scripted": scripted,
+        "version_spans": call_spans(version_spans, int(versions.policy_version), n_output),
+        "release": None if release is None else release.as_record(),
     }
 
 
@@ -209,6 +234,6 @@ def quarantined_call(record: dict[str, Any], where: QuarantinedRecord) -> dict[s
         "error": {"type": "record_quarantined", "message": where.reason,
                   "status_code": original_error["status_code"] if original_error else 200},
         "prompt": full_prompt(NO_IDS), "output_ids": pack_ids(NO_IDS), "output_logprobs": pack_floats([]),
-        "spliced_outputs": 0, "prefix_breaks": [],
+        "spliced_outputs": 0, "prefix_breaks": [], "version_spans": [],  # no tokens: no spans over them
         "request_json": canonical_json(reference), "response_json": canonical_json(reference),
     }

@@ -257,7 +257,8 @@ class CallService:
             details = {k: v for k, v in res.extra.items() if isinstance(v, str | int | float | bool)}
             return {"policy_version": res.policy_version, "engine": res.engine, "upstream": res.upstream,
                     "logprob_kind": res.logprob_kind, "details": details,
-                    "chat_template_fingerprint": res.chat_template_fingerprint}
+                    "chat_template_fingerprint": res.chat_template_fingerprint,
+                    "version_spans": res.version_spans, "release": res.release}
         # Cut short by the gateway (stop string, abort, failure): no final result from the upstream.
         policy, engine = -1, self.upstream.name
         try:  # the record must be written even if these fail
@@ -308,7 +309,8 @@ class CallService:
             first_token_ms=generated.first_token_ms,
             total_ms=(time.perf_counter() - prep.started) * 1000,
             request=prep.request_json, response=orjson.dumps(response).decode(),
-            scripted=prep.forced_ids is not None)
+            scripted=prep.forced_ids is not None, version_spans=meta.get("version_spans", ()),
+            release=meta.get("release"))
 
     async def _record_failure(self, prep: PreparedCall, error: GatewayError, body: dict[str, Any],
                               generated: Generated, finish_reason: str = "error") -> None:

@@ -15,8 +15,23 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from schemas.tokens import TokenIds
+from schemas.version_spans import PolicySpan
 
 LogprobKind = Literal["RAW", "PROCESSED"]
+
+
+@dataclass(frozen=True)
+class ReleaseAssignment:
+    """Where a release plan routed a call (the record's ``release``; docs/release.md)."""
+
+    release_id: str
+    decision_sequence: int  # the ReleaseDecision sequence the routing followed
+    arm: str  # serving | candidate | pinned
+    pin_label: str | None = None  # the pin that chose the version (arm pinned)
+
+    def as_record(self) -> dict[str, Any]:
+        return {"release_id": self.release_id, "decision_sequence": int(self.decision_sequence),
+                "arm": self.arm, "pin_label": self.pin_label}
 
 
 @dataclass(frozen=True)
@@ -91,6 +106,11 @@ class GenerateResult:
     extra: dict[str, object] = field(default_factory=dict)
     # Pass-through: the fingerprint of the chat template the upstream rendered with, where it knows it.
     chat_template_fingerprint: str = ""
+    # Which policy version sampled which output tokens, where the engine says so and a weight update
+    # landed mid-call (``policy_version`` is then the first token's); empty: all from ``policy_version``.
+    version_spans: tuple[PolicySpan, ...] = ()
+    # The release arm that served the call, when a release plan routed it (producers/gateway/release_routed.py).
+    release: ReleaseAssignment | None = None
 
 
 class UpstreamError(Exception):

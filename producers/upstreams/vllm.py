@@ -21,7 +21,9 @@ server needs ``--enable-scale-out``): the same ids in and out, the sampled token
 (``POST /update_weight_version``) sampled which output tokens, as spans ``{version, start, end}``. The
 result's ``policy_version`` is then the version vLLM says sampled the first output token, and the
 spans go into ``extra["weight_versions"]`` (recorded with the call's engine details): exact whatever
-process pushes the weights. The completions answer carries no version at all.
+process pushes the weights. Where they name more than that one version (an update landed mid-call),
+they also go typed into ``version_spans`` (the record's ``version_spans``: per-token staleness). The
+completions answer carries no version at all.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from producers.upstreams.base import (
 )
 from producers.upstreams.http1 import ConnectFailed, Http1Pool, Response, Timeout, TransportError
 from schemas.tokens import TokenIds
+from schemas.version_spans import PolicySpan
 
 if TYPE_CHECKING:
     from producers.gateway.settings import GatewaySettings
@@ -183,6 +186,15 @@ def spans_version(spans: Sequence[VersionSpan], fallback: int) -> int:
     staleness is never understated); ``fallback`` when no token was sampled or the label is foreign."""
     version = label_version(spans[0].version) if spans else None
     return fallback if version is None else version
+
+
+def policy_spans(spans: Sequence[VersionSpan], policy_version: int) -> tuple[PolicySpan, ...]:
+    """The spans as typed policy versions for the call record, only where they say more than
+    ``policy_version`` (a weight update landed mid-call); none when a label is foreign (not a version)."""
+    versions = [label_version(s.version) for s in spans]
+    if all(v == policy_version for v in versions) or any(v is None for v in versions):
+        return ()
+    return tuple(PolicySpan(v, s.start, s.end) for v, s in zip(versions, spans, strict=True) if v is not None)
 
 
 @dataclass
@@ -382,12 +394,14 @@ class VLLMUpstream:
         choice = choices[0]
         output_ids = list(choice.get("token_ids") or [])
         policy_version = self._policy_version
+        version_spans: tuple[PolicySpan, ...] = ()
         extra: dict[str, object] = {"stop_reason": choice.get("stop_reason")}
         if self.token_endpoint == "generate":
             logprobs = _generate_logprobs(choice.get("logprobs"), output_ids, server)
             prompt_ids = parsed.get("prompt_token_ids")
             spans = parse_spans(choice.get("weight_versions"), len(output_ids), server)
             policy_version = spans_version(spans, policy_version)
+            version_spans = policy_spans(spans, policy_version)
             extra.update(vllm_id=parsed.get("request_id"), weight_versions=spans_text(spans))
         else:
             logprobs = _sampled_logprobs(choice.get("logprobs"), output_ids, server)
@@ -408,6 +422,7 @@ class VLLMUpstream:
             first_token_ms=float(metrics.get("time_to_first_token_ms") or 0.0),
             total_ms=total_ms,
             extra=extra,
+            version_spans=version_spans,
         )
 
     def generate_stream(self, request: GenerateRequest) -> WholeOrStreamed:
@@ -444,6 +459,7 @@ class VLLMUpstream:
         result = got.result(server, finish_reason, self.logprob_kind, policy_version, await self.engine(server))
         if versioned:
             result.extra["weight_versions"] = spans_text(spans)
+            result.version_spans = policy_spans(spans, policy_version)
         yield result
 
     async def _stream_tokens(self, stream: _OpenStream, server: str, got: _Streamed,

@@ -92,6 +92,11 @@ def test_calls_store_token_arrays_and_give_back_the_exact_bytes(ch: Client) -> N
     assert counts["odd-new"] == 1 and counts["nan-new"] == 4 and counts[g.call_ids[0]] == 32
 
 
+# Columns migration 0014 added (version spans, release arm): rows written before it have none.
+AFTER_0014 = ("version_spans", "c_version_spans", "release_id", "release_decision_sequence", "release_arm",
+              "release_pin_label")
+
+
 def test_migrating_calls_stored_as_packed_bytes(
     chdb_dsn: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
@@ -105,11 +110,13 @@ def test_migrating_calls_stored_as_packed_bytes(
             m.setattr(ddl, "VIEWS", {k: v for k, v in ddl.VIEWS.items() if k != "v_stale_dropped"})
             assert migrate(client) == ["0001_tables", "0002_rollouts_final_output_text"]
         g = synthetic_group(GroupSpec(rollouts=2, turns=4, bodies="chat", tools=1))
-        # Written before CallRecord.scripted existed: read back with its default.
-        old = [*g.events, *(("CallRecord", dict(c, scripted=False)) for c in odd_calls("old"))]
+        # Written before CallRecord.scripted, version_spans and release existed: read back with their defaults.
+        old = [*g.events, *(("CallRecord", dict(c, scripted=False, version_spans=[], release=None))
+                            for c in odd_calls("old"))]
         for name, record in old:  # as the code before 0005-0008 wrote them: whole bodies, samples, prompts
             table, row = to_row(name, record)
             row = {k: v for k, v in row.items() if k not in ("scripted", "c_scripted")}  # from 0009 on
+            row = {k: v for k, v in row.items() if k not in AFTER_0014}
             insert_rows(client, table, [{k: v for k, v in row.items() if (not k.startswith("request_")
                                          or k == "request_json") and k != "prompt_shared_call_id"}
                                         if table != "samples" else
@@ -118,7 +125,7 @@ def test_migrating_calls_stored_as_packed_bytes(
             "0003_calls_token_arrays", "0004_calls_ephemeral_token_bytes", "0005_calls_request_body_deltas",
             "0006_samples_token_references", "0007_calls_shared_prompts", "0008_calls_request_response_copies",
             "0009_scripted_outputs", "0010_release_decisions", "0011_feedback", "0012_baselines",
-            "0013_trainer_steps_off_policy",
+            "0013_trainer_steps_off_policy", "0014_version_spans_and_release",
         ]
         for statement in MIGRATIONS[3].statements(client.database):  # a repeated, interrupted migration
             client.command(statement)
