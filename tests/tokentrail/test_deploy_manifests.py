@@ -222,3 +222,29 @@ def test_the_check_catches_insecure_kubernetes_manifests(manifests, case: str) -
     change, needle = K8S_BREAKS[case]
     problems = manifests(k8s=change)
     assert any(needle in p for p in problems), problems
+
+
+# ------------------------------------------------------------------ the release guard (issue 22)
+
+
+def test_the_release_controller_runs_once_and_the_gateway_and_trainer_follow_its_decisions() -> None:
+    """One controller (it must not run twice), its command a real one, and the two followers switched on."""
+    from tokentrail.cli import build_parser
+
+    services = _compose()["services"]
+    controllers = [s for s in services.values() if _command_of(s)[:3] == ["tokentrail", "release", "control"]]
+    assert len(controllers) == 1 and controllers[0].get("deploy", {}).get("replicas") == 1
+    assert _compose()["x-tokentrail"]["environment"]["TOKENTRAIL_GATEWAY__FOLLOW_RELEASES"] == "true"
+    trainer = next(s for s in services.values() if _command_of(s)[:2] == ["tokentrail", "train"])
+    assert "--follow-releases" in _command_of(trainer)
+
+    docs = _k8s()
+    deployments = [d for d in docs if any(c["command"][1:3] == ["release", "control"] for c in _containers(d))]
+    assert len(deployments) == 1 and deployments[0]["kind"] == "Deployment"
+    assert deployments[0]["spec"]["replicas"] == 1 and deployments[0]["spec"]["strategy"]["type"] == "Recreate"
+    assert next(d for d in docs if d["kind"] == "ConfigMap")["data"]["TOKENTRAIL_GATEWAY__FOLLOW_RELEASES"] == "true"
+    by_command = {c["command"][1]: c for d in docs for c in _containers(d)}
+    assert "--follow-releases" in by_command["train"]["command"]
+    for command in (controllers[0]["command"], _containers(deployments[0])[0]["command"]):
+        args = build_parser().parse_args(command[1:])  # the CLI accepts it as written
+        assert args.progress_every == 60
