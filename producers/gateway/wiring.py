@@ -15,8 +15,11 @@ from starlette.applications import Starlette
 from producers.gateway.settings import GatewaySettings, GatewayStackSettings
 
 
-def make_upstream(settings: GatewayStackSettings, progress: Any = print) -> Any:
-    """The embedded reference engine (building the model if needed) or a vLLM client."""
+def make_upstream(settings: GatewayStackSettings, progress: Any = print, version_loader: Any = None) -> Any:
+    """The embedded reference engine (building the model if needed) or a vLLM client.
+
+    With ``version_loader`` (the shell gives one when settings ``weight_sync.release_servers`` is on) the vLLM
+    fleet serves several policy versions at once, one per server, loaded by it (docs/release-vllm.md)."""
     spec = settings.gateway.upstream.strip()
     if spec == "embedded":
         from models.reference.build import build_model
@@ -25,6 +28,10 @@ def make_upstream(settings: GatewayStackSettings, progress: Any = print) -> Any:
 
         model_dir = build_model(settings.model.dir, spec=spec_named(settings.model.spec), progress=progress)
         return EmbeddedEngine(model_dir, max_resident_versions=settings.gateway.max_resident_versions)
+    if version_loader is not None:
+        from producers.upstreams.vllm_versions import VersionedVLLMUpstream
+
+        return VersionedVLLMUpstream.from_settings(settings.gateway, version_loader)
     from producers.upstreams.vllm import VLLMUpstream
 
     return VLLMUpstream.from_settings(settings.gateway)

@@ -187,10 +187,16 @@ def gate_upstream(upstream: VLLMUpstream, store: PolicyStore, *, base_dir: Path 
     return GatedUpstream(upstream, gate, sync, interval_s)
 
 
-def gateway_upstream(settings: Settings) -> GatedUpstream:
+def gateway_upstream(settings: Settings) -> Any:
     """``tokentrail gateway``'s vLLM upstream when ``weight_sync.in_gateway`` is on: the settings' vLLM
-    fleet, gated by a weight sync that follows ``trainer.checkpoint_dir``."""
+    fleet, gated by a weight sync that follows ``trainer.checkpoint_dir``; with ``weight_sync.release_servers``
+    the fleet serves each version a release serves on servers of its own, and the sync keeps the others on
+    the newest version (tokentrail/commands/vllm_versions.py)."""
     section = settings.weight_sync
+    if section.release_servers:
+        from tokentrail.commands.vllm_versions import release_servers_upstream
+
+        return release_servers_upstream(settings, follow_trainer=True)
     upstream = VLLMUpstream.from_settings(settings.gateway,
                                           token_endpoint="generate" if section.engine_versions else "completions")
     return gate_upstream(upstream, PolicyStore(settings.trainer.checkpoint_dir), base_dir=settings.model.dir,

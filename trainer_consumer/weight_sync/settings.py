@@ -23,3 +23,8 @@ class WeightSyncSettings(BaseModel):
     pause_mode: Literal["wait", "keep"] = "wait"
     # Per request to vLLM; a reload of a large model from disk takes a while.
     timeout_s: float = 300.0
+    # Several versions on vLLM at once (docs/release-vllm.md): with in_gateway, gateway.follow_releases and a
+    # vLLM upstream, the gateway gives each policy version its release serves servers of its own and loads them
+    # through this sync's admin path; the sync keeps only the servers the release does not hold on the newest.
+    # Needs --enable-scale-out (each call's version is vLLM's report) and VLLM_SERVER_DEV_MODE=1.
+    release_servers: bool = False

@@ -17,13 +17,18 @@ half-loaded), marked FAILED, reported, and left out of ``FleetView.routable``; e
 tries it again. Every tick also reads each server's label (GET /weight_info): a server that stopped
 answering leaves routing, and one that restarted (label ``default``, the base weights) is brought
 to the current version before it is routable again — within one tick of its restart.
+
+Servers a release holds (``held``: a router that serves several versions at once, one per server,
+producers/upstreams/vllm_versions.py) are the release's: the sync never pauses, reloads or relabels
+them, and updates only the others. The release moves its servers with ``load_one``, the same admin
+path under the same lock, so the two never update one server at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -79,7 +84,8 @@ class WeightSync:
     def __init__(self, servers: Sequence[str], store: PolicyStore, *, pause_mode: PauseMode = "wait",
                  timeout_s: float = 120.0, hooks: SyncHooks | None = None,
                  log: Callable[[str], None] | None = None, initial_target: int = 0,
-                 base_dir: Path | None = None, client: httpx.AsyncClient | None = None) -> None:
+                 base_dir: Path | None = None, client: httpx.AsyncClient | None = None,
+                 held: Callable[[], Collection[str]] | None = None) -> None:
         if not servers:
             raise ValueError("weight sync needs at least one vLLM server")
         self.store = store
@@ -93,6 +99,8 @@ class WeightSync:
         self.reports: list[SyncReport] = []
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()  # one update at a time
+        # servers a release holds at a version of its own (asked at every update): left alone
+        self._held = held or (lambda: ())
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -121,7 +129,8 @@ class WeightSync:
         """Update ``servers`` (default: all) to ``version`` together; returns what happened to each."""
         async with self._lock:
             weights_dir = str(self.weights_dir(version))
-            urls = list(servers) if servers is not None else list(self._admins)
+            held = set(self._held())
+            urls = [url for url in (list(servers) if servers is not None else list(self._admins)) if url not in held]
             began = time.monotonic()
             await self.hooks.before_update(version, urls)
             steps = {url: _Step(url, self.view.servers[url]) for url in urls}
@@ -141,6 +150,27 @@ class WeightSync:
             self._log(f"weight sync to version {version}: {len(report.updated)}/{len(urls)} servers in "
                       f"{report.total_s:.2f} s" + (f"; FAILED {report.failed}" if report.failed else ""))
             return report
+
+    async def load_one(self, url: str, version: int) -> ServerState:
+        """Bring one server to ``version`` (pause, reload, reset the prefix cache, label, resume) without
+        moving the fleet's target: a release loading the version it serves there. No hooks run (the caller
+        routes around the server); returns the server's state, FAILED with the reason when it failed."""
+        async with self._lock:
+            weights_dir = str(self.weights_dir(version))
+            step = _Step(url, self.view.servers[url])
+            try:
+                await self._pause_and_load(step, version, weights_dir)
+            finally:
+                await self._resume(step)
+            state = step.state if step.error else judge(url, version, self.view.target)
+            self.view = self.view.with_server(state)
+            self._log(f"weight sync: {url} loaded version {version}" if not step.error else
+                      f"weight sync: loading version {version} into {url} FAILED: {step.error}")
+            return state
+
+    async def version_of(self, url: str) -> int | None:
+        """The version ``url``'s label names (GET /weight_info); None for a foreign label."""
+        return parse_label(await self._admins[url].weight_label())
 
     def weights_dir(self, version: int) -> Path:
         """Where ``version``'s weights are; raises PolicyStoreError when it is not published."""
@@ -195,7 +225,9 @@ class WeightSync:
             return await self.sync_to(latest)
         routable_before = self.view.routable()
         view = await self.check()
-        reachable_behind = [u for u in view.behind() if view.servers[u].status is not ServerStatus.UNREACHABLE]
+        held = set(self._held())
+        reachable_behind = [u for u in view.behind()
+                            if view.servers[u].status is not ServerStatus.UNREACHABLE and u not in held]
         if reachable_behind:
             return await self.sync_to(view.target, reachable_behind)
         if view.routable() != routable_before:  # at start, or a server went away: tell the router
