@@ -20,7 +20,7 @@ from processors.errors import InvalidEvent
 from processors.stream import tables
 from processors.stream.clock import PartitionClocks
 from processors.stream.config import StreamConfig
-from processors.stream.entries import pack_entry, read_body, read_head
+from processors.stream.entries import due_entries, pack_entry, read_body
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import BAD_INPUT, Outputs
 from schemas.codec import Codec
@@ -89,11 +89,8 @@ class AssemblerAgent:
             return
         async with self.lock:
             owned = tables.owned(self.app, self.topics.calls)
-            for key, value in tables.scan(self.assembly, owned, self.clock):
-                head = read_head(value)
-                now = self.clock.now_us(head.partition)
-                if head.due_us is None or now is None or head.due_us > now:
-                    continue
+            scanned = tables.scan(self.assembly, owned, self.clock)
+            for key, value, partition, now in due_entries(scanned, self.clock):
                 state = RolloutAssembly.from_bytes(read_body(value))
                 expired = state.expire_due(now, self.timeout_us)
                 try:
@@ -104,9 +101,9 @@ class AssemblerAgent:
                 await self.outputs.send(outputs)
                 self.stats["expired.attempts"] += len(expired)
                 if state.can_forget(now, self.retention_us):
-                    await tables.delete(self.assembly, head.partition, key)
+                    await tables.delete(self.assembly, partition, key)
                     self.stats["forgot.rollouts"] += 1
                 else:
-                    await self._store(head.partition, key, state)
+                    await self._store(partition, key, state)
                 if not self.health.ready():
                     return

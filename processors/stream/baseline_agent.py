@@ -26,7 +26,7 @@ from processors.samples import SampleConfig
 from processors.stream import tables
 from processors.stream.baseline_messages import pack, unpack
 from processors.stream.clock import PartitionClocks
-from processors.stream.entries import pack_entry, read_body, read_head
+from processors.stream.entries import due_entries, pack_entry, read_body
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import BAD_INPUT, Encoded, Outputs
 from processors.stream.topics import StreamTopics
@@ -133,11 +133,8 @@ class BaselineKeys:
             return
         async with self.lock:
             owned = tables.owned(self.app, self.topics.baseline_by_key)
-            for key, value in tables.scan(self.table, owned, self.clock):
-                head = read_head(value)
-                now = self.clock.now_us(head.partition)
-                if head.due_us is None or now is None or head.due_us > now:
-                    continue
+            scanned = tables.scan(self.table, owned, self.clock)
+            for key, value, partition, now in due_entries(scanned, self.clock):
                 state = self._load(key.decode(), value)
                 try:
                     out = self._encode(state.baselines.tick(now), state)
@@ -146,6 +143,6 @@ class BaselineKeys:
                     self.stats["baseline.underived"] += 1
                     out = []
                 await self.outputs.send(out)
-                await self._store(head.partition, key, state)
+                await self._store(partition, key, state)
                 if not self.health.ready():
                     return

@@ -23,7 +23,7 @@ from processors.baselines.members import member_of, reward_of_attempt
 from processors.stream import tables
 from processors.stream.baseline_messages import FIRST, ROLLOUT, pack, read_tagged, unpack
 from processors.stream.clock import PartitionClocks
-from processors.stream.entries import pack_entry, read_body, read_head
+from processors.stream.entries import due_entries, pack_entry, read_body
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import BAD_INPUT, Encoded, Outputs
 from processors.stream.topics import StreamTopics
@@ -135,12 +135,9 @@ class BaselinePairs:
             return
         async with self.lock:
             owned = tables.owned(self.app, self.topics.baseline_by_rollout)
-            for key, value in tables.scan(self.table, owned, self.clock):
-                head = read_head(value)
-                now = self.clock.now_us(head.partition)
-                if head.due_us is None or now is None or head.due_us > now:
-                    continue
-                await tables.delete(self.table, head.partition, key)
+            scanned = tables.scan(self.table, owned, self.clock)
+            for due in due_entries(scanned, self.clock):
+                await tables.delete(self.table, due.partition, due.key)
                 self.stats["forgot.baseline_pairs"] += 1
                 if not self.health.ready():
                     return

@@ -6,7 +6,7 @@
 any event, so they must know it); ``due_us`` is when the timer has to look at the key again (an
 attempt's expiry, a group's window end, or when the state may be forgotten); ``event_us`` is the
 newest event time in the state, to seed a partition's stream clock after a restart. The timers scan
-headers only, never the state itself.
+headers only, never the state itself: ``due_entries`` picks the entries whose time has come.
 
 Group entries carry, before the GroupSlot bytes, the rollout event ids that have already been
 emitted in a group record for that group id (FULL, PARTIAL or LATE): a re-delivered rollout found
@@ -16,11 +16,14 @@ there was fully processed before the marker was stored, so it is skipped.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import orjson
 
 from processors.grouper import GroupSlot
+from processors.stream.clock import PartitionClocks
 
 _HEAD = struct.Struct("<Iqq")
 NEVER = -1
@@ -44,6 +47,31 @@ def read_head(value: bytes) -> EntryHead:
 
 def read_body(value: bytes) -> bytes:
     return bytes(memoryview(value)[_HEAD.size:])
+
+
+class DueEntry(NamedTuple):
+    """A table entry whose timer has to look at it now, with its partition's stream time."""
+
+    key: bytes
+    value: bytes
+    partition: int
+    now_us: int
+
+
+def due_entries(entries: Iterable[tuple[bytes, bytes]], clocks: PartitionClocks) -> Iterator[DueEntry]:
+    """The entries (key, packed value) due at their partition's stream time, in the order given.
+
+    An entry is due when its ``due_us`` is set and not after the stream time of its partition; a
+    partition whose clock has seen nothing yet has no due entries. Lazy on purpose: each entry is
+    judged when the caller asks for it, by the clock as it reads then (stream time runs on with the
+    wall clock while the timer acts on the entries before it), and a caller may stop early.
+    """
+    for key, value in entries:
+        head = read_head(value)
+        now = clocks.now_us(head.partition)
+        if head.due_us is None or now is None or head.due_us > now:
+            continue
+        yield DueEntry(key, value, head.partition, now)
 
 
 @dataclass

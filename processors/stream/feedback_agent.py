@@ -31,7 +31,7 @@ from processors.feedback.join import (
     reward_record,
 )
 from processors.stream import tables
-from processors.stream.entries import pack_entry, read_body, read_head
+from processors.stream.entries import due_entries, pack_entry, read_body
 from processors.stream.feedback_messages import Source, read_message
 from processors.stream.feedback_stage import FeedbackStage
 from processors.stream.outputs import BAD_INPUT, Encoded
@@ -129,13 +129,10 @@ class FeedbackJoinAgent(FeedbackStage):
             return
         async with self.lock:
             owned = tables.owned(self.app, self.topics.feedback_by_rollout)
-            for key, value in tables.scan(self.table, owned, self.clock):
-                head = read_head(value)
-                now = self.clock.now_us(head.partition)
-                if head.due_us is None or now is None or head.due_us > now:
-                    continue
+            scanned = tables.scan(self.table, owned, self.clock)
+            for key, value, partition, now in due_entries(scanned, self.clock):
                 state = self._load(value)
                 await self.outputs.send(self._encode(state.join.tick(now), state, key.decode()))
-                await self._store(head.partition, key, state)
+                await self._store(partition, key, state)
                 if not self.health.ready():
                     return

@@ -21,7 +21,7 @@ import orjson
 from processors.feedback.config import FeedbackRewardConfig
 from processors.feedback.join import UnmatchedFeedback, unmatched_reason
 from processors.stream import tables
-from processors.stream.entries import pack_entry, read_body, read_head
+from processors.stream.entries import due_entries, pack_entry, read_body
 from processors.stream.feedback_letters import FeedbackLetters
 from processors.stream.feedback_messages import Source, feedback_message, read_message
 from processors.stream.feedback_stage import FeedbackStage
@@ -96,11 +96,8 @@ class FeedbackResolver(FeedbackStage):
             return
         async with self.lock:
             owned = tables.owned(self.app, self.topics.feedback_by_target)
-            for key, value in tables.scan(self.table, owned, self.clock):
-                head = read_head(value)
-                now = self.clock.now_us(head.partition)
-                if head.due_us is None or now is None or head.due_us > now:
-                    continue
+            scanned = tables.scan(self.table, owned, self.clock)
+            for key, value, partition, now in due_entries(scanned, self.clock):
                 entry = orjson.loads(read_body(value))
                 watermark = now - self.cfg.lag_us
                 expired = [w for w in entry["waiting"] if w["expires_us"] < watermark]
@@ -110,9 +107,9 @@ class FeedbackResolver(FeedbackStage):
                        for w in expired if not w["forwarded"]]
                 await self.outputs.send(out)
                 if not entry["waiting"] and entry["seen_us"] + self.keep_index_us < watermark:
-                    await tables.delete(self.table, head.partition, key)
+                    await tables.delete(self.table, partition, key)
                     self.stats["forgot.feedback_targets"] += 1
                 else:
-                    await self._store(head.partition, key, entry)
+                    await self._store(partition, key, entry)
                 if not self.health.ready():
                     return

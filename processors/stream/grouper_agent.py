@@ -24,7 +24,7 @@ from processors.pipeline import process_group
 from processors.stream import tables
 from processors.stream.clock import PartitionClocks
 from processors.stream.config import StreamConfig
-from processors.stream.entries import GroupEntry, pack_entry, read_body, read_head
+from processors.stream.entries import GroupEntry, due_entries, pack_entry, read_body, read_head
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import BAD_INPUT, Outputs, Record
 from schemas.codec import Codec
@@ -179,20 +179,17 @@ class GrouperAgent:
         cfg = self.cfg.grouping
         async with self.lock:
             owned = tables.owned(self.app, self.topics.by_group)
-            for key, value in tables.scan(self.slots, owned, self.clock):
-                head = read_head(value)
-                now = self.clock.now_us(head.partition)
-                if head.due_us is None or now is None or head.due_us > now:
-                    continue
+            scanned = tables.scan(self.slots, owned, self.clock)
+            for key, value, partition, now in due_entries(scanned, self.clock):
                 entry = GroupEntry.from_bytes(read_body(value))
                 emitted = entry.slot.close_if_due(now, cfg)
                 if emitted is not None:
                     await self._close_group(emitted.group, {}, None)
                     entry.done += emitted.group["rollout_event_ids"]
-                    await self._store_slot(head.partition, key, entry, emitted.group["created_at_us"])
-                    await self._drop_members(head.partition, entry.slot.group_id, [emitted.group])
+                    await self._store_slot(partition, key, entry, emitted.group["created_at_us"])
+                    await self._drop_members(partition, entry.slot.group_id, [emitted.group])
                 elif entry.slot.can_forget(now, cfg):
-                    await tables.delete(self.slots, head.partition, key)
+                    await tables.delete(self.slots, partition, key)
                     self.stats["forgot.groups"] += 1
                 if not self.health.ready():
                     return

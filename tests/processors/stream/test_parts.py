@@ -9,7 +9,7 @@ from confluent_kafka import Producer
 
 from processors.grouper import GroupSlot, Member
 from processors.stream.clock import PartitionClocks
-from processors.stream.entries import GroupEntry, pack_entry, read_body, read_head
+from processors.stream.entries import DueEntry, GroupEntry, due_entries, pack_entry, read_body, read_head
 from processors.stream.topics import partition_for
 from schemas.kafka_config import producer_config
 from tokentrail.settings import Settings
@@ -36,6 +36,28 @@ def test_entries_round_trip_header_body_and_group_markers() -> None:
     slot = GroupSlot("g", "{}", 3, 10, members=[Member("r0", "e0", 10), Member("r1", "e1", 11)])
     back = GroupEntry.from_bytes(GroupEntry(slot, done=["x", "y"]).to_bytes())
     assert back.done == ["x", "y"] and [m.event_id for m in back.slot.members] == ["e0", "e1"]
+
+
+def test_due_entries_are_those_whose_time_came_at_their_partitions_stream_time() -> None:
+    wall = [0.0]
+    clocks = PartitionClocks(monotonic=lambda: wall[0])
+    clocks.observe(0, 1_000)
+    clocks.observe(1, 50_000)
+    entries = [
+        (b"never", pack_entry(0, None, 900, b"a")),  # no timer set: never due
+        (b"past", pack_entry(0, 999, 900, b"b")),
+        (b"exact", pack_entry(1, 50_000, 40_000, b"c")),  # due at the stream time itself
+        (b"future", pack_entry(0, 1_001, 900, b"d")),
+        (b"unseen", pack_entry(2, 0, 0, b"e")),  # a partition whose clock saw nothing yet
+        (b"soon", pack_entry(1, 50_400, 40_000, b"f")),
+    ]
+    due = due_entries(entries, clocks)
+    assert next(due) == DueEntry(b"past", entries[1][1], 0, 1_000)
+    assert next(due) == DueEntry(b"exact", entries[2][1], 1, 50_000)
+    # Lazy: an entry is judged by the clock when the scan reaches it, while the timer acts in between.
+    wall[0] += 0.0005
+    assert [(d.key, d.partition, d.now_us) for d in due] == [(b"future", 0, 1_500), (b"soon", 1, 50_500)]
+    assert read_body(next(due_entries(entries[-1:], clocks)).value) == b"f"
 
 
 def test_outputs_are_placed_where_confluent_kafka_puts_the_same_key(
