@@ -47,6 +47,7 @@ from producers.upstreams.base import (
     WholeOrStreamed,
 )
 from producers.upstreams.http1 import ConnectFailed, Http1Pool, Response, Timeout, TransportError
+from producers.upstreams.json_ids import load_with_ids
 from schemas.tokens import TokenIds
 from schemas.version_spans import PolicySpan
 
@@ -387,7 +388,10 @@ class VLLMUpstream:
         total_ms = (time.perf_counter() - began) * 1000
         if response.status_code != 200:
             raise error_from_response(response.status_code, response.content, server)
-        parsed = orjson.loads(response.content)
+        # The echoed prompt ids stay bytes (compared with what was sent), not thousands of Python ints.
+        versioned = self.token_endpoint == "generate"
+        parsed, prompt_ids, prompt_json = load_with_ids(response.content, "prompt_token_ids",
+                                                        _answer_root if versioned else _first_choice)
         choices = parsed.get("choices") or []
         if not choices:
             raise UpstreamError(f"vLLM ({server}) answered without choices", 502, "upstream_error")
@@ -396,18 +400,18 @@ class VLLMUpstream:
         policy_version = self._policy_version
         version_spans: tuple[PolicySpan, ...] = ()
         extra: dict[str, object] = {"stop_reason": choice.get("stop_reason")}
-        if self.token_endpoint == "generate":
+        if versioned:
             logprobs = _generate_logprobs(choice.get("logprobs"), output_ids, server)
-            prompt_ids = parsed.get("prompt_token_ids")
             spans = parse_spans(choice.get("weight_versions"), len(output_ids), server)
             policy_version = spans_version(spans, policy_version)
             version_spans = policy_spans(spans, policy_version)
             extra.update(vllm_id=parsed.get("request_id"), weight_versions=spans_text(spans))
         else:
             logprobs = _sampled_logprobs(choice.get("logprobs"), output_ids, server)
-            prompt_ids = choice.get("prompt_token_ids")
             extra.update(vllm_id=parsed.get("id"), system_fingerprint=parsed.get("system_fingerprint"))
-        self._check_prompt(request, sent, prompt_ids, server)
+        if prompt_json is None or prompt_json != sent:  # not cut out, or not byte-equal: checked as ids
+            self._check_prompt(request, sent, prompt_ids if prompt_json is None else _ids_of(prompt_json, server),
+                               server)
         metrics = parsed.get("metrics") or {}
         return GenerateResult(
             prompt_ids=request.prompt_ids,  # what ran, checked equal: the gateway's array, not a new list
@@ -788,6 +792,25 @@ class VLLMUpstream:
 class _Answer:
     status_code: int
     content: bytes
+
+
+def _first_choice(answer: Any) -> Any:
+    """Where a completions answer keeps its prompt ids: its first choice."""
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    return choices[0] if isinstance(choices, list) and choices else None
+
+
+def _answer_root(answer: Any) -> Any:
+    """Where a ``/inference/v1/generate`` answer keeps its prompt ids: at its top level."""
+    return answer
+
+
+def _ids_of(ids_json: bytes, server: str) -> Any:
+    try:
+        return orjson.loads(ids_json)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamError(f"vLLM ({server}) sent unreadable prompt_token_ids: {exc}", 502,
+                            "upstream_error") from exc
 
 
 def _ids_json(ids: TokenIds) -> bytes:
