@@ -189,7 +189,8 @@ class VersionedVLLMUpstream:
         async def read(url: str) -> None:
             try:
                 self._versions[url] = await self.loader.version_of(url)
-            except Exception as exc:  # an unreachable server holds nothing we know of: it gets no version's calls
+            except Exception as exc:  # an unreachable server holds nothing we know of: no version keeps it
+                self._versions[url] = None
                 self._error(f"{url}: cannot read its version: {exc}")
 
         # every server: the trainer's sync may have moved those the release did not hold
