@@ -30,6 +30,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,6 +49,10 @@ class VersionLoader(Protocol):
 
     async def version_of(self, server: str) -> int | None:
         """The version the server's weight label names (``GET /weight_info``); None for a foreign label."""
+
+    def exclusive(self) -> AbstractAsyncContextManager[Any]:
+        """Held while the release reads the servers' versions and takes servers: no other update (the trainer's
+        sync) of any server is under way or starts meanwhile, so a server kept at its version stays there."""
 
 
 class FleetSync(Protocol):
@@ -173,16 +178,17 @@ class VersionedVLLMUpstream:
 
     async def _apply(self, versions: frozenset[int]) -> None:
         async with self._apply_lock:
-            await self._read_versions()
-            assignment = assign_servers(self.servers, self._versions, versions)
+            async with self.loader.exclusive():
+                await self._read_versions()
+                assignment = assign_servers(self.servers, self._versions, versions)
+                moves = {s: v for s, v in assignment.servers.items() if self._versions.get(s) != v}
+                async with self._changed:
+                    self._held = {s: v for s, v in assignment.servers.items() if s not in moves}
+                    self._moving = dict(moves)
+                    self._changed.notify_all()
             if assignment.unserved:
                 self._error(f"no server left for version(s) {sorted(assignment.unserved)}: "
                             f"{len(self.servers)} servers for {len(versions)} versions")
-            moves = {s: v for s, v in assignment.servers.items() if self._versions.get(s) != v}
-            async with self._changed:
-                self._held = {s: v for s, v in assignment.servers.items() if s not in moves}
-                self._moving = dict(moves)
-                self._changed.notify_all()
             await asyncio.gather(*(self._move(server, version) for server, version in moves.items()))
 
     async def _read_versions(self) -> None:

@@ -9,6 +9,7 @@ import the trainer's package, so the two meet here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Collection
 from pathlib import Path
@@ -36,6 +37,9 @@ class SyncLoader:
 
     async def version_of(self, server: str) -> int | None:
         return await self.sync.version_of(server)
+
+    def exclusive(self) -> asyncio.Lock:
+        return self.sync.exclusive()
 
 
 def release_servers_upstream(settings: Settings, *, store: PolicyStore | None = None, base_dir: Path | None = None,

@@ -168,6 +168,11 @@ class WeightSync:
                       f"weight sync: loading version {version} into {url} FAILED: {step.error}")
             return state
 
+    def exclusive(self) -> asyncio.Lock:
+        """The lock every update takes. A release holds it while it reads the servers' versions and decides
+        which it takes, so no update of a server is under way or starts while it does."""
+        return self._lock
+
     async def version_of(self, url: str) -> int | None:
         """The version ``url``'s label names (GET /weight_info); None for a foreign label."""
         return parse_label(await self._admins[url].weight_label())

@@ -53,6 +53,7 @@ class Fleet:
         self.call_gate = asyncio.Event()
         self.call_gate.set()
         self.served: list[tuple[str, int]] = []  # (server, version) of each call, when it ran
+        self.lock = asyncio.Lock()  # the fleet updates' lock (the trainer's sync takes it for each update)
 
     async def load(self, server: str, version: int) -> None:
         await self.load_gate.wait()
@@ -61,6 +62,9 @@ class Fleet:
 
     async def version_of(self, server: str) -> int | None:
         return self.versions[server]
+
+    def exclusive(self) -> asyncio.Lock:
+        return self.lock
 
     def client(self, server: str) -> Client:
         return Client(self, server)
@@ -132,7 +136,10 @@ def test_a_version_no_server_holds_is_a_503_and_calls_naming_none_go_to_the_serv
             await upstream.generate(request("s", 1))
         assert (refused.value.status_code, refused.value.error_type) == (503, "policy_version_unavailable")
         assert "policy version 1" in str(refused.value)
-        await upstream.serve_versions({1})  # the release holds A and B for version 1: B is reloaded
+        async with fleet.lock:  # the trainer's sync is updating servers: the release takes none meanwhile
+            await upstream.serve_versions({1})  # the release will hold A and B for version 1: B is reloaded
+            await asyncio.sleep(0.05)
+            assert upstream.held_servers() == frozenset() and fleet.loads == []
         await upstream.settled()
         assert upstream.held_servers() == {A, B} and fleet.loads == [(B, 1)]
         await upstream.serve_versions(set())  # the release ends: the trainer's sync has the servers again
