@@ -5,8 +5,11 @@ whose version is the trainer's weights before the step, the step's own forward p
 logprobs for free (``BehaviourLogprobs.from_forward``: the learner reads them off that pass). For
 older versions, ``BehaviourScorer`` loads that version's weights into a scratch copy of the model
 (a bounded LRU of state dicts, so a batch spread over a few versions loads each once) and scores
-the samples without gradients. A version the store no longer holds, or a sample spanning several
-versions (no per-token spans yet), stays unknown: its tokens are neither compared nor corrected.
+the samples without gradients. A sample whose loss tokens were sampled by several versions (its
+version spans: calls of several versions, or a call across a weight update) is scored under each of
+them, every token taking the logprob of its own version (``staleness.token_versions``): one extra
+forward per version for those samples only, which are rare. A version the store no longer holds stays
+unknown: its tokens (NaN) are neither compared nor corrected.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 from trainer_consumer.collate import Layout, collate, split_micro_batches
 from trainer_consumer.losses import token_logprobs
 from trainer_consumer.sample_view import TrainSample
+from trainer_consumer.staleness import token_versions
 
 StateDictLoader = Callable[[int], Mapping[str, torch.Tensor]]
 
@@ -100,23 +104,36 @@ class BehaviourScorer:
         by_version: dict[int, list[TrainSample]] = {}
         from_forward: set[str] = set()
         unknown: set[str] = set()
+        mixed: dict[str, npt.NDArray[np.int64]] = {}  # id -> per-token versions, for several-version samples
         for s in samples:
             v = behaviour_version(s)
             if v is not None and v == forward_version:
                 from_forward.add(s.sample_id)
-            elif v is None or self.scratch is None:
+            elif self.scratch is None:
                 unknown.add(s.sample_id)
-            else:
+            elif v is not None:
                 by_version.setdefault(v, []).append(s)
+            else:
+                mixed[s.sample_id] = versions = token_versions(s)
+                for version in np.unique(versions[s.loss_mask != 0]).tolist():
+                    by_version.setdefault(int(version), []).append(s)
         recomputed: dict[str, npt.NDArray[np.float32]] = {}
         for version, group in sorted(by_version.items()):
             state = self._weights(version)
             if state is None:
-                unknown.update(s.sample_id for s in group)
+                unknown.update(s.sample_id for s in group if s.sample_id not in mixed)
                 continue
             if self._loaded != version:
                 assert self.scratch is not None
                 self.scratch.load_state_dict(state, strict=True)
                 self._loaded = version
-            recomputed.update(self._score(group))
+            for sample_id, scored in self._score(group).items():
+                if sample_id not in mixed:
+                    recomputed[sample_id] = scored
+                    continue
+                own = mixed[sample_id] == version  # the tokens this version sampled
+                so_far = recomputed.get(sample_id, np.full(own.shape[0], np.nan, dtype=np.float32))
+                recomputed[sample_id] = np.where(own, scored, so_far).astype(np.float32)
+        # A several-version sample none of whose versions could be loaded is unknown as a whole.
+        unknown.update(i for i in mixed if i not in recomputed)
         return BehaviourLogprobs(recomputed, frozenset(from_forward), frozenset(unknown))

@@ -33,6 +33,9 @@ class TrainSample:
     sequence_starts: npt.NDArray[np.int32]  # cu_seqlens without the end; [0] for one sequence
     # Per packed sequence: the rollouts whose segments start inside it (from Sample.segments).
     sequence_rollout_ids: tuple[tuple[str, ...], ...]
+    # Sample.version_spans as (version, start, end) over token positions: which policy version sampled
+    # which loss tokens; empty: every token from policy_version_first (trainer_consumer/staleness.py).
+    version_spans: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -66,6 +69,8 @@ def sample_from_record(rec: dict[str, Any]) -> TrainSample:
         weights=unpack_floats(rec["weights"]),
         sequence_starts=starts,
         sequence_rollout_ids=_sequence_rollouts(starts, rec.get("segments") or [], tuple(rec["rollout_ids"])),
+        version_spans=tuple((int(s["version"]), int(s["start"]), int(s["end"]))
+                            for s in rec.get("version_spans") or ()),
     )
 
 
@@ -93,6 +98,11 @@ def check_sample(s: TrainSample) -> str | None:
     starts = s.sequence_starts
     if starts[0] != 0 or (starts.shape[0] > 1 and not (np.diff(starts) > 0).all()) or starts[-1] >= n:
         return "malformed:sequence_starts"
+    cursor = 0
+    for _, start, end in s.version_spans:  # in order, not overlapping, inside the sample
+        if start < cursor or end <= start or end > n:
+            return "malformed:version_spans"
+        cursor = end
     mask = s.loss_mask != 0
     if mask[starts].any():
         # The first token of a sequence has no context inside it: nothing conditions it.

@@ -11,9 +11,10 @@ Pure: no Kafka, no model. A token is stale when the version that sampled it is o
   travels on the TrainerStep (``stale_masked_tokens``). With one version per sample both rules agree;
   they differ once a sample carries per-token versions (a call whose tokens span a weight update).
 
-Versions are per token. Today a sample records its first and last version only, so every token is
-given the first (the oldest: the conservative reading). ``token_versions`` is the one place that
-changes when samples carry per-token version spans.
+Versions are per token: a sample's ``version_spans`` (``Sample.version_spans``) say which version
+sampled each loss token where that is not ``policy_version_first`` (calls of several versions merged or
+packed, or a call whose tokens span a weight update); every other token is given
+``policy_version_first``. ``token_versions`` is the one place that reads them.
 """
 
 from __future__ import annotations
@@ -32,9 +33,15 @@ STALE_RULES: tuple[str, ...] = ("drop", "mask")
 
 
 def token_versions(sample: TrainSample) -> npt.NDArray[np.int64]:
-    """The policy version that sampled each token of ``sample`` (its first version everywhere until
-    samples carry per-token version spans)."""
-    return np.full(sample.num_tokens, sample.policy_version_first, dtype=np.int64)
+    """The policy version that sampled each token of ``sample``: its version spans, and its first
+    version outside them (tokens nobody sampled, and every token of a one-version sample)."""
+    versions = np.full(sample.num_tokens, sample.policy_version_first, dtype=np.int64)
+    for version, start, end in sample.version_spans:  # one entry per span, not per token
+        if not 0 <= start < end <= sample.num_tokens:
+            raise ValueError(f"sample {sample.sample_id}: version span {start}..{end} outside its "
+                             f"{sample.num_tokens} tokens")
+        versions[start:end] = version
+    return versions
 
 
 def stale_loss_tokens(versions: npt.NDArray[np.int64], loss_mask: npt.NDArray[np.uint8],

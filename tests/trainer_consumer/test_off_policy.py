@@ -204,3 +204,33 @@ def test_tis_counts_the_tokens_it_truncates(make_samples) -> None:
     assert result.stats.importance_truncated == 1
     assert result.mismatch.beyond == 1 and result.mismatch.max_abs == pytest.approx(2.0, abs=1e-4)
     assert result.stats.importance_tokens == sum(int(np.count_nonzero(s.loss_mask)) for s in samples)
+
+
+def test_a_sample_across_a_weight_update_is_scored_per_token_under_each_version(make_samples) -> None:
+    """Loss tokens sampled by versions 3 and 4 (Sample.version_spans): each takes its own version's logprob."""
+    v3, v4 = make_tiny_model(seed=1), make_tiny_model(seed=2)
+    [base] = make_samples(1, seed=11, policy_version=3, lengths=[(5, 8)])  # 5 prompt tokens, 8 sampled
+    cut = 9  # tokens 5..8 by version 3 (the sample's first version, outside every span), 9..12 by version 4
+    sample = dataclasses.replace(base, policy_version_last=4, version_spans=((4, cut, base.num_tokens),))
+    loss = sample.loss_mask != 0
+    by_v3, by_v4 = (Learner(m, LearnerConfig()).sample_logprobs([sample]).numpy() for m in (v3, v4))
+    states = {3: v3.state_dict(), 4: v4.state_dict()}
+
+    def load(version: int) -> dict[str, torch.Tensor]:
+        if version not in states:
+            raise LookupError(f"version {version} is not published")
+        return states[version]
+
+    scorer = BehaviourScorer(make_tiny_model(seed=3), load, layout="padded")
+    behaviour = scorer.behaviour([sample], forward_version=5)
+    got = behaviour.recomputed[sample.sample_id]
+    early, late = loss & (np.arange(sample.num_tokens) < cut), loss & (np.arange(sample.num_tokens) >= cut)
+    assert np.allclose(got[early], by_v3[early], atol=1e-5) and np.allclose(got[late], by_v4[late], atol=1e-5)
+    assert not np.allclose(by_v3[late], by_v4[late], atol=1e-3)  # the two versions really differ there
+    assert scorer.loads == 2 and not behaviour.unknown and not behaviour.from_forward
+    # Version 4 pruned from the store: its tokens are unknown (NaN), version 3's are still compared.
+    del states[4]
+    partial = BehaviourScorer(make_tiny_model(seed=3), load).behaviour([sample], forward_version=5)
+    got = partial.recomputed[sample.sample_id]
+    assert np.isnan(got[late]).all() and np.allclose(got[early], by_v3[early], atol=1e-5)
+    assert not partial.unknown

@@ -12,6 +12,7 @@ from producers.upstreams.vllm import (
     VersionSpan,
     label_version,
     parse_spans,
+    policy_spans,
     spans_from_text,
     spans_text,
     spans_version,
@@ -48,3 +49,12 @@ def test_a_call_records_the_version_of_its_first_token_and_foreign_labels_fall_b
     assert spans_version([VersionSpan("default", 0, 5)], fallback=9) == 0
     assert spans_version([VersionSpan("incomplete-3", 0, 5)], fallback=9) == 9
     assert spans_version([], fallback=9) == 9  # no token sampled
+
+
+def test_spans_go_typed_into_the_result_only_when_they_name_more_than_the_calls_version() -> None:
+    spans = parse_spans(ACROSS_AN_UPDATE, 400, "s")
+    typed = policy_spans(spans, spans_version(spans, fallback=9))
+    assert [(s.version, s.start, s.end) for s in typed] == [(1, 0, 4), (2, 4, 400)]
+    assert policy_spans([VersionSpan("3", 0, 5)], 3) == ()  # one version: the record's policy_version says it
+    assert policy_spans([VersionSpan("default", 0, 2), VersionSpan("1", 2, 5)], 0)[0].version == 0
+    assert policy_spans([VersionSpan("incomplete-3", 0, 2), VersionSpan("4", 2, 5)], 9) == ()  # foreign label
