@@ -68,6 +68,7 @@ def test_generate_endpoint_samples_like_completions_and_reports_the_weights(vllm
         assert (result.output_ids, result.output_logprobs) == (plain.output_ids, plain.output_logprobs)
         assert result.extra["weight_versions"] == f"{label}:0-{len(plain.output_ids)}"
         assert result.policy_version == label_version(label)
+        assert result.version_spans == ()  # one version: the record's policy_version says it all
     assert "weight_versions" not in plain.extra  # /v1/completions reports no version
 
 
@@ -111,5 +112,8 @@ def test_an_update_landing_mid_request_gives_the_request_two_spans(
         assert [label_version(s.version) for s in spans] == [before, 1], spans
         assert spans[0].start == 0 and spans[0].end == spans[1].start and spans[1].end == len(result.output_ids)
         assert result.policy_version == before  # a call records the version of its first token
+        # ... and the spans, typed, for its record's version_spans (per-token staleness downstream).
+        assert [(s.version, s.start, s.end) for s in result.version_spans] == [
+            (before, 0, spans[0].end), (1, spans[1].start, spans[1].end)]
     finally:
         restore_base(vllm_server, live_model_dir, store)
