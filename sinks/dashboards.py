@@ -212,6 +212,20 @@ PANELS: tuple[Panel, ...] = (
         description="What the release controller compares: verifier raw reward of rollouts served by one "
         "version (a normal 95% interval per version; the controller's own test is always-valid).",
     ),
+    Panel(
+        "Trainer resumes after a release rollback",
+        "SELECT fromUnixTimestamp64Micro(created_at_us) AS time, run_id,\n"
+        "       concat('v', toString(policy_version_before)) AS weights_before,\n"
+        "       concat('v', toString(resumed_from_version)) AS resumed_from,\n"
+        "       concat('v', toString(policy_version_after)) AS published_as,\n"
+        "       concat('v', toString(rolled_back_version)) AS rolled_back, resume_decision_id, resume_reason\n"
+        "FROM trainer_steps FINAL WHERE $__timeFilter(event_time) AND resumed_from_version >= 0\n"
+        "ORDER BY time DESC LIMIT 200",
+        kind="table",
+        width=24,
+        description="TrainerStep v3 resume events: after a rollback of a candidate its weights descend from, the "
+        "trainer loads the version the rollback kept serving and publishes it again as its next version.",
+    ),
     # ---- end issue 22
 )
 

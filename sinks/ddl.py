@@ -567,6 +567,17 @@ VERSION_SPAN_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
+# Migration 0015: TrainerStep v3 (issue 22), the trainer's resume from the last good version after a release
+# rollback; defaults match the Avro defaults (a training step: -1 and empty strings).
+TRAINER_STEP_RESUME: tuple[str, ...] = (
+    "resumed_from_version Int64 DEFAULT -1 AFTER stale_masked_tokens",
+    "rolled_back_version Int64 DEFAULT -1 AFTER resumed_from_version",
+    "resume_release_id String DEFAULT '' AFTER rolled_back_version",
+    "resume_decision_id String DEFAULT '' AFTER resume_release_id",
+    "resume_reason String DEFAULT '' AFTER resume_decision_id",
+)
+
+
 @dataclass(frozen=True)
 class Migration:
     id: str
@@ -660,6 +671,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         "per-token policy version spans on calls, rollouts' calls and samples; the release arm of a call "
         "(CallRecord v3, CompletedRollout v4, Sample v2; issues 19 and 22)",
         lambda db: [f"ALTER TABLE {db}.{table} ADD COLUMN IF NOT EXISTS {c}" for table, c in VERSION_SPAN_COLUMNS],
+    ),
+    Migration(
+        "0015_trainer_steps_resume",
+        "trainer_steps: the trainer's resume from the last good version after a release rollback "
+        "(TrainerStep v3, issue 22)",
+        lambda db: [f"ALTER TABLE {db}.trainer_steps ADD COLUMN IF NOT EXISTS {c}" for c in TRAINER_STEP_RESUME],
     ),
 )
 

@@ -3,8 +3,10 @@ with an interval, and every release decision on the timeline and in a table with
 
 Reads ``calls`` (the version that produced each call's tokens), ``rewards`` joined to complete rollouts served
 by one version (what the release controller compares: ``raw_reward``, verifier rewards only: not feedback
-rewards, nor those measured against a baseline; rewards filtered for a score error left out) and
-``release_decisions``. Plots are base64 PNG like the rest of the report.
+rewards, nor those measured against a baseline; rewards filtered for a score error left out),
+``release_decisions`` and the trainer's resume events (``trainer_steps`` rows with ``resumed_from_version``:
+after a rollback the trainer went back to the last good version). Plots are base64 PNG like the rest of the
+report.
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ SELECT sequence, fromUnixTimestamp64Micro(created_at_us) AS at, model, action, s
        candidate_rewards, reason
 FROM release_decisions FINAL ORDER BY model, sequence"""
 
+# TrainerStep v3 (migration 0015): a resume names the rollback decision it answers.
+RESUMES = """
+SELECT fromUnixTimestamp64Micro(s.created_at_us) AS at, s.run_id, s.policy_version_before, s.policy_version_after,
+       s.resumed_from_version, s.rolled_back_version, d.sequence, s.resume_reason
+FROM trainer_steps AS s FINAL
+LEFT JOIN (SELECT event_id, toNullable(sequence) AS sequence FROM release_decisions FINAL) AS d
+       ON d.event_id = s.resume_decision_id
+WHERE s.resumed_from_version >= 0 ORDER BY s.created_at_us, s.run_id"""
+
 Z95 = 1.959963984540054
 
 
@@ -79,7 +90,19 @@ def release_section(client: Client, png: Html, table: Html, bucket_s: int = 30) 
         [(d[0], d[1].strftime("%H:%M:%S") if isinstance(d[1], datetime) else d[1], d[2], d[3], d[4], d[5], d[6],
           "-" if d[7] is None else d[7], f"{d[8]:.0%}", _interval(d[9], d[10]), "-" if d[11] is None else d[11],
           f"{d[12]} / {d[13]}", d[14]) for d in decisions]))
+    parts.append(_resumes(client.query(RESUMES).result_rows, table))
     return "".join(parts)
+
+
+def _resumes(rows: Sequence[tuple[Any, ...]], table: Html) -> str:
+    """The trainer's answers to rollbacks: which version it went back to and what it published it as."""
+    if not rows:
+        return '<p class="empty">no trainer resumed after a rollback</p>'
+    return "<h3>Trainer resumes after a rollback</h3>" + table(
+        ["time", "trainer run", "weights before", "resumed from", "published as", "rolled back", "decision #",
+         "reason"],
+        [(r[0].strftime("%H:%M:%S") if isinstance(r[0], datetime) else r[0], r[1], f"v{r[2]}", f"v{r[4]}",
+          f"v{r[3]}", f"v{r[5]}", "-" if r[6] is None else r[6], r[7]) for r in rows])
 
 
 def _interval(low: float | None, high: float | None) -> str:

@@ -11,7 +11,10 @@ weights descend from, it
 3. publishes those weights at once as its next version (versions only move forward, and engines that follow
    ``latest`` get the good weights back), with the rollback in the version's metadata: ``resumed_from``,
    ``rolled_back_candidate``, ``rollback_decision`` and ``release_sequence`` (the last decision accounted
-   for, carried by every later version of the run, so a restarted trainer does not resume twice).
+   for, carried by every later version of the run, so a restarted trainer does not resume twice),
+4. and records the resume as an immutable event: a TrainerStep with no samples whose ``resumed_from_version``,
+   ``rolled_back_version``, ``resume_release_id``, ``resume_decision_id`` and ``resume_reason`` say what
+   happened (``trainer_consumer.events.trainer_resume_record``; the loop emits it before it publishes).
 
 ``resume_due`` is the pure rule; ``RollbackResumer`` applies it to a training loop.
 """
@@ -32,6 +35,14 @@ class Resume:
     sequence: int
     rolled_back: int  # the candidate version the decision took out of traffic
     resume_from: int  # the version it kept serving: the last good one
+    release_id: str = ""  # the release the rollback ended
+    reason: str = ""  # who rolled back, by which rule, and why (from the decision)
+
+
+def _reason(record: Decision) -> str:
+    rule = record.get("rule") or "manual"
+    why = record.get("reason") or ""
+    return f"{record.get('source', 'operator')} rollback ({rule}){': ' + why if why else ''}"
 
 
 def resume_due(applied: Sequence[Decision], current_version: int, handled_sequence: int) -> Resume | None:
@@ -44,7 +55,7 @@ def resume_due(applied: Sequence[Decision], current_version: int, handled_sequen
         candidate = record.get("candidate_version")
         if record["action"] == "rollback" and candidate is not None and current_version >= int(candidate):
             return Resume(str(record["event_id"]), int(record["sequence"]), int(candidate),
-                          int(record["serving_version"]))
+                          int(record["serving_version"]), str(record.get("release_id") or ""), _reason(record))
     return None
 
 
@@ -63,9 +74,10 @@ class RollbackResumer:
         return {RELEASE_SEQUENCE: self.handled_sequence}
 
     def check(self, model: Any, optimizer: Any, current_version: int,
-              publish: Callable[[dict[str, Any]], int]) -> Resume | None:
+              publish: Callable[[Resume, dict[str, Any]], int]) -> Resume | None:
         """Resume if due: load the good weights into ``model``, clear ``optimizer``'s state, and
-        ``publish(metadata) -> the version published``. Returns the resume applied, if any."""
+        ``publish(resume, metadata) -> the version published`` (the loop records the resume event there).
+        Returns the resume applied, if any."""
         applied = self.applied()
         resume = resume_due(applied, current_version, self.handled_sequence)
         if applied:
@@ -74,8 +86,8 @@ class RollbackResumer:
             return None
         model.load_state_dict(self.load_weights(resume.resume_from), strict=True)
         optimizer.state.clear()
-        version = publish({"resumed_from": resume.resume_from, "rolled_back_candidate": resume.rolled_back,
-                           "rollback_decision": resume.decision_id, **self.metadata()})
+        version = publish(resume, {"resumed_from": resume.resume_from, "rolled_back_candidate": resume.rolled_back,
+                                   "rollback_decision": resume.decision_id, **self.metadata()})
         self.resumes.append({"version": version, "resumed_from": resume.resume_from,
                              "rolled_back_candidate": resume.rolled_back, "rollback_decision": resume.decision_id})
         self.progress(f"release rollback of v{resume.rolled_back} (decision {resume.sequence}): resumed from "

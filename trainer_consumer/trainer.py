@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from trainer_consumer.batching import Batch, FilterConfig
 from trainer_consumer.behaviour import BehaviourLogprobs, BehaviourScorer, behaviour_version
-from trainer_consumer.events import OffPolicySettings, trainer_step_record
+from trainer_consumer.events import OffPolicySettings, trainer_resume_record, trainer_step_record
 from trainer_consumer.learner import Learner, LearnerConfig, StepResult
 from trainer_consumer.losses import loss_denominator
-from trainer_consumer.release_follower import RELEASE_SEQUENCE, RollbackResumer
+from trainer_consumer.release_follower import RELEASE_SEQUENCE, Resume, RollbackResumer
 
 if TYPE_CHECKING:
     from trainer_consumer.settings import TrainerStackSettings
@@ -161,9 +161,16 @@ class TrainingLoop:
         return record
 
     def _resume_if_rolled_back(self, summary: RunSummary) -> None:
-        def publish(metadata: dict[str, Any]) -> int:
+        def publish(resume: Resume, metadata: dict[str, Any]) -> int:
             assert self.publisher is not None
             version = self.state.version + 1
+            # The event goes out before the weights: a crash in between re-does the resume on restart (the
+            # published policy does not yet say it was handled) and re-emits the same event id; the other
+            # way round a crash would lose the event.
+            record = trainer_resume_record(self.run_id, self.state.step, self.state.version, version, resume,
+                                           off_policy=self.off_policy)
+            self.steps.emit_step(record)
+            summary.events.append(record)
             self.publisher.publish(self.learner.model, version,
                                    {"run_id": self.run_id, "step": self.state.step, **metadata})
             self.state.version = version

@@ -642,6 +642,16 @@ ALTER TABLE tokentrail.rollouts ADD COLUMN IF NOT EXISTS c_version_spans Array(A
 
 ALTER TABLE tokentrail.samples ADD COLUMN IF NOT EXISTS version_spans Array(Tuple(version Int64, start UInt32, end UInt32)) DEFAULT [] AFTER seg_length;
 
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS resumed_from_version Int64 DEFAULT -1 AFTER stale_masked_tokens;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS rolled_back_version Int64 DEFAULT -1 AFTER resumed_from_version;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS resume_release_id String DEFAULT '' AFTER rolled_back_version;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS resume_decision_id String DEFAULT '' AFTER resume_release_id;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS resume_reason String DEFAULT '' AFTER resume_decision_id;
+
 CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
         FROM tokentrail.attempt_starts FINAL
         UNION ALL

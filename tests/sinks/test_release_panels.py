@@ -1,9 +1,10 @@
 """The dashboard's release panels (issue 22 block of sinks/dashboards.py) on chDB: versions' share of calls,
-the decisions table and the reward per version with its interval."""
+the decisions table, the reward per version with its interval, and the trainer's resumes after a rollback."""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
@@ -13,6 +14,9 @@ from processors.release.events import decision_record
 from processors.release.plan import load_plan
 from sinks import dashboards
 from sinks.store import write_records
+from trainer_consumer.batching import Batch
+from trainer_consumer.events import trainer_resume_record, trainer_step_record
+from trainer_consumer.release_follower import resume_due
 
 from .pipeline_data import pipeline_events, sample_config
 
@@ -29,7 +33,12 @@ def test_release_panels_show_versions_decisions_and_rewards(ch: Client) -> None:
     state = initial_state("tokentrail-tiny", plan, serving_version=0)
     start, state = decision_record(state, start_decision(state, 1, "demo", plan=plan), created_at_us=1)
     rollback, state = decision_record(state, manual_decision(state, "rollback", "demo", "worse"), created_at_us=2)
-    write_records(ch, [*events, ("ReleaseDecision", start), ("ReleaseDecision", rollback)])
+    resume = resume_due([start, rollback], current_version=1, handled_sequence=-1)
+    assert resume is not None
+    training_step = trainer_step_record("run-1", 4, 1, 2, Batch([], Counter(), []), None, created_at_us=3)
+    resumed = trainer_resume_record("run-1", 4, 1, 2, resume, created_at_us=4)
+    write_records(ch, [*events, ("ReleaseDecision", start), ("ReleaseDecision", rollback),
+                       ("TrainerStep", training_step), ("TrainerStep", resumed)])
 
     (share,) = _panel(ch, "Release: share of calls by policy version")
     assert share["version"] == "v0" and share["share"] == 1.0
@@ -40,3 +49,7 @@ def test_release_panels_show_versions_decisions_and_rewards(ch: Client) -> None:
     # Two of the four rollouts answered right: mean 0.5, sample variance 1/3.
     assert reward["policy_version"] == "0" and reward["rollouts"] == 4 and reward["mean_raw_reward"] == 0.5
     assert math.isclose(reward["high"] - reward["mean_raw_reward"], 1.96 * math.sqrt(1 / 3 / 4), rel_tol=1e-6)
+    (resumed_row,) = _panel(ch, "Trainer resumes after a release rollback")  # the training step is not one
+    assert (resumed_row["weights_before"], resumed_row["resumed_from"], resumed_row["published_as"],
+            resumed_row["rolled_back"]) == ("v1", "v0", "v2", "v1")
+    assert resumed_row["resume_decision_id"] == rollback["event_id"] and resumed_row["run_id"] == "run-1"
