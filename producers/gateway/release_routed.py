@@ -11,6 +11,11 @@ The version goes to the upstream in ``GenerateRequest.policy_version``; the embe
 (and is told which versions to keep resident whenever the plan changes); an upstream that serves one
 version ignores it, and the record always carries the version that produced the tokens. Everything else
 (``max_model_len``, ``logprob_kind``, ``follow_policies``, ...) is the wrapped upstream's.
+
+Every routed call's result (the whole answer, or a stream's final result) carries its ``release``: the
+release id, the decision it was routed by, and its arm (serving, candidate, or pinned with the pin's label),
+so the record says which side of which release the call was on, and the controller and the report can leave
+pinned (evaluation) traffic out of the comparison and check the arm against the decision log.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from producers.upstreams.base import (
     ChatGenerateRequest,
     GenerateRequest,
     GenerateResult,
+    ReleaseAssignment,
     TokenChunk,
     Upstream,
     UpstreamError,
@@ -42,6 +48,24 @@ def session_key(rollout_id: str, harness_session_id: str | None) -> str:
     if rollout_id and rollout_id != UNATTRIBUTED:
         return rollout_id
     return f"session:{harness_session_id}" if harness_session_id else ""
+
+
+def assignment(traffic: Traffic, session_key: str, label: str | None = None) -> tuple[int, ReleaseAssignment]:
+    """The version that serves ``session_key`` under ``traffic`` and the arm it is on. A pinned label wins
+    whatever the ramp (and is pinned even where its version is serving's: evaluation traffic stays out of the
+    comparison); otherwise the candidate's arm is the sessions its hash puts on the candidate."""
+    version = traffic.version_for(session_key, label)
+    decided = traffic.sequence - 1  # Traffic.sequence is the next decision's number
+    if label is not None and label in traffic.pinned:
+        return version, ReleaseAssignment(traffic.release_id, decided, "pinned", label)
+    on_candidate = traffic.candidate_version is not None and version == traffic.candidate_version
+    return version, ReleaseAssignment(traffic.release_id, decided, "candidate" if on_candidate else "serving")
+
+
+def _labelled(result: Any, release: ReleaseAssignment | None) -> Any:
+    if release is None or not isinstance(result, GenerateResult):
+        return result
+    return dataclasses.replace(result, release=release)
 
 
 class ReleaseRoutedUpstream:
@@ -62,7 +86,8 @@ class ReleaseRoutedUpstream:
         return self._inner.name
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        return await self._inner.generate(await self._routed(request))
+        routed, release = await self._routed(request)
+        return _labelled(await self._inner.generate(routed), release)
 
     def generate_stream(self, request: GenerateRequest) -> _RoutedStream:
         return _RoutedStream(lambda: self._routed(request), self._inner.generate_stream)
@@ -88,6 +113,12 @@ class ReleaseRoutedUpstream:
     # ------------------------------------------------------------------------------ routing
     async def version_for(self, session_key: str) -> int | None:
         """The version that serves ``session_key`` now; None while the track has no decision."""
+        routed = await self.assignment_for(session_key)
+        return None if routed is None else routed[0]
+
+    async def assignment_for(self, session_key: str,
+                             label: str | None = None) -> tuple[int, ReleaseAssignment] | None:
+        """The version and release arm that serve ``session_key`` now; None while the track has no decision."""
         if not self.follower.caught_up.is_set():
             await asyncio.to_thread(self.follower.caught_up.wait, self.ready_timeout_s)
             if not self.follower.caught_up.is_set():
@@ -98,11 +129,15 @@ class ReleaseRoutedUpstream:
         if traffic is None:
             return None
         await self._keep_resident(traffic)
-        return traffic.version_for(session_key)
+        return assignment(traffic, session_key, label)
 
-    async def _routed(self, request: Request) -> Request:
-        version = await self.version_for(request.session_key or request.rollout_id or request.request_id)
-        return request if version is None else dataclasses.replace(request, policy_version=version)
+    async def _routed(self, request: Request) -> tuple[Request, ReleaseAssignment | None]:
+        # No traffic label reaches the upstream request yet (docs/release.md), so pins are not applied here.
+        routed = await self.assignment_for(request.session_key or request.rollout_id or request.request_id)
+        if routed is None:
+            return request, None
+        version, release = routed
+        return dataclasses.replace(request, policy_version=version), release
 
     async def _keep_resident(self, traffic: Traffic) -> None:
         """Tell an engine that keeps several versions which ones the plan serves, once per plan change."""
@@ -122,12 +157,15 @@ class ReleaseRoutedUpstream:
 class _RoutedStream:
     """The inner upstream's stream for the routed request, made at the first item (routing may wait for
     the plan); a ``prefer_whole`` said before then reaches it, so a client that does not stream still
-    costs one whole upstream answer, not a stream of per-token events."""
+    costs one whole upstream answer, not a stream of per-token events. The final result gets the release
+    assignment ``route`` gave."""
 
-    def __init__(self, route: Callable[[], Awaitable[Any]], make: Callable[[Any], Any]) -> None:
+    def __init__(self, route: Callable[[], Awaitable[tuple[Any, ReleaseAssignment | None]]],
+                 make: Callable[[Any], Any]) -> None:
         self._route, self._make = route, make
         self._prefer_whole = False
         self._items: Any = None
+        self._release: ReleaseAssignment | None = None
 
     def prefer_whole(self) -> None:
         self._prefer_whole = True
@@ -137,11 +175,12 @@ class _RoutedStream:
 
     async def __anext__(self) -> TokenChunk | GenerateResult:
         if self._items is None:
-            self._items = self._make(await self._route())
+            request, self._release = await self._route()
+            self._items = self._make(request)
             prefer = getattr(self._items, "prefer_whole", None)
             if self._prefer_whole and prefer is not None:
                 prefer()
-        return await self._items.__anext__()
+        return _labelled(await self._items.__anext__(), self._release)
 
     async def aclose(self) -> None:
         close = getattr(self._items, "aclose", None)

@@ -1,7 +1,7 @@
 """The gateway follows the release decisions (real broker, real gateway on the embedded engine, real openai
 SDK): a started candidate serves the rollouts its hash picks, records carry the version that produced their
-tokens, a rollout keeps its version while the fraction ramps, and a rollback sends every rollout back
-within seconds."""
+tokens and the release arm they were routed on (checked against the decision log), a rollout keeps its version
+while the fraction ramps, and a rollback sends every rollout back within seconds."""
 
 from __future__ import annotations
 
@@ -20,12 +20,14 @@ from processors.release.controller import ReleaseState, initial_state, manual_de
 from processors.release.events import decision_record
 from processors.release.plan import load_plan
 from producers.delivery import CallPublisher
+from producers.gateway.release_routed import assignment
 from producers.gateway.testing import running_gateway
 from producers.gateway.text_side import ModelTextSide
 from producers.gateway.wiring import build_app
 from producers.sdk import Rollout
 from schemas.kafka_config import producer_config
 from schemas.release_routing import route
+from schemas.release_traffic import TrafficLog
 from tokentrail.commands.release_kafka import publish_decision
 from tokentrail.settings import Settings
 
@@ -69,10 +71,13 @@ def test_sessions_follow_start_ramp_and_rollback(tokentrail_settings: Settings, 
     model = settings.model.name
     state: ReleaseState = initial_state(model, PLAN, serving_version=0)
 
+    published: list[dict[str, Any]] = []
+
     def decide(make: Callable[[ReleaseState], Any]) -> None:
         nonlocal state
         record, state = decision_record(state, make(state), created_at_us=time.time_ns() // 1000)
         publish_decision(settings.kafka, decisions, record)
+        published.append(record)
 
     decide(lambda s: start_decision(s, 1, "test", plan=PLAN))  # candidate 1 on 30% before the gateway starts
     publisher = CallPublisher(producer_config(settings.kafka), tmp_path / "spool", 5.0)
@@ -128,6 +133,16 @@ def test_sessions_follow_start_ramp_and_rollback(tokentrail_settings: Settings, 
             by_harness.setdefault(r["session_id"], []).append(r["versions"]["policy_version"])
     assert by_harness == {h: [route(f"session:{h}", release_id=state.release_id, serving_version=0,
                                     candidate_version=1, candidate_fraction=0.7)] * 2 for h in HARNESS_SESSIONS}
+    # Each record's release arm is what the decision log says for its session at the decision it names.
+    traffic_at = [TrafficLog.fold(published[: i + 1]).tracks[model] for i in range(len(published))]
+    for r in records:
+        key = r["rollout_id"] if r["rollout_id"] != "unattributed" else f"session:{r['session_id']}"
+        release = r["release"]
+        version, expected_release = assignment(traffic_at[release["decision_sequence"]], key)
+        assert release == expected_release.as_record() and r["versions"]["policy_version"] == version
+    assert {(r["call_index"], r["release"]["decision_sequence"]) for r in records
+            if r["rollout_id"] != "unattributed"} == {(0, 0), (1, 1), (2, 2)}
+    assert {r["release"]["arm"] for r in records if r["call_index"] == 1} == {"serving", "candidate"}
     records = [r for r in records if r["rollout_id"] != "unattributed"]
     served = {(r["rollout_id"], r["call_index"]): r["versions"]["policy_version"] for r in records}
     assert all(r["error"] is None for r in records)
