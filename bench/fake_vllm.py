@@ -33,6 +33,8 @@ from typing import Any
 
 import orjson
 
+from producers.gateway.peers import read_body
+
 VERSION = "0.32.0"
 FINGERPRINT = f"vllm-{VERSION}-bench"
 LOGPROB = -0.5  # every sampled token's logprob (the figure is not what is measured)
@@ -81,7 +83,7 @@ class FakeVLLM:
             if method == "GET":
                 await _send(send, 200, self._get(path))
                 return
-            body = orjson.loads(await _body(receive))
+            body = orjson.loads(await read_body(receive))
             self.counts[path] = self.counts.get(path, 0) + 1
             if path == "/v1/completions":
                 await self._completions(body, send)
@@ -208,15 +210,6 @@ class FakeVLLM:
         if body.get("stream_options", {}).get("include_usage"):
             events.append({**head, "choices": [], "usage": usage, "system_fingerprint": FINGERPRINT})
         await _send_events(send, events)
-
-
-async def _body(receive: Receive) -> bytes:
-    parts = []
-    while True:
-        message = await receive()
-        parts.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(parts)
 
 
 async def _send(send: Send, status: int, body: bytes) -> None:

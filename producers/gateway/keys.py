@@ -1,8 +1,11 @@
 """The attempts' API keys: derived from a secret and the attempt's ids, so a restarted gateway (or another
 replica sharing the secret) recognizes the keys minted before, without any key ever leaving the gateway.
 
-``key = "tt-" + base64url(HMAC-SHA256(secret, "rollout_id/attempt_id"))``: unguessable without the secret,
-and recomputable from ids that are on Kafka anyway. The secret, in order: ``gateway.key_secret``; else one
+``key = "tt-" + route_tag(rollout_id) + "." + base64url(HMAC-SHA256(secret, "rollout_id/attempt_id"))``:
+unguessable without the secret, and recomputable from ids that are on Kafka anyway. The route tag (8 hex of
+a hash of the rollout id, no secret in it) lets several gateway processes send a call that names its attempt
+by the key alone to the process that owns the rollout (sticky.py) without knowing the key; a forged tag only
+reaches another process, which refuses the key as any would. The secret, in order: ``gateway.key_secret``; else one
 derived from ``gateway.admin_key`` (replicas that share the admin key share it); else a random secret kept
 in a file beside the spool (0600), so a restart on the same host keeps it.
 """
@@ -21,9 +24,27 @@ SECRET_FILE_NAME = "attempt-key-secret"
 _ADMIN_DERIVATION = b"tokentrail attempt keys v1"
 
 
+ROUTE_TAG_CHARS = 8
+_TAG_END = len(API_KEY_PREFIX) + ROUTE_TAG_CHARS
+_HEX = frozenset("0123456789abcdef")
+
+
+def route_tag(rollout_id: str) -> str:
+    """What gateway processes route a rollout's requests by: 8 hex digits of a BLAKE2b of its id."""
+    return hashlib.blake2b(rollout_id.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+
+
 def derive_api_key(secret: bytes, rollout_id: str, attempt_id: str) -> str:
     digest = hmac.new(secret, f"{rollout_id}/{attempt_id}".encode(), hashlib.sha256).digest()
-    return API_KEY_PREFIX + base64.urlsafe_b64encode(digest[:24]).decode().rstrip("=")
+    return f"{API_KEY_PREFIX}{route_tag(rollout_id)}.{base64.urlsafe_b64encode(digest[:24]).decode().rstrip('=')}"
+
+
+def route_tag_of_key(api_key: str) -> str | None:
+    """The route tag a minted key carries; None for anything else (a key of the older form, a forgery)."""
+    if len(api_key) <= _TAG_END or api_key[_TAG_END] != "." or not api_key.startswith(API_KEY_PREFIX):
+        return None
+    tag = api_key[len(API_KEY_PREFIX):_TAG_END]
+    return tag if _HEX.issuperset(tag) else None
 
 
 def random_secret() -> bytes:

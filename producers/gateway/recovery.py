@@ -249,6 +249,9 @@ class KafkaRecoverySource:
     env_topic: str
     lookback_s: float
     timeout_s: float
+    # Several gateway processes (peers.py): each rebuilds only the rollouts it owns, so no other process
+    # sweeps, ends or stands in for calls of an attempt it does not serve. None: every rollout.
+    owns: Callable[[str], bool] | None = None
 
     def read(self, topic: str, since_ms: int, deadline: float,
              keys: set[bytes] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -321,7 +324,7 @@ class KafkaRecoverySource:
         fold = AttemptFold()
         env = 0
         for name, record in self.read(self.env_topic, since_ms, deadline):
-            if name in ENV_SCHEMAS:
+            if name in ENV_SCHEMAS and (self.owns is None or self.owns(record["rollout_id"])):
                 fold.add(name, record)
                 env += 1
         calls = 0
@@ -361,7 +364,7 @@ async def recover(registry: AttemptRegistry, publisher: Any, source: KafkaRecove
                        "attempts may wait there)")
     remaining = max(1.0, source.timeout_s - (time.monotonic() - began))
     bounded = KafkaRecoverySource(source.consumer_config, source.calls_topic, source.env_topic,
-                                  source.lookback_s, remaining)
+                                  source.lookback_s, remaining, source.owns)
     try:
         attempts, lost, env, calls = await asyncio.to_thread(bounded.fold, progress)
     except Exception as exc:

@@ -16,6 +16,9 @@ from schemas.local_paths import VAR_DIR
 class GatewaySettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8400
+    # Gateway worker processes on the one port (`tokentrail gateway --processes`; producers/gateway/peers.py):
+    # each session's calls are served by one owner, the others pass them on. 1: a single process, no routing.
+    processes: int = Field(default=1, ge=1, le=64)
     # "embedded" or a vLLM base URL list, comma separated (rollout-sticky routing).
     upstream: str = "embedded"
     # vLLM upstream: served model name (empty: the first of /v1/models), the server's --logprobs-mode

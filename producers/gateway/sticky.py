@@ -1,31 +1,79 @@
-"""Which of several gateway processes owns a rollout: pure functions, no I/O.
+"""Which of several gateway processes owns a request's state: pure functions, no I/O.
 
-An attempt's state (call counters, kept prompts and outputs for splicing and deltas) lives in the process
-that started it (attempts.py), so every request about a rollout must reach that process. Ownership is a
-stable hash of the rollout id over the processes; a process that starts a rollout without an id given
-mints one that it owns itself, so the rollout's later requests find it by hash alone.
+Per-session state lives in one process: an attempt's call counters and kept prompts and outputs (splicing,
+prompt deltas; attempts.py), an organic session's open window (sessions.py), the unattributed pseudo-attempt
+of a harness session, the release's stickiness. So every request about one session must reach one process.
+``route_of`` reads what names the session, in the order the app itself resolves it (identity.py, then
+sessions.py), and gives a ``Route``: its kind and a 32-bit route tag (``keys.route_tag``, 8 hex digits);
+``owner`` is the tag modulo the number of processes. The same in every process and run.
 
-What names a rollout in a request: the model routes' path prefix ``/rollouts/{rid}/attempts/{aid}/...``,
-the environment API's ``/v1/rollouts/{rid}/...`` and the ``X-Rollout-Id`` header. A request that names
-none (unattributed calls, /health, /v1/models) is served by whichever process received it.
+| what the request carries (first match) | kind | tag of |
+| --- | --- | --- |
+| path ``/rollouts/{rid}/...`` or ``/v1/rollouts/{rid}/...`` | rollout | the rollout id |
+| path ``/v1/sessions/{key}/end`` | session | the session key |
+| ``X-Rollout-Id`` header | rollout | the rollout id |
+| a minted attempt key (``tt-<tag>.<mac>``, keys.py) | api_key | the rollout id (carried in the key) |
+| a model call's organic session key (``gateway.session_key_sources``; organic sessions on) | session | the key |
+| a model call's harness session header (``X-Session-Id`` and the like) | harness_session | the header's value |
+
+A harness session header and an organic session key taken from it share a tag (both are the header's value),
+so turning organic sessions on or off keeps a session where it was. Anything else (no session at all,
+/health, /v1/models, feedback, a start without an id) has no route and is served where it lands. A process
+that starts a rollout without an id given mints one it owns (``mint_owned_rollout_id``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import uuid
-from collections.abc import Iterable
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from producers.gateway.identity import presented_key, session_id_of
+from producers.gateway.keys import API_KEY_PREFIX, route_tag, route_tag_of_key
+from producers.gateway.sessions import DEFAULT_KEY_SOURCES, MAX_KEY_CHARS, session_key
 
 ROLLOUT_HEADER = b"x-rollout-id"
 # Set on a request one process passes to another, which then serves it whatever it hashes to.
 FORWARDED_HEADER = b"x-tokentrail-forwarded"
 START_PATH = "/v1/rollouts"
+SESSION_PATH, SESSION_END = "/v1/sessions/", "/end"
+# The model routes (served at /v1/... and under the attempt prefix) and the protocol of their bodies.
+MODEL_PATHS: dict[str, str] = {"/v1/chat/completions": "openai", "/v1/completions": "openai",
+                               "/v1/responses": "openai", "/v1/messages": "anthropic",
+                               "/v1/messages/count_tokens": "anthropic"}
+BODY_SOURCES = frozenset({"openai.user", "anthropic.metadata.user_id"})
+# A session key's tag is the tag of this prefix + the key, so it never equals a rollout id's by design.
+_SESSION_NS = "session\x00"
+
+
+@dataclass(frozen=True)
+class RoutingPolicy:
+    """What of the gateway's settings decides a request's session (the same as the app is given)."""
+
+    organic_sessions: bool = False
+    session_key_sources: tuple[str, ...] = DEFAULT_KEY_SOURCES
+    admin_key: str = ""
+
+
+@dataclass(frozen=True)
+class Route:
+    kind: str  # "rollout" | "api_key" | "session" | "harness_session"
+    tag: str  # 8 hex digits (keys.route_tag)
+
+
+def owner(route: Route, processes: int) -> int:
+    """The process (0 .. processes-1) that owns the route's state."""
+    return int(route.tag, 16) % processes
 
 
 def owner_of(rollout_id: str, processes: int) -> int:
-    """The process (0 .. processes-1) that owns ``rollout_id``; the same in every process and run."""
-    digest = hashlib.blake2b(rollout_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % processes
+    """The process that owns ``rollout_id`` (and every request that names it)."""
+    return owner(Route("rollout", route_tag(rollout_id)), processes)
+
+
+def session_tag(key: str) -> str:
+    return route_tag(_SESSION_NS + key[:MAX_KEY_CHARS])
 
 
 def rollout_in_path(path: str) -> str | None:
@@ -40,15 +88,65 @@ def rollout_in_path(path: str) -> str | None:
     return rollout_id or None
 
 
-def rollout_of(path: str, headers: Iterable[tuple[bytes, bytes]]) -> str | None:
-    """The rollout a request names by its path or its ``X-Rollout-Id`` header (path first)."""
-    found = rollout_in_path(path)
-    if found is not None:
-        return found
-    for name, value in headers:
-        if name.lower() == ROLLOUT_HEADER and value:
-            return value.decode("latin-1")
-    return None
+def model_protocol(path: str) -> str | None:
+    """The protocol of a model route's body ("openai" | "anthropic"), None for any other path."""
+    if path.startswith("/rollouts/"):  # /rollouts/{rid}/attempts/{aid}/v1/...
+        parts = path.split("/", 5)
+        path = "/" + parts[5] if len(parts) == 6 else ""
+    return MODEL_PATHS.get(path)
+
+
+def wants_body(path: str, headers: Mapping[str, str], policy: RoutingPolicy) -> bool:
+    """Whether ``route_of`` may need the body: a model call that names no attempt, with organic sessions
+    keyed (also) by a field of the body. Everything else is routed by its path and headers alone."""
+    if not policy.organic_sessions or BODY_SOURCES.isdisjoint(policy.session_key_sources):
+        return False
+    if model_protocol(path) is None or rollout_in_path(path) is not None:
+        return False
+    return not headers.get("x-rollout-id") and _minted(headers) is None
+
+
+def route_of(path: str, headers: Mapping[str, str], policy: RoutingPolicy,
+             body: Mapping[str, Any] | None = None) -> Route | None:
+    """The session a request belongs to (see the module's table); None: served where it lands.
+
+    ``headers`` are the request's, names lower case (the first of a repeated name). ``body`` is the JSON
+    object of a model call, needed only where ``wants_body`` says so (None: not read)."""
+    rollout_id = rollout_in_path(path)
+    if rollout_id is not None:
+        return Route("rollout", route_tag(rollout_id))
+    if path.startswith(SESSION_PATH) and path.endswith(SESSION_END) and len(path) > len(SESSION_PATH + SESSION_END):
+        return Route("session", session_tag(path[len(SESSION_PATH):-len(SESSION_END)]))
+    rollout_id = headers.get("x-rollout-id")
+    if rollout_id:
+        return Route("rollout", route_tag(rollout_id))
+    key = _minted(headers)
+    if key is not None:
+        # A minted key names its attempt; one without a tag (an older form, a forgery) is refused where it lands.
+        tag = route_tag_of_key(key)
+        return Route("api_key", tag) if tag is not None else None
+    protocol = model_protocol(path)
+    if protocol is None:
+        return None
+    if policy.organic_sessions:
+        found = session_key(headers, body or {}, protocol, policy.session_key_sources, policy.admin_key)
+        if found is not None:
+            return Route("session", session_tag(found[0]))
+    session = session_id_of(headers)
+    return Route("harness_session", session_tag(session)) if session is not None else None
+
+
+def _minted(headers: Mapping[str, str]) -> str | None:
+    key = presented_key(headers)
+    return key if key is not None and key.startswith(API_KEY_PREFIX) else None
+
+
+def header_map(raw: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
+    """ASGI headers as a lower-case name -> value map (the first of a repeated name, as Starlette's ``get``)."""
+    out: dict[str, str] = {}
+    for name, value in raw:
+        out.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+    return out
 
 
 def mint_owned_rollout_id(process: int, processes: int) -> str:
@@ -57,3 +155,4 @@ def mint_owned_rollout_id(process: int, processes: int) -> str:
         rollout_id = uuid.uuid4().hex
         if owner_of(rollout_id, processes) == process:
             return rollout_id
+

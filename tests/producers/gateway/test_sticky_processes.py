@@ -1,8 +1,9 @@
 """Several gateway processes behind one port (producers/gateway/peers.py, sticky.py): every request about a
 rollout reaches the process that owns it, passed on over a real HTTP hop when it landed elsewhere; a
 rollout started without an id gets one its starting process owns. Two routers run here in one event loop
-in front of small ASGI apps that say which process answered (the gateway itself runs as two processes in
-tests/bench/test_gateway.py)."""
+in front of small ASGI apps that say which process answered (the real gateway runs as two worker processes
+in test_gateway_processes.py and tests/bench/test_gateway.py; every kind of session in
+test_session_routing.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import orjson
 import uvicorn
 
 from producers.gateway.peers import StickyRouter
-from producers.gateway.sticky import mint_owned_rollout_id, owner_of, rollout_of
+from producers.gateway.sticky import RoutingPolicy, mint_owned_rollout_id, owner_of, route_of
 from producers.upstreams.http1 import Http1Pool
 
 
@@ -26,11 +27,12 @@ def test_ownership_is_stable_spread_and_minted_ids_are_owned() -> None:
     assert set(spread) == {0, 1, 2} and min(spread.values()) > 500
     for process in range(3):
         assert owner_of(mint_owned_rollout_id(process, 3), 3) == process
-    assert rollout_of("/rollouts/r1/attempts/a1/v1/chat/completions", []) == "r1"
-    assert rollout_of("/v1/rollouts/r2/attempts/a2/finish", []) == "r2"
-    assert rollout_of("/v1/chat/completions", [(b"x-rollout-id", b"r3")]) == "r3"
-    assert rollout_of("/v1/chat/completions", [(b"authorization", b"Bearer x")]) is None
-    assert rollout_of("/v1/rollouts", []) is None
+    policy = RoutingPolicy()
+    by_path = route_of("/rollouts/r1/attempts/a1/v1/chat/completions", {}, policy)
+    assert by_path is not None and by_path == route_of("/v1/rollouts/r1/attempts/a2/finish", {}, policy)
+    assert by_path == route_of("/v1/chat/completions", {"x-rollout-id": "r1"}, policy)
+    assert route_of("/v1/chat/completions", {"authorization": "Bearer x"}, policy) is None
+    assert route_of("/v1/rollouts", {}, policy) is None
 
 
 def _free_port() -> int:
