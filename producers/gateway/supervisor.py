@@ -125,11 +125,6 @@ class Supervisor:
                 proc.wait()
         self.log("all workers stopped")
 
-    def status(self) -> list[dict[str, int | None]]:
-        """Each worker's index, pid (None while it waits to restart) and restarts so far."""
-        return [{"index": w.index, "pid": w.proc.pid if w.proc is not None and w.restart_at is None else None,
-                 "restarts": w.restarts} for w in self._workers]
-
 
 def _how(returncode: int | None) -> str:
     if returncode is not None and returncode < 0:
