@@ -148,19 +148,20 @@ def call_row(rec: Record) -> Row:
     }
 
 
-RELEASE_FIELDS = ("release_id", "decision_sequence", "arm", "pin_label")
+# CallRecord.release's fields -> the calls table's columns (migration 0014).
+RELEASE_COLUMNS = {"release_id": "release_id", "decision_sequence": "release_decision_sequence",
+                   "arm": "release_arm", "pin_label": "release_pin_label"}
 
 
 def release_columns(release: Record | None) -> Row:
     """CallRecord.release as the calls table's columns (all NULL when no release plan routed the call)."""
-    return {"release_id" if f == "release_id" else f"release_{f}": None if release is None else release[f]
-            for f in RELEASE_FIELDS}
+    return {column: None if release is None else release[f] for f, column in RELEASE_COLUMNS.items()}
 
 
 def release_from_columns(row: Row) -> Record | None:
     if row.get("release_id") is None:  # also rows stored before migration 0014: the schema's default
         return None
-    return {f: row["release_id" if f == "release_id" else f"release_{f}"] for f in RELEASE_FIELDS}
+    return {f: row[column] for f, column in RELEASE_COLUMNS.items()}
 
 
 def span_tuples(spans: list[Record]) -> list[tuple[int, int, int]]:
