@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from producers.gateway import anthropic_adapter, openai_adapter, records, responses_adapter
 from producers.gateway.attempts import DEFAULT_MAX_BYTES, AttemptRegistry
@@ -188,15 +189,15 @@ class Gateway:
 
     # -- routes ----------------------------------------------------------------------------------
 
+    def model_calls(self) -> dict[str, Endpoint]:
+        """The POST routes of model calls by path (under ``/v1`` and under an attempt's prefix)."""
+        return {"/v1/chat/completions": self.chat_completions, "/v1/completions": self.completions,
+                "/v1/messages": self.messages, "/v1/messages/count_tokens": self.count_tokens,
+                "/v1/responses": self.responses}
+
     def routes(self) -> list[Route]:
-        model_routes = [
-            ("/v1/chat/completions", self.chat_completions, ["POST"]),
-            ("/v1/completions", self.completions, ["POST"]),
-            ("/v1/messages", self.messages, ["POST"]),
-            ("/v1/messages/count_tokens", self.count_tokens, ["POST"]),
-            ("/v1/responses", self.responses, ["POST"]),
-            ("/v1/models", self.models, ["GET"]),
-        ]
+        model_routes = [(path, endpoint, ["POST"]) for path, endpoint in self.model_calls().items()]
+        model_routes.append(("/v1/models", self.models, ["GET"]))
         routes = [Route("/health", self.health, methods=["GET"]),
                   Route("/metrics", self.metrics_endpoint, methods=["GET"]),
                   *self.env_api.routes(), *FeedbackApi(self.ctx).routes(),
@@ -500,6 +501,62 @@ class LiveText:
         return frames
 
 
+Endpoint = Callable[[Request], Awaitable[Response]]
+ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
+
+
+class GatewayApp(Starlette):
+    """The Starlette app, but a model call goes straight to its endpoint.
+
+    Starlette's two exception middlewares, its router (a regular expression per route, tried in turn) and
+    the per-request wrappers cost more CPU than what they do for these routes. A ``POST`` to a model-call
+    path (``Gateway.model_calls``, under ``/v1`` or an attempt's prefix) is served here with the same
+    request object, path parameters and exception handling: an ``HTTPException`` goes to the app's handler
+    for it, any other exception to the 500 handler, whose response is sent before the exception is raised
+    on (as Starlette's ``ServerErrorMiddleware`` does). Everything else, and any scope with a ``root_path``,
+    takes Starlette's way."""
+
+    def __init__(self, *, model_calls: dict[str, Endpoint], http_error: ErrorHandler, crash: ErrorHandler,
+                 **kwargs: Any) -> None:
+        super().__init__(exception_handlers={HTTPException: http_error, Exception: crash}, **kwargs)
+        self._model_calls, self._http_error, self._crash = model_calls, http_error, crash
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        found = _model_call(scope, self._model_calls)
+        if found is None:
+            await super().__call__(scope, receive, send)
+            return
+        endpoint, params = found
+        scope["app"], scope["router"], scope["path_params"] = self, self.router, params
+        request = Request(scope, receive, send)
+        try:
+            response = await endpoint(request)
+        except HTTPException as exc:
+            response = await self._http_error(request, exc)
+        except Exception as exc:
+            await (await self._crash(request, exc))(scope, receive, send)
+            raise
+        await response(scope, receive, send)
+
+
+def _model_call(scope: Scope, calls: dict[str, Endpoint]) -> tuple[Endpoint, dict[str, str]] | None:
+    """The endpoint and path parameters of a model-call POST, matched as ``Route`` matches its path
+    (``/v1/...`` or ``/rollouts/{rollout_id}/attempts/{attempt_id}/v1/...``, parameters without '/')."""
+    if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+        return None
+    path: str = scope["path"]
+    endpoint = calls.get(path)
+    if endpoint is not None:
+        return endpoint, {}
+    if not path.startswith("/rollouts/"):
+        return None
+    parts = path.split("/", 5)  # "", "rollouts", rollout_id, "attempts", attempt_id, the rest
+    if len(parts) < 6 or parts[3] != "attempts" or not parts[2] or not parts[4]:
+        return None
+    endpoint = calls.get("/" + parts[5])
+    return None if endpoint is None else (endpoint, {"rollout_id": parts[2], "attempt_id": parts[4]})
+
+
 def _error_protocol(path: str) -> Protocol:
     if "/messages" in path:
         return "anthropic"
@@ -563,7 +620,7 @@ def create_app(settings: GatewayStackSettings, upstream: Upstream, publisher: An
         error = GatewayError(500, f"internal error: {exc!r}", "internal")
         return OrjsonResponse(error.body(_error_protocol(request.url.path)), status_code=500)
 
-    app = Starlette(routes=gateway.routes(), lifespan=lifespan,
-                    exception_handlers={HTTPException: http_error, Exception: crash})
+    app = GatewayApp(routes=gateway.routes(), lifespan=lifespan, model_calls=gateway.model_calls(),
+                     http_error=http_error, crash=crash)
     app.state.gateway = gateway
     return app

@@ -235,8 +235,10 @@ class AttemptState:
         best: tuple[str | None, IdArray | None] = (None, None)
         best_len = -1
         for call in reversed(self.recent):
+            n = min(len(call.prompt_ids) + len(call.output_ids), len(prompt_ids))
+            if n <= best_len:  # cannot share more than the best so far: not worth joining its ids
+                continue
             seq = call.sequence
-            n = min(len(seq), len(prompt_ids))
             diff = np.flatnonzero(seq[:n] != prompt_ids[:n])
             shared = int(diff[0]) if diff.size else n
             if shared > best_len:
