@@ -1,15 +1,18 @@
 """The feedback join in a real worker on the real broker: rollouts and feedback in, feedback rewards out
 equal to what the pure join (processors/feedback/join.py) computes for the same events; late feedback and
-unmatched feedback recorded as dead letters with the reason; bad feedback dead-lettered and good feedback
-after it still used."""
+unmatched feedback recorded as dead letters with the reason; bad and unmatched feedback dead-lettered and
+good feedback after it still used; the audit's fifth check, over what the real sink stored, counts the
+unmatched feedback as recorded."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from clickhouse_connect.driver.client import Client
 
 from processors.feedback.config import FeedbackRewardConfig, load_feedback_config
 from processors.feedback.join import (
@@ -20,8 +23,16 @@ from processors.feedback.join import (
     reward_record,
     rollout_ref,
 )
+from processors.stream.topics import partition_for
 from schemas.feedback import FeedbackValue, build_feedback
 from schemas.ids import call_id
+from schemas.topics import FEEDBACK
+from sinks.client import chdb_path_in_use, connect
+from sinks.ddl import migrate
+from sinks.feedback_audit import feedback_accounting
+from sinks.feedback_store import load_feedback
+from sinks.sink import SinkOptions, run_sink
+from tokentrail.reliability.sink_child import topic_map
 
 from .stream_rig import Collected, StreamRig, group_events, interleave
 
@@ -48,6 +59,22 @@ def letters(got: Collected, stage: str) -> list[dict]:
     return [d for d in got.records["DeadLetter"] if d["stage"] == stage]
 
 
+def stored_by_the_sink(rig: StreamRig, tmp_path: Path) -> Client:
+    """A fresh chDB database holding what the real ClickHouse sink reads from the rig's topics (calls, env,
+    feedback, every output, dead letters), read once to their ends."""
+    in_use = chdb_path_in_use()  # chDB opens one directory per process: share it with other tests
+    client = connect(dsn=f"chdb://{in_use or tmp_path / 'chdb'}", database=f"t_feedback_join_{uuid.uuid4().hex[:8]}",
+                     create_database=True)
+    migrate(client)
+    topics, dead_letter_topic = topic_map(rig.topics.prefix)
+    topics[rig.topics.feedback] = FEEDBACK.value_schemas
+    options = SinkOptions(group_id=f"sink-{rig.topics.prefix}{uuid.uuid4().hex[:6]}", once=True,
+                          flush_interval_s=0.5)
+    run_sink(client, rig.settings.kafka, options, topic_map=topics, dead_letter_topic=dead_letter_topic,
+             log=lambda line: None)
+    return client
+
+
 @dataclass
 class Scenario:
     rig: StreamRig
@@ -62,14 +89,15 @@ class Scenario:
     unmatched_ids: set[str]
 
     def produce(self) -> None:
-        """Calls and env events, then feedback: five good ones, garbage, an invalid one, then the rest."""
+        """Calls and env events, then feedback: five good ones, garbage, an invalid one, two naming nothing
+        known (unmatched), then a good one after them all."""
         rig, topic = self.rig, self.rig.topics.feedback
         rig.produce(self.events)
         for item in self.good[:5]:
             rig.produce_raw(topic, item["target_id"].encode(), rig.codec.encode("Feedback", item))
         rig.produce_raw(topic, b"fa-r3", b"\x00not a feedback record")
         rig.produce_raw(topic, b"fa-r3", rig.codec.encode("Feedback", self.bad_value))
-        for item in [self.after_bad, *self.good[5:]]:
+        for item in [*self.good[5:], self.after_bad]:
             rig.produce_raw(topic, item["target_id"].encode(), rig.codec.encode("Feedback", item))
         rig.flush()
 
@@ -144,6 +172,9 @@ def test_worker_joins_feedback_to_rollouts_as_the_pure_join_does(make_stream_rig
     router_letters = letters(got, "feedback_router")
     assert sorted(d["error_type"] for d in router_letters) == ["CorruptRecord", "InvalidEvent"]
     assert any("rating 7.0 is outside its scale" in d["reason"] for d in router_letters)
+    # Good feedback after the bad and the unmatched feedback, on the same input partition, is still used.
+    assert len({partition_for(f["target_id"].encode(), rig.settings.kafka.partitions)
+                for f in (*good[5:], after_bad)}) == 1
     assert after_bad["event_id"] in {fid for r in expected.values() for fid in r["score_ids"]}
 
     # Feedback for a rollout whose window has closed: recorded as late (after_close), the reward stays.
@@ -159,6 +190,21 @@ def test_worker_joins_feedback_to_rollouts_as_the_pure_join_does(make_stream_rig
     assert len(letters(got, "feedback_late")) == 2  # the outside_window one and this one; none for the repeats
     assert feedback_rewards(got, cfg.id) == expected
     assert rig.stop_all() == [0]
+
+    # The audit's fifth check over what the real sink stored: the unmatched feedback is counted as recorded
+    # (by its dead letter), neither silently dropped nor still pending; without those letters it is pending.
+    client = stored_by_the_sink(rig, tmp_path)
+    try:
+        stored = {f["event_id"] for f in load_feedback(client)}
+        assert unmatched_ids <= stored and after_bad["event_id"] in stored
+        audit = feedback_accounting(client, cfg)
+        assert audit.passed and audit.notes == [], (audit.failures, audit.notes)
+        assert audit.checked == len(expected) + len(stored)
+        client.command("ALTER TABLE dead_letters DELETE WHERE stage = 'feedback_join' SETTINGS mutations_sync = 2")
+        without = feedback_accounting(client, cfg)
+        assert without.passed and without.notes[0].startswith(f"{len(unmatched_ids)} feedback event(s) still pending")
+    finally:
+        client.command(f"DROP DATABASE IF EXISTS {client.database}")
 
 
 def test_a_worker_killed_mid_window_is_replaced_and_the_join_resumes_from_its_tables(
