@@ -1,7 +1,11 @@
 """A vLLM server killed mid-run: two servers behind the gated vLLM upstream, one killed with SIGKILL while
 calls run and versions are published, then restarted on the same port.
 
-What it checks, call by call (not assumed):
+The scenario itself (``run_kill_scenario``) is shared with the CI test
+``tests/producers/upstreams/vllm_live/test_server_kill_live.py``, which drives it with calls through the
+real gateway and checks the call records; this bench drives it with calls straight to the gated upstream.
+
+What the bench checks, call by call (not assumed):
 * routing around the dead server: ``failed_requests`` counts every call a client saw fail; a call
   lost with its server before anything reached the caller is retried on the other server, one that
   had already passed tokens on fails with a 502 ``upstream_unavailable`` (counted, with its message);
@@ -13,7 +17,7 @@ What it checks, call by call (not assumed):
   answer says which weights sampled every token; ``version_mismatches`` counts calls whose recorded
   version differs from that report or from the gate's lease.
 
-    python -m bench.weight_sync_kill [--updates 12] [--kill-after 3] [--server URL]
+    python -m bench.weight_sync_kill [--updates 10] [--kill-after 3] [--server URL]
 
 Both servers run with VLLM_SERVER_DEV_MODE=1 and --enable-scale-out. ``--server``: a running one to use
 as the first server (the second is always started here, as it is the one killed). Last line: one JSON
@@ -26,10 +30,12 @@ import argparse
 import asyncio
 import os
 import signal
+import subprocess
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +49,145 @@ from models.policy_store import PolicyStore
 from producers.upstreams.base import GenerateRequest, Sampling
 from producers.upstreams.vllm import VLLMUpstream, label_version, spans_from_text
 from tokentrail.commands.weight_sync import GatedUpstream, gate_upstream
+from trainer_consumer.weight_sync import ServerState, SyncReport
 
 SCALE_OUT = ("--enable-scale-out",)
 
 
+# ------------------------------------------------------------------------------------ the shared scenario
+
+@dataclass
+class Victim:
+    """The server the scenario kills and restarts on the same port (same URL, so the fleet knows it)."""
+
+    url: str
+    kill: Callable[[], None]  # SIGKILL its process group and reap it: its connections break at once
+    restart: Callable[[], None]  # start it again on its port; returns once its /health answers
+
+
+@dataclass(frozen=True)
+class RoutingChange:
+    at: float  # time.time(), comparable with a call record's timings.received_at_us
+    servers: tuple[str, ...]  # the upstream's routing list
+    gate_version: int
+    victim: ServerState  # the sync's view of the victim at that moment
+
+
+@dataclass
+class KillTimeline:
+    """What the scenario did and when. Wall-clock times (time.time()) so that the test can order call
+    records (``timings.received_at_us``) against them."""
+
+    killed_at: float = 0.0
+    left_routing_at: float = 0.0  # the sync took the dead server out of the upstream's routing list
+    restart_began_at: float = 0.0  # until then nothing listened on the victim's port
+    restart_healthy_at: float = 0.0  # the restart returned (its /health answered, up to a poll earlier)
+    versions_while_down: list[int] = field(default_factory=list)
+    last_version: int = 0
+    routing: list[RoutingChange] = field(default_factory=list)
+    # the sync's reports from the kill on: the failed updates of the dead server, its rejoin, the rest
+    reports_after_kill: list[SyncReport] = field(default_factory=list)
+
+    def rejoin(self) -> RoutingChange:
+        """The first routing change after the victim left routing that has it back."""
+        url = self.routing[0].victim.url
+        return next(r for r in self.routing if r.at >= self.left_routing_at and url in r.servers)
+
+    def rejoin_report(self) -> SyncReport:
+        """The sync's first update of the victim after the kill: the one that brought it back."""
+        url = self.routing[0].victim.url
+        return next(r for r in self.reports_after_kill if url in r.updated)
+
+
+async def _wait_for(predicate: Callable[[], bool], what: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def run_kill_scenario(upstream: GatedUpstream, store: PolicyStore, base: dict[str, torch.Tensor],
+                            victim: Victim, calls_done: Callable[[], int], *, updates: int, kill_after: int,
+                            down_updates: int = 2, calls_per_version: int = 4, timeout_s: float = 600.0,
+                            log: Callable[[str], None] = print) -> KillTimeline:
+    """Publish versions 1..``updates`` while the caller's workers keep calls running through ``upstream``
+    (a sync following ``store`` must be running); kill ``victim`` once ``kill_after`` is served, publish
+    ``down_updates`` more while it is down, restart it, wait until it is back in routing, then publish the
+    rest with both servers. Each version waits until it is served and ``calls_per_version`` more calls
+    have completed (``calls_done``: the caller's count), so calls demonstrably flow at every stage.
+
+    Returns the timeline; the caller judges its calls against it."""
+    sync, inner = upstream.sync, upstream.inner
+    assert sync is not None, "the upstream must be gated by a weight sync"
+    assert updates >= kill_after + down_updates + 1, "versions are needed after the restart too"
+    timeline = KillTimeline()
+    stop = asyncio.Event()
+
+    def look() -> None:
+        # The routing list first: the sync sets its view before it routes, so a server seen in routing
+        # is seen with the state that put it there (the gateway may run on another thread).
+        now = (tuple(inner.servers), upstream.gate.version, sync.view.servers[victim.url])
+        last = timeline.routing[-1] if timeline.routing else None
+        if last is None or (last.servers, last.gate_version, last.victim) != now:
+            timeline.routing.append(RoutingChange(time.time(), *now))
+
+    async def watch_routing() -> None:  # fine-grained: which servers the upstream routes to, at which version
+        while not stop.is_set():
+            look()
+            await asyncio.sleep(0.02)
+
+    async def serve(version: int) -> None:
+        await asyncio.to_thread(store.publish, version, perturbed(base, seed=version))  # as the trainer does
+        await _wait_for(lambda: upstream.gate.version == version, f"version {version} served", timeout_s)
+        target = calls_done() + calls_per_version
+        await _wait_for(lambda: calls_done() >= target, f"{calls_per_version} calls at version {version}",
+                        timeout_s)
+        timeline.last_version = version
+        log(f"  v{version}: routable {list(inner.servers)}; {calls_done()} calls")
+
+    watcher = asyncio.create_task(watch_routing())
+    reports_before_kill = 0
+    try:
+        await _wait_for(lambda: sorted(inner.servers) == sorted({*sync.view.servers}), "both servers in routing",
+                        timeout_s)
+        for version in range(1, kill_after + 1):
+            await serve(version)
+        reports_before_kill = len(sync.reports)
+        await asyncio.to_thread(victim.kill)
+        timeline.killed_at = time.time()
+        log(f"  killed {victim.url} (SIGKILL to its process group) with {calls_done()} calls done")
+        await _wait_for(lambda: victim.url not in inner.servers, "the killed server to leave routing", 120)
+        timeline.left_routing_at = time.time()
+        for version in range(kill_after + 1, kill_after + down_updates + 1):
+            await serve(version)
+            timeline.versions_while_down.append(version)
+        log(f"  restarting {victim.url} ...")
+        timeline.restart_began_at = time.time()
+        await asyncio.to_thread(victim.restart)
+        timeline.restart_healthy_at = time.time()
+        await _wait_for(lambda: victim.url in inner.servers, "the restarted server back in routing", timeout_s)
+        look()  # the rejoin is on the timeline before the next version is published, however busy the loop
+        log(f"  {victim.url} back in routing {time.time() - timeline.restart_healthy_at:.1f} s after /health")
+        for version in range(kill_after + down_updates + 1, updates + 1):
+            await serve(version)
+    finally:
+        stop.set()
+        await watcher
+        timeline.reports_after_kill = list(sync.reports[reports_before_kill:])
+    return timeline
+
+
+def kill_process_group(process: subprocess.Popen[bytes]) -> None:
+    os.killpg(os.getpgid(process.pid), signal.SIGKILL)
+    process.wait(timeout=60)
+
+
+# ---------------------------------------------------------------------------------------------- the bench
+
 @dataclass
 class Call:
-    ended: float
+    ended: float  # time.time()
     server: str
     recorded: int
     vllm_versions: list[int | None]
@@ -61,7 +199,7 @@ async def call_once(upstream: GatedUpstream, index: int, whole: bool) -> Call:
                               request_id=uuid.uuid4().hex, rollout_id=f"kill-{index}-{uuid.uuid4().hex[:6]}")
     result = await final_result(upstream, request, whole)
     spans = spans_from_text(str(result.extra["weight_versions"]))
-    return Call(time.monotonic(), result.upstream, result.policy_version,
+    return Call(time.time(), result.upstream, result.policy_version,
                 [label_version(s.version) for s in spans], int(result.extra["gate_version"]))  # type: ignore[arg-type]
 
 
@@ -70,26 +208,30 @@ async def run(args: argparse.Namespace, model_dir: Path, name: str) -> dict[str,
 
     base = load_file(str(model_dir / "model.safetensors"))
     store = PolicyStore(Path(tempfile.mkdtemp(prefix="bench-weight-sync-kill-")))
-    started: list[Any] = []
+    started: list[subprocess.Popen[bytes]] = []
     first = args.server
     victim_port = free_port()
     starts = [asyncio.to_thread(start_server, model_dir, name, 900.0, victim_port, SCALE_OUT)]
     if not first:  # both at once: a start takes minutes on 2 loaded cores
         starts.append(asyncio.to_thread(start_server, model_dir, name, 900.0, None, SCALE_OUT))
     servers = await asyncio.gather(*starts)
-    victim_process, victim, _ = servers[0]
+    victim_processes = [servers[0][0]]
+    victim_url = servers[0][1]
     if not first:
         process, first, _ = servers[1]
         started.append(process)
-    inner = VLLMUpstream([first, victim], model=name, logprobs_mode="processed_logprobs", token_endpoint="generate")
+
+    def restart() -> None:
+        victim_processes.append(start_server(model_dir, name, 900.0, victim_port, SCALE_OUT)[0])
+
+    victim = Victim(victim_url, lambda: kill_process_group(victim_processes[-1]), restart)
+    inner = VLLMUpstream([first, victim_url], model=name, logprobs_mode="processed_logprobs",
+                         token_endpoint="generate")
     upstream = gate_upstream(inner, store, base_dir=model_dir, interval_s=0.2)
-    assert upstream.sync is not None
-    sync = upstream.sync
     upstream.follow_policies(store)
     calls: list[Call] = []
     failures: list[str] = []
     stop = asyncio.Event()
-    routing: list[tuple[float, tuple[str, ...], int]] = []  # (when, routable servers, gate version) on change
 
     async def worker(index: int) -> None:
         while not stop.is_set():
@@ -98,56 +240,24 @@ async def run(args: argparse.Namespace, model_dir: Path, name: str) -> dict[str,
             except Exception as exc:  # a failed request is a figure
                 failures.append(f"{type(exc).__name__}: {exc}")
 
-    async def watch_routing() -> None:
-        while not stop.is_set():
-            now = (tuple(inner.servers), upstream.gate.version)
-            if not routing or routing[-1][1:] != now:
-                routing.append((time.monotonic(), *now))
-            await asyncio.sleep(0.02)
-
-    async def wait_for(predicate: Any, what: str, timeout_s: float = 900.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise SystemExit(f"timed out waiting for {what}")
-            await asyncio.sleep(0.05)
-
-    tasks = [asyncio.create_task(worker(i)) for i in range(args.concurrency)] + [asyncio.create_task(watch_routing())]
-    killed_at = restarted_at = 0.0
+    tasks = [asyncio.create_task(worker(i)) for i in range(args.concurrency)]
     try:
-        await wait_for(lambda: sorted(inner.servers) == sorted([first, victim]) and len(calls) > 2, "both servers")
-        for version in range(1, args.updates + 1):
-            await asyncio.to_thread(store.publish, version, perturbed(base, seed=version))
-            await wait_for(lambda v=version: upstream.gate.version == v, f"version {version} served")  # type: ignore[misc]
-            await asyncio.sleep(args.gap)
-            print(f"  v{version}: routable {inner.servers}; {len(calls)} calls, {len(failures)} failed", flush=True)
-            if version == args.kill_after:
-                os.killpg(os.getpgid(victim_process.pid), signal.SIGKILL)
-                victim_process.wait(timeout=60)
-                killed_at = time.monotonic()
-                print(f"  killed {victim} (SIGKILL to its process group) with {len(calls)} calls done", flush=True)
-                await wait_for(lambda: victim not in inner.servers, "the killed server to leave routing", 60)
-            if version == args.kill_after + 2:
-                print(f"  restarting {victim} ...", flush=True)
-                victim_process, _, _ = await asyncio.to_thread(start_server, model_dir, name, 900.0, victim_port,
-                                                               SCALE_OUT)
-                restarted_at = time.monotonic()
-        await wait_for(lambda: victim in inner.servers, "the restarted server to rejoin routing")
-        await wait_for(lambda: any(c.server == victim and c.ended > restarted_at for c in calls),
-                       "a call on the restarted server")
-        await asyncio.sleep(args.gap)
+        timeline = await run_kill_scenario(upstream, store, base, victim, lambda: len(calls), updates=args.updates,
+                                           kill_after=args.kill_after, calls_per_version=args.calls_per_version)
+        await _wait_for(lambda: any(c.server == victim_url and c.ended > timeline.killed_at
+                                    for c in calls), "a call on the restarted server", 600)
     finally:
         stop.set()
         await asyncio.gather(*tasks)
+        assert upstream.sync is not None
+        final_versions = {url: s.version for url, s in upstream.sync.view.servers.items()}
         await upstream.close()
-        for process in [victim_process, *started]:
+        for process in [*victim_processes, *started]:
             stop_server(process)
 
     mismatched = [c for c in calls if any(v != c.recorded for v in c.vllm_versions) or c.gate_version != c.recorded]
-    after_restart = [c for c in calls if c.server == victim and c.ended > restarted_at]
-    rejoin = next(r for r in routing if r[0] >= restarted_at and victim in r[1])
-    target_at_rejoin = rejoin[2]
-    reports = [r for r in sync.reports if victim in r.failed]
+    after_restart = [c for c in calls if c.server == victim_url and c.ended > timeline.killed_at]
+    rejoin = timeline.rejoin()
     return {
         "calls": len(calls),
         "failed_requests": len(failures),
@@ -155,15 +265,17 @@ async def run(args: argparse.Namespace, model_dir: Path, name: str) -> dict[str,
         "version_mismatches": len(mismatched),
         "calls_spanning_versions": sum(len(set(c.vllm_versions)) > 1 for c in calls),
         "versions_served_by_vllm": len({v for c in calls for v in c.vllm_versions}),
-        "calls_while_killed": sum(killed_at < c.ended < restarted_at for c in calls),
-        "killed_server_calls_before_kill": sum(c.server == victim and c.ended < killed_at for c in calls),
+        "calls_while_killed": sum(timeline.killed_at < c.ended < timeline.restart_began_at for c in calls),
+        "killed_server_calls_before_kill": sum(c.server == victim_url and c.ended < timeline.killed_at
+                                               for c in calls),
         "restarted_server_calls": len(after_restart),
         "restarted_calls_at_base": sum(0 in c.vllm_versions for c in after_restart),
-        "rejoin_version": target_at_rejoin,
-        "rejoin_version_behind": target_at_rejoin < max(c.recorded for c in calls if c.ended <= rejoin[0]),
-        "restart_to_rejoin_s": round(rejoin[0] - restarted_at, 2),
-        "updates_that_failed_on_killed_server": len(reports),
-        "final_versions": {url: s.version for url, s in sync.view.servers.items()},
+        "rejoin_version": rejoin.gate_version,
+        "rejoin_version_behind": rejoin.victim.version != rejoin.gate_version,
+        "rejoin_synced_from_version": timeline.rejoin_report().previous.get(victim_url),
+        "restart_to_rejoin_s": round(rejoin.at - timeline.restart_healthy_at, 2),
+        "updates_that_failed_on_killed_server": sum(victim_url in r.failed for r in timeline.reports_after_kill),
+        "final_versions": final_versions,
     }
 
 
@@ -174,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill-after", type=int, default=3,
                         help="kill the second server once this version is served; restart it two versions later")
     parser.add_argument("--concurrency", type=int, default=4, help="calls kept running (default 4)")
-    parser.add_argument("--gap", type=float, default=2.0, help="seconds of calls at each version (default 2)")
+    parser.add_argument("--calls-per-version", type=int, default=8,
+                        help="calls that complete at each version before the next is published (default 8)")
     parser.add_argument("--server", default="",
                         help="a running vLLM (VLLM_SERVER_DEV_MODE=1, --enable-scale-out) as the first server")
     args = parser.parse_args(argv)

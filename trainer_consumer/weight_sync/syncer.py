@@ -62,6 +62,9 @@ class SyncReport:
     paused_s: dict[str, float]  # server -> seconds it was paused
     total_s: float  # from the start of the update to the resume of the last server
     view: FleetView
+    # server -> the version it reported before this update (0: base weights, as after a restart; None:
+    # unknown or unreachable): the evidence that a restarted server was synced before it took calls
+    previous: dict[str, int | None] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -134,6 +137,7 @@ class WeightSync:
             began = time.monotonic()
             await self.hooks.before_update(version, urls)
             steps = {url: _Step(url, self.view.servers[url]) for url in urls}
+            previous = {url: step.state.version for url, step in steps.items()}
             try:
                 await asyncio.gather(*(self._pause_and_load(steps[url], version, weights_dir) for url in urls))
                 view = self.view.retarget(version)
@@ -145,7 +149,8 @@ class WeightSync:
                 await asyncio.gather(*(self._resume(step) for step in steps.values()))
             report = SyncReport(version, [u for u, s in steps.items() if not s.error],
                                 {u: s.error for u, s in steps.items() if s.error},
-                                {u: s.paused_s for u, s in steps.items()}, time.monotonic() - began, self.view)
+                                {u: s.paused_s for u, s in steps.items()}, time.monotonic() - began, self.view,
+                                previous)
             self.reports.append(report)
             self._log(f"weight sync to version {version}: {len(report.updated)}/{len(urls)} servers in "
                       f"{report.total_s:.2f} s" + (f"; FAILED {report.failed}" if report.failed else ""))
