@@ -179,10 +179,12 @@ PANELS: tuple[Panel, ...] = (
         "SELECT time, version, calls / sum(calls) OVER (PARTITION BY time) AS share\n"
         "FROM (SELECT $__timeInterval(event_time) AS time, concat('v', toString(policy_version)) AS version,\n"
         "             count() AS calls\n"
-        "      FROM calls FINAL WHERE $__timeFilter(event_time) AND NOT scripted GROUP BY time, version)\n"
+        "      FROM calls FINAL WHERE $__timeFilter(event_time) AND NOT scripted\n"
+        "        AND ifNull(release_arm, '') != 'pinned' GROUP BY time, version)\n"
         "ORDER BY time, version",
         description="Which versions produced the calls' tokens: a candidate's share ramps up, goes to 1 on a "
-        "promotion and to 0 on a rollback. The decisions are in the table beside it.",
+        "promotion and to 0 on a rollback. Pinned (evaluation) calls are left out (their own panel). The "
+        "decisions are in the table beside it.",
     ),
     Panel(
         "Release decisions",
@@ -207,6 +209,7 @@ PANELS: tuple[Panel, ...] = (
         "WHERE $__timeFilter(event_time) AND NOT (w.filtered AND startsWith(ifNull(w.filter_reason, ''), "
         "'score_error'))\n"
         "  AND JSONExtractString(w.components_json, 'source') != 'feedback'\n"
+        "  AND w.rollout_id NOT IN (SELECT rollout_id FROM calls FINAL WHERE release_arm = 'pinned')\n"
         "GROUP BY r.version ORDER BY r.version",
         kind="table",
         description="What the release controller compares: verifier raw reward of rollouts served by one "
@@ -225,6 +228,16 @@ PANELS: tuple[Panel, ...] = (
         width=24,
         description="TrainerStep v3 resume events: after a rollback of a candidate its weights descend from, the "
         "trainer loads the version the rollback kept serving and publishes it again as its next version.",
+    ),
+    Panel(
+        "Release: pinned (evaluation) traffic per pin",
+        "SELECT model, ifNull(release_pin_label, '') AS pin_label, concat('v', toString(policy_version)) AS version,\n"
+        "       count() AS calls, uniqExact(rollout_id) AS rollouts, countIf(status != 'OK') AS errors\n"
+        "FROM calls FINAL WHERE $__timeFilter(event_time) AND release_arm = 'pinned'\n"
+        "GROUP BY model, pin_label, version ORDER BY model, pin_label, version",
+        kind="table",
+        description="Calls the release routed by a pinned traffic label (CallRecord.release): served the pinned "
+        "version whatever the ramp, and kept out of the candidate/serving comparison.",
     ),
     # ---- end issue 22
 )

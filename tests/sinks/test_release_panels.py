@@ -12,6 +12,7 @@ from clickhouse_connect.driver.client import Client
 from processors.release.controller import initial_state, manual_decision, start_decision
 from processors.release.events import decision_record
 from processors.release.plan import load_plan
+from schemas.builders import make_call
 from sinks import dashboards
 from sinks.store import write_records
 from trainer_consumer.batching import Batch
@@ -53,3 +54,18 @@ def test_release_panels_show_versions_decisions_and_rewards(ch: Client) -> None:
     assert (resumed_row["weights_before"], resumed_row["resumed_from"], resumed_row["published_as"],
             resumed_row["rolled_back"]) == ("v1", "v0", "v2", "v1")
     assert resumed_row["resume_decision_id"] == rollback["event_id"] and resumed_row["run_id"] == "run-1"
+
+
+def test_pinned_calls_have_their_own_panel_and_stay_out_of_the_shares(ch: Client) -> None:
+    def call(i: int, version: int, release: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+        return "CallRecord", make_call(f"r{i}", "a0", 0, [1, 2], [3], policy_version=version, release=release,
+                                       status="ERROR" if i == 2 else "OK")
+
+    pinned = {"release_id": "rel", "decision_sequence": 1, "arm": "pinned", "pin_label": "eval-suite"}
+    serving = {**pinned, "arm": "serving", "pin_label": None}
+    write_records(ch, [call(0, 0, serving), call(1, 3, pinned), call(2, 3, pinned), call(3, 0, None)])
+    (row,) = _panel(ch, "Release: pinned (evaluation) traffic per pin")
+    assert (row["pin_label"], row["version"], row["calls"], row["rollouts"], row["errors"]) == ("eval-suite", "v3",
+                                                                                                2, 2, 1)
+    (share,) = _panel(ch, "Release: share of calls by policy version")  # v3 served only evaluation traffic
+    assert share["version"] == "v0" and share["share"] == 1.0
