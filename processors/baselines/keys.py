@@ -70,11 +70,17 @@ def _text(content: Any) -> str:
 
 def first_user_message(request_json: str) -> str | None:
     """The text of the first user message of a harness request (OpenAI chat, Anthropic messages,
-    Responses ``input``, Completions ``prompt``); None when it has none."""
+    Responses ``input``, Completions ``prompt``); None when it has none.
+
+    ``request_json`` is a call record's: the gateway records the request as an envelope (method, path,
+    query, kept headers and the parsed ``body``: producers/gateway/records.py ``request_json``), so the
+    messages are under ``body``; a bare request body is read as well."""
     try:
         body = orjson.loads(request_json or "{}")
     except orjson.JSONDecodeError:
         return None
+    if isinstance(body, dict) and isinstance(body.get("body"), dict) and "path" in body:
+        body = body["body"]
     if not isinstance(body, dict):
         return None
     messages = body.get("messages")

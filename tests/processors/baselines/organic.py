@@ -4,9 +4,9 @@ user message decides the cluster, rollout ids as the gateway derives them for a 
 from __future__ import annotations
 
 import numpy as np
-import orjson
 
 from processors.testing import AttemptSpec, attempt_events, growing_turns
+from producers.gateway.records import request_json
 from schemas.feedback import FeedbackValue, build_feedback
 
 Event = tuple[str, dict]
@@ -23,9 +23,10 @@ def organic_rollout(name: str, message: str, at_us: int, seed: int, calls: int =
     for kind, record in events:
         if kind == "CallRecord":
             record["session_id"] = f"sess-{name}"
-            record["request_json"] = orjson.dumps({"model": "m", "messages": [
+            # Recorded as the gateway records a request: an envelope around the body.
+            record["request_json"] = request_json("POST", "/v1/chat/completions", "", {}, {"model": "m", "messages": [
                 {"role": "system", "content": "You are a coding agent."},
-                {"role": "user", "content": message}]}).decode()
+                {"role": "user", "content": message}]})
     return events
 
 

@@ -37,6 +37,26 @@ def test_first_user_message_of_every_protocol() -> None:
     assert first_user_message("not json") is None and first_user_message("") is None
 
 
+def test_the_gateways_recorded_request_is_read_through_its_envelope() -> None:
+    """A call record's ``request_json`` is the gateway's envelope (method, path, headers, body): the demo's
+    lookup questions recorded by the gateway's own function cluster by template, one cluster per template."""
+    from models.reference.task import task_messages
+    from producers.gateway.records import request_json
+
+    def recorded(key: str, variant: int) -> str:
+        body = {"model": "tiny-chat", "messages": task_messages(key, variant), "user": "demo-user-1"}
+        return request_json("POST", "/v1/chat/completions", "", {"authorization": "Bearer secret"}, body)
+
+    assert first_user_message(recorded("fox", 0)) == 'What is "fox"?'
+    spec = KeySpec()
+    keys = {(key, variant): message_key(first_user_message(recorded(key, variant)), spec)
+            for key in ("fox", "owl") for variant in range(3)}
+    assert len(set(keys.values())) == 3 and None not in keys.values()
+    assert keys[("fox", 1)] == keys[("owl", 1)] != keys[("fox", 2)]
+    # An envelope whose body is not a request names no message.
+    assert first_user_message(request_json("GET", "/v1/models", "", {}, None)) is None
+
+
 def test_message_template_clusters_messages_that_differ_in_particulars() -> None:
     same = ["Fix the failing test in foo.py line 42", "fix the failing test in src/pkg/bar.py line 7",
             "Fix the failing test in 'tests/test_x.py' line 1000"]
