@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -170,10 +172,14 @@ def _cmd_pin(args: argparse.Namespace) -> int:
 def _cmd_control(args: argparse.Namespace) -> int:
     settings = get_settings()
     topics = ControllerTopics(args.calls_topic, args.rewards_topic, args.topic)
+    # SIGTERM (a service manager, the demo) stops it cleanly: it prints its last counts within one poll.
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _sig, _frame: stop.set())
     try:
         feed = run_controller(settings.kafka, topics, idle_s=args.idle_timeout, progress_every_s=args.progress_every,
                               timeout_s=_timeout(settings, args), log=lambda line: print(line, flush=True),
-                              reward_source=settings.release.reward_source)
+                              should_stop=stop.is_set, reward_source=settings.release.reward_source)
     except KafkaException as exc:
         raise CliError(f"the controller stopped on a Kafka error: {exc.args[0].str()}") from None
     for reason, count in sorted(feed.skipped.items()):

@@ -213,6 +213,11 @@ def _progress(feed: ReleaseFeed) -> str:
             tracks.append(f"{model}: serving {state.serving_version} ({state.serving.rewards} rewards), candidate "
                           f"{state.candidate_version} at {state.candidate_fraction:.0%} ({state.candidate.rewards})")
     skipped = sum(feed.skipped.values())
+    pinned = sum(n for (_model, _label, kind), n in feed.pinned.items() if kind == "calls")
+    checks = f", {pinned} pinned calls left out" if pinned else ""
+    if feed.arm_disagreements:
+        checks += (f", {sum(feed.arm_disagreements.values())} calls whose release arm disagrees with the decision "
+                   "log (counted by the version that produced them)")
     return (f"controller: {feed.counts['calls']} calls, {feed.counts['rewards']} rewards, "
-            f"{feed.counts['decisions']} decisions folded, {skipped} inputs skipped; "
+            f"{feed.counts['decisions']} decisions folded, {skipped} inputs skipped{checks}; "
             + ("; ".join(tracks) or "no track"))
