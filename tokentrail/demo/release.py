@@ -17,6 +17,7 @@ of its own on free ports, so it never touches another broker, topic or table; it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -296,6 +297,8 @@ def run_release_demo(args: argparse.Namespace) -> int:
     print(f"release demo in {state_dir} (its own Kafka broker on {settings.kafka.bootstrap_servers})", flush=True)
     services: list[Service] = []
     sessions: Sessions | None = None
+    fleet = contextlib.ExitStack()  # --upstream vllm: a vLLM server per version (tokentrail/demo/release_vllm.py)
+    vllm = getattr(args, "upstream", "embedded") == "vllm"
     began = time.monotonic()
     try:
         _step(1, "Kafka broker of this run, topics, ClickHouse tables, reference model")
@@ -307,6 +310,10 @@ def run_release_demo(args: argparse.Namespace) -> int:
         versions = prepare_versions(settings.model.dir, PolicyStore(state_dir / "policies"),
                                     lambda line: print(line, flush=True))
         _step(3, f"services: gateway (following release decisions), processors, release controller (logs in {logs})")
+        if vllm:
+            from tokentrail.demo.release_vllm import vllm_fleet
+
+            os.environ.update(fleet.enter_context(vllm_fleet(settings.model.dir, settings.model.name, logs)))
         services = [
             Service("gateway", ["gateway"], logs / "gateway.log"),
             Service("processors", ["process", "--stall-timeout", "60"], logs / "processors.log"),
@@ -343,14 +350,21 @@ def run_release_demo(args: argparse.Namespace) -> int:
             sessions.stop()
         for service in reversed(services):
             service.stop()
+        fleet.close()
         if not args.keep_broker:  # this run's own broker (its own data dir and port), never another
             _cli("kafka", "stop", quiet=True)
+    extra: dict[str, Any] = {}
+    if vllm:
+        from tokentrail.demo.release_vllm import evidence
+
+        extra = {"upstream": "vllm", **evidence(calls)}
     return _summarize(versions.probes, good, bad, sessions, calls, rewards, audit.returncode == 0, report_path,
-                      time.monotonic() - began)
+                      time.monotonic() - began, extra)
 
 
 def _summarize(probes: dict[int, float], good: Phase, bad: Phase, sessions: Sessions, calls: list[dict[str, Any]],
-               rewards: list[dict[str, Any]], audit_passed: bool, report_path: Path, elapsed_s: float) -> int:
+               rewards: list[dict[str, Any]], audit_passed: bool, report_path: Path, elapsed_s: float,
+               extra: dict[str, Any] | None = None) -> int:
     by_rollout = sessions_by_rollout(calls)
     by_version = reward_by_version(by_rollout, rewards)
     print("\nreward (fraction answered right) by policy version, single-version sessions:")
@@ -380,9 +394,10 @@ def _summarize(probes: dict[int, float], good: Phase, bad: Phase, sessions: Sess
         "answer_probe_by_version": {str(v): round(p, 4) for v, p in probes.items()},
         "sessions": len(sessions.outcomes), "failed_sessions": len(sessions.errors),
         "audit_passed": audit_passed, "report": str(report_path), "elapsed_s": round(elapsed_s, 1),
+        **(extra or {}),  # --upstream vllm: each call's recorded version against vLLM's report
     }
     print(json.dumps(summary))
-    ok = audit_passed and summary["promoted"] and summary["rolled_back"]
+    ok = audit_passed and summary["promoted"] and summary["rolled_back"] and not summary.get("version_mismatches")
     return 0 if ok else 1
 
 
