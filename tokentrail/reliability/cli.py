@@ -13,7 +13,9 @@ the shared one is never stopped. The disk-full fault mounts a size-limited tmpfs
 Faults: a broker stopped, b worker kill -9, c sink kill -9, d every record twice, e gateway kill -9 with a
 spool, f scale-out, g three-broker cluster with the calls leader killed -9, h rebalance chaos (workers
 added and removed every 20-30 s; five minutes, about 75 s with --quick), i gateway restarted mid-session,
-j poison record (5 MB request, a record over the broker's limit), k disk-full spool.
+j poison record (5 MB request, a record over the broker's limit), k disk-full spool, l the baseline agents'
+worker killed -9 twice mid-stream (Baseline events and the rewards, credits and samples measured against
+them equal a clean run's).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-FAULTS = ("broker", "worker", "twice", "scale", "cluster", "chaos", "restart", "poison")
+FAULTS = ("broker", "worker", "twice", "scale", "cluster", "chaos", "restart", "poison", "baselines")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave out a part (repeatable): corpus, broker (faults a+e), worker (faults b+c), "
                         "twice (fault d), scale (fault f: 2 gateways, 3 workers, one killed), cluster (fault g: "
                         "3 brokers, leader killed -9), chaos (fault h: rebalance chaos), restart (fault i: gateway "
-                        "restarted mid-session), poison (faults j+k: poison record, disk-full spool; needs root)")
+                        "restarted mid-session), poison (faults j+k: poison record, disk-full spool; needs root), "
+                        "baselines (fault l: the baseline agents' worker killed -9)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where spools, private broker data, chDB and logs go (default: a temp dir)")
 
@@ -50,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tokentrail import kafka_local
     from tokentrail.reliability import (
+        baseline_kills,
         cluster_fault,
         faults,
         gateway_restart,
@@ -90,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
                                                                   progress)]),
              ("poison", lambda: poison_and_disk.poison_and_disk(
                  settings, workdir / "poison-disk", poison_and_disk.QUICK if args.quick else poison_and_disk.FULL,
-                 progress))]
+                 progress)),
+             ("baselines", lambda: [baseline_kills.baseline_worker_kills(settings, workdir / "baseline-kills",
+                                                                         progress)])]
     for name, step in steps:
         if name in args.skip:
             continue
