@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from tokentrail.demo import release_guard
 from tokentrail.demo.agent import RolloutOutcome, run_rollout
 from tokentrail.demo.environment import make_task
 from tokentrail.demo.progress import ProgressTracker, VersionStats
@@ -119,8 +120,12 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"  {'using' if vllm.external else 'starting'} vLLM at {vllm.url} (2-4 minutes on 2 cores; "
               f"log {vllm.log_path}) ...", flush=True)
         print(f"  vLLM ready in {vllm.start():.0f} s", flush=True)
+    # The release guard is armed as in production (tokentrail/demo/release_guard.py): nothing changes until
+    # someone starts a release.
+    controller = release_guard.controller_service(logs)
     services = [
-        Service("gateway", ["gateway"], logs / "gateway.log", env=vllm.gateway_env() if vllm else {}),
+        Service("gateway", ["gateway"], logs / "gateway.log",
+                env={**release_guard.FOLLOW_RELEASES_ENV, **(vllm.gateway_env() if vllm else {})}),
         # A stuck worker stops itself after 60 s (watchdog) and the supervision below restarts it.
         Service("processors", ["process", "--stall-timeout", "60"], logs / "processors.log"),
         Service("sink", ["sink"], logs / "sink.log"),
@@ -129,7 +134,8 @@ def run_demo(args: argparse.Namespace) -> int:
                             *(["--lr", str(args.lr)] if args.lr is not None else []), "--threads", "1",
                             # The engine decides the default mismatch correction (TIS behind vLLM).
                             "--upstream", args.upstream,
-                            "--flush-partial"], logs / "trainer.log"),
+                            "--flush-partial", *release_guard.TRAINER_ARGS], logs / "trainer.log"),
+        controller,
     ]
     _step(4, total, f"services: {', '.join(s.name for s in services)} (logs in {logs})")
     tracker: ProgressTracker | None = None
@@ -184,7 +190,9 @@ def run_demo(args: argparse.Namespace) -> int:
     _step(8, total, "report")
     report_path = settings.var_dir / "report.html"
     _cli("report", "--out", str(report_path))
-    extra: dict[str, object] = {"upstream": args.upstream}
+    guard = release_guard.guard_summary(controller.log_path)
+    print(f"  {release_guard.guard_line(guard)}", flush=True)
+    extra: dict[str, object] = {"upstream": args.upstream, **guard}
     off_policy = tracker.off_policy() if tracker is not None else {}
     print(f"  engine/trainer logprob mismatch and staleness: {off_policy}", flush=True)
     extra.update(off_policy)

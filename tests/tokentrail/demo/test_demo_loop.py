@@ -2,7 +2,8 @@
 
 Runs ``tokentrail demo`` as a person would, in a private ``TOKENTRAIL_VAR_DIR`` with a private
 Kafka broker on free ports, and checks what it prints last: reward rose from the first band of
-policy versions to the last, and the five audit checks passed on everything it stored.
+policy versions to the last, and the five audit checks passed on everything it stored; the release
+guard ran beside it and decided nothing.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def test_short_online_loop_improves_reward_and_passes_audit(tmp_path: Path) -> N
     assert summary["policy_versions"] >= 5, report
     assert summary["reward_last_band"] > summary["reward_first_band"], report
     assert Path(summary["report"]).stat().st_size > 10_000
+    # The release guard ran beside it (controller, gateway and trainer following the decisions) and, with no
+    # release started, changed nothing: it followed the calls and decided nothing.
+    assert summary["release_decisions"] == 0 and summary["release_controller_calls"] > 0, report
 
 
 def _failure_report(output: str, logs: Path) -> str:
