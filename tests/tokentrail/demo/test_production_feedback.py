@@ -7,10 +7,13 @@ import random
 
 import pytest
 
+from processors.baselines.config import BaselineConfig
+from processors.baselines.windows import KeyBaselines, Member
 from processors.feedback.config import FeedbackRewardConfig
 from schemas.feedback import call_id_of_response
 from tokentrail.demo.production import (
     KINDS,
+    demo_baseline_config,
     demo_feedback_config,
     edit_distance,
     feedback_fields,
@@ -59,3 +62,16 @@ def test_the_demo_config_loads_and_an_unknown_response_id_is_well_formed() -> No
     assert cfg.combine == "mean" and cfg.wait_s["TASK_OUTCOME"] == 20.0 and cfg.match_wait_s == 30.0
     assert call_id_of_response(unknown_response_id(1)) is not None  # the route accepts it; the join finds nothing
     assert unknown_response_id(1) != unknown_response_id(2)
+
+
+def test_the_demos_baselines_scale_a_group_as_the_lab_demos_grpo_rewards() -> None:
+    """Unscaled leave-one-out advantages of thumbs 1, 0, 0 would be 1, -0.5, -0.5: the demo divides them by
+    the group's std (0.471), so feedback moves the policy as far per step as the verifier does in the lab."""
+    cfg = BaselineConfig.model_validate(demo_baseline_config(15.0, 5.0))
+    assert (cfg.window.size_s, cfg.watermark_lag_s, cfg.min_group_size, cfg.clip) == (15.0, 5.0, 3, (-5.0, 5.0))
+    key = KeyBaselines(cfg, "cluster:x")
+    for n, reward in enumerate((1.0, 0.0, 0.0)):
+        key.add(Member(f"r{n}", f"session-{n}", f"w{n}", reward, 1_000_000 * (n + 1)))
+    (window,) = key.tick(100_000_000)
+    assert window.method == "GROUP"
+    assert window.advantages == pytest.approx((2.1213, -1.0607, -1.0607), abs=1e-3)
