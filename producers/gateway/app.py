@@ -40,6 +40,7 @@ from producers.gateway.identity import (
     resolve_named,
     resolve_unattributed,
     session_id_of,
+    traffic_label_of,
 )
 from producers.gateway.keys import resolve_secret
 from producers.gateway.metrics import GatewayMetrics
@@ -378,7 +379,7 @@ class Gateway:
                                             dict(request.headers), raw)
         return self.service.prepare(identity, call, received_at_us=received, started=started,
                                     request_json=request_json, adapter_version=adapter_version,
-                                    tool_call_prefix=tool_prefix)
+                                    tool_call_prefix=tool_prefix, traffic_label=traffic_label_of(request.headers))
 
     def _refuse(self, exc: GatewayError, protocol: Protocol, call_protocol: str) -> Response:
         self.metrics.refused.labels(call_protocol, str(exc.status)).inc()

@@ -25,6 +25,8 @@ from producers.gateway.errors import GatewayError
 SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id", "session-id", "x-pi-session-id",
                    "x-openclaw-session-id", "x-conversation-id")
 ROLLOUT_HEADER = "x-rollout-id"
+# Evaluation traffic names the release pin it wants (``tokentrail release pin --label L``).
+TRAFFIC_LABEL_HEADER = "x-tokentrail-traffic-label"
 ATTEMPT_HEADER = "x-attempt-id"
 
 
@@ -48,6 +50,12 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip() or None
     return headers.get("x-api-key") or None
+
+
+def traffic_label_of(headers: Mapping[str, str]) -> str | None:
+    """The release traffic label a request carries (a pin's label routes it to the pinned version)."""
+    value = headers.get(TRAFFIC_LABEL_HEADER, "").strip()
+    return value[:200] or None
 
 
 def session_id_of(headers: Mapping[str, str]) -> str | None:

@@ -132,8 +132,8 @@ class ReleaseRoutedUpstream:
         return assignment(traffic, session_key, label)
 
     async def _routed(self, request: Request) -> tuple[Request, ReleaseAssignment | None]:
-        # No traffic label reaches the upstream request yet (docs/release.md), so pins are not applied here.
-        routed = await self.assignment_for(request.session_key or request.rollout_id or request.request_id)
+        routed = await self.assignment_for(request.session_key or request.rollout_id or request.request_id,
+                                           request.traffic_label)
         if routed is None:
             return request, None
         version, release = routed

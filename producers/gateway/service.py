@@ -69,6 +69,8 @@ class PreparedCall:
     passthrough: bool = False
     # Scripted: the ids the engine emits instead of sampling (the attempt's next scripted completion).
     forced_ids: tuple[int, ...] | None = None
+    # The release traffic label the request carried (x-tokentrail-traffic-label): a pinned label's version.
+    traffic_label: str | None = None
 
 
 ResponseBuilder = Callable[[CallOutcome], dict[str, Any]]
@@ -126,7 +128,8 @@ class CallService:
             raise _template_error(exc) from None
 
     def prepare(self, identity: CallIdentity, call: InternalCall, *, received_at_us: int, started: float,
-                request_json: str, adapter_version: str, tool_call_prefix: str) -> PreparedCall:
+                request_json: str, adapter_version: str, tool_call_prefix: str,
+                traffic_label: str | None = None) -> PreparedCall:
         """Render and assign the call its index. From here on the call is recorded whatever happens."""
         cpu_before = time.thread_time()  # rendering runs on this thread: its CPU is the render's
         try:
@@ -150,7 +153,8 @@ class CallService:
             forced = (*self.text.encode_text(text), self.text.stop_token_ids[0])
         return PreparedCall(identity, call, rendered, index,
                             make_call_id(identity.rollout_id, identity.attempt_id, index), received_at_us,
-                            started, request_json, adapter_version, tool_call_prefix, passthrough, forced)
+                            started, request_json, adapter_version, tool_call_prefix, passthrough, forced,
+                            traffic_label)
 
     def _fit_output(self, call: InternalCall, prompt_len: int) -> None:
         """Cut the output budget to what the model's context leaves after the prompt; refuse (in the
@@ -189,11 +193,13 @@ class CallService:
             assert prep.call.messages is not None
             chat = ChatGenerateRequest(messages=prep.call.messages, tools=prep.call.tools, sampling=sampling,
                                        request_id=prep.call_id, rollout_id=prep.identity.rollout_id,
-                                       template_kwargs=dict(prep.call.template_kwargs), session_key=key)
+                                       template_kwargs=dict(prep.call.template_kwargs), session_key=key,
+                                       traffic_label=prep.traffic_label)
             return cast(ChatUpstream, self.upstream).generate_chat_stream(chat)
         return self.upstream.generate_stream(GenerateRequest(
             prompt_ids=prep.rendered.prompt_ids, sampling=sampling, request_id=prep.call_id,
-            rollout_id=prep.identity.rollout_id, forced_ids=prep.forced_ids, session_key=key))
+            rollout_id=prep.identity.rollout_id, forced_ids=prep.forced_ids, session_key=key,
+            traffic_label=prep.traffic_label))
 
     async def _run(self, prep: PreparedCall, respond: ResponseBuilder,
                    error_body: ErrorBody, on_text: TextListener | None,

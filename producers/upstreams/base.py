@@ -64,6 +64,8 @@ class GenerateRequest:
     # The user's session, the key a release routes by (the rollout id, or the harness session of calls
     # that name no rollout); empty: the rollout id.
     session_key: str = ""
+    # The release traffic label the caller sent (evaluation traffic); a pinned label gets its pinned version.
+    traffic_label: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class ChatGenerateRequest:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     policy_version: int | None = None  # as GenerateRequest.policy_version
     session_key: str = ""  # as GenerateRequest.session_key
+    traffic_label: str | None = None  # as GenerateRequest.traffic_label
 
 
 @dataclass

@@ -16,7 +16,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from models.policy_store import PolicyStore
-from processors.release.controller import ReleaseState, initial_state, manual_decision, start_decision
+from processors.release.controller import (
+    ReleaseState,
+    initial_state,
+    manual_decision,
+    pin_decision,
+    start_decision,
+)
 from processors.release.events import decision_record
 from processors.release.plan import load_plan
 from producers.delivery import CallPublisher
@@ -35,6 +41,7 @@ from .helpers import read_records
 
 SESSIONS = [f"release-session-{i:02d}" for i in range(16)]
 HARNESS_SESSIONS = [f"harness-{i}" for i in range(3)]
+EVAL_SESSION, EVAL_LABEL = "eval-suite", "eval"  # evaluation traffic pinned to the candidate by its label
 PLAN = load_plan({"ramp": [0.3, 0.7]})
 
 
@@ -120,16 +127,26 @@ def test_sessions_follow_start_ramp_and_rollback(tokentrail_settings: Settings, 
                 httpx.post(f"{gw.url}/v1/chat/completions", headers={"x-session-id": harness_session}, timeout=60,
                            json={"model": model, "max_tokens": 2, "seed": turn,
                                  "messages": [{"role": "user", "content": f"turn {turn}"}]}).raise_for_status()
+        decide(lambda s: pin_decision(s, EVAL_LABEL, 1, "test"))
+        _wait_for(gw.url, lambda r: r["traffic"]["pinned"] == {EVAL_LABEL: 1})
+        for turn in range(2):  # the label's pin wins over the session's hash, whichever arm that gives
+            httpx.post(f"{gw.url}/v1/chat/completions", timeout=60,
+                       headers={"x-session-id": EVAL_SESSION, "x-tokentrail-traffic-label": EVAL_LABEL},
+                       json={"model": model, "max_tokens": 2, "seed": turn,
+                             "messages": [{"role": "user", "content": f"eval {turn}"}]}).raise_for_status()
         decide(lambda s: manual_decision(s, "rollback", "test"))
         rollback_seen_s = _wait_for(gw.url, lambda r: r["traffic"]["candidate_version"] is None)
         call_all(2)
 
     assert rollback_seen_s < 20.0  # within seconds (one poll when idle; generous for a loaded CI machine)
     records = [r for _name, r in read_records(settings, topics["calls_topic"],
-                                              3 * len(SESSIONS) + 2 * len(HARNESS_SESSIONS))]
+                                              3 * len(SESSIONS) + 2 * len(HARNESS_SESSIONS) + 2)]
+    evaluation = [r for r in records if r["session_id"] == EVAL_SESSION]
+    assert [(r["versions"]["policy_version"], r["release"]["arm"], r["release"]["pin_label"]) for r in evaluation] \
+        == [(1, "pinned", EVAL_LABEL)] * 2
     by_harness: dict[str, list[int]] = {}
     for r in records:
-        if r["rollout_id"] == "unattributed":
+        if r["rollout_id"] == "unattributed" and r["session_id"] != EVAL_SESSION:
             by_harness.setdefault(r["session_id"], []).append(r["versions"]["policy_version"])
     assert by_harness == {h: [route(f"session:{h}", release_id=state.release_id, serving_version=0,
                                     candidate_version=1, candidate_fraction=0.7)] * 2 for h in HARNESS_SESSIONS}
@@ -138,11 +155,13 @@ def test_sessions_follow_start_ramp_and_rollback(tokentrail_settings: Settings, 
     for r in records:
         key = r["rollout_id"] if r["rollout_id"] != "unattributed" else f"session:{r['session_id']}"
         release = r["release"]
-        version, expected_release = assignment(traffic_at[release["decision_sequence"]], key)
+        label = EVAL_LABEL if r["session_id"] == EVAL_SESSION else None
+        version, expected_release = assignment(traffic_at[release["decision_sequence"]], key, label)
         assert release == expected_release.as_record() and r["versions"]["policy_version"] == version
     assert {(r["call_index"], r["release"]["decision_sequence"]) for r in records
-            if r["rollout_id"] != "unattributed"} == {(0, 0), (1, 1), (2, 2)}
-    assert {r["release"]["arm"] for r in records if r["call_index"] == 1} == {"serving", "candidate"}
+            if r["rollout_id"] != "unattributed"} == {(0, 0), (1, 1), (2, 3)}  # 2: the pin
+    assert {r["release"]["arm"] for r in records
+            if r["call_index"] == 1 and r["session_id"] != EVAL_SESSION} == {"serving", "candidate"}
     records = [r for r in records if r["rollout_id"] != "unattributed"]
     served = {(r["rollout_id"], r["call_index"]): r["versions"]["policy_version"] for r in records}
     assert all(r["error"] is None for r in records)
