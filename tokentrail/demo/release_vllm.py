@@ -40,4 +40,6 @@ def vllm_fleet(model_dir: Path, model_name: str, logs: Path) -> Iterator[dict[st
 def evidence(calls: list[dict[str, Any]]) -> dict[str, object]:
     """Each stored call's recorded version against vLLM's report (``weight_versions`` in its engine details)."""
     return version_evidence(("OK" if call.get("error") is None else "ERROR", int(call["versions"]["policy_version"]),
-                             call["sampling"]["extra_json"]) for call in calls)
+                             call["sampling"]["extra_json"],
+                             call.get("version_spans", ()))
+                            for call in calls)

@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -96,18 +96,31 @@ class DemoVLLM:
             self.process.wait(timeout=30)
 
 
-def version_evidence(calls: Iterable[tuple[str, int, str]]) -> dict[str, object]:
+RecordedSpan = Mapping[str, int] | Sequence[int]  # ClickHouse gives named tuples as mappings
+StoredCall = tuple[str, int, str] | tuple[str, int, str, Sequence[RecordedSpan]]
+
+
+def _span_tuple(span: RecordedSpan) -> tuple[int, int, int]:
+    if isinstance(span, Mapping):
+        return int(span["version"]), int(span["start"]), int(span["end"])
+    version, start, end = span
+    return int(version), int(start), int(end)
+
+
+def version_evidence(calls: Iterable[StoredCall]) -> dict[str, object]:
     """Compare, call by call, the version each call recorded with the one vLLM says sampled its tokens.
 
-    ``calls``: (status, recorded policy_version, sampling extra JSON) of every stored call. vLLM's report
-    is the ``weight_versions`` spans in the engine details; the gate's lease is ``gate_version`` beside
-    them. A call mismatches when any of its spans names another version than it recorded, or its lease
-    differs. Failed calls (status ERROR) sampled nothing and are only counted.
+    ``calls``: (status, recorded policy_version, sampling extra JSON[, recorded version_spans]) of every
+    stored call. vLLM's report is the ``weight_versions`` spans in the engine details; the gate's lease is
+    ``gate_version`` beside them. A one-version call mismatches when vLLM names another version than it
+    recorded, or its lease differs; a call an update landed in (several versions) must record its first
+    version and, in ``version_spans``, exactly vLLM's spans. Failed calls (status ERROR) sampled nothing
+    and are only counted.
     """
     calls_n = failed = checked = unreported = mismatched = spanning = 0
     served: set[int] = set()
     first_mismatches: list[str] = []
-    for status, recorded, extra_json in calls:
+    for status, recorded, extra_json, *rest in calls:
         calls_n += 1
         if status != "OK":
             failed += 1
@@ -121,8 +134,14 @@ def version_evidence(calls: Iterable[tuple[str, int, str]]) -> dict[str, object]
         spans = spans_from_text(reported)
         versions = [label_version(s.version) for s in spans]
         served.update(v for v in versions if v is not None)
-        spanning += len(set(versions)) > 1
-        if any(v != recorded for v in versions) or details.get("gate_version", recorded) != recorded:
+        if len(set(versions)) > 1:
+            spanning += 1
+            recorded_spans = [_span_tuple(span) for span in (rest[0] if rest else ())]
+            wrong = recorded != versions[0] or recorded_spans != [
+                (v, s.start, s.end) for v, s in zip(versions, spans, strict=True)]
+        else:
+            wrong = any(v != recorded for v in versions) or details.get("gate_version", recorded) != recorded
+        if wrong:
             mismatched += 1
             if len(first_mismatches) < 5:
                 first_mismatches.append(f"recorded {recorded}, vLLM {reported}, gate {details.get('gate_version')}")
@@ -137,7 +156,8 @@ def stored_version_evidence(clickhouse: ClickHouseSettings) -> dict[str, object]
     this process then holds the chDB directory)."""
     client = connect(clickhouse)
     try:
-        rows = client.query("SELECT status, policy_version, sampling_extra_json FROM calls FINAL").result_rows
+        rows = client.query("SELECT status, policy_version, sampling_extra_json, version_spans "
+                            "FROM calls FINAL").result_rows
     finally:
         client.close()
-    return version_evidence((str(r[0]), int(r[1]), str(r[2])) for r in rows)
+    return version_evidence((str(r[0]), int(r[1]), str(r[2]), r[3]) for r in rows)
