@@ -93,7 +93,20 @@ class Workload:
         self.pool.shutdown()
 
 
+def _workload_defaults(args: argparse.Namespace) -> None:
+    """Groups of 4 with 4 in flight behind vLLM: a group's samples reach the trainer within its staleness
+    bound, and the reward by version moves past the noise of a few tasks (docs/weight-sync.md, run C);
+    the embedded engine keeps groups of 8, 2 in flight."""
+    main_on_vllm = args.upstream == "vllm" and not getattr(args, "release", False) \
+        and not getattr(args, "production", False)
+    if args.group_size is None:
+        args.group_size = 4 if main_on_vllm else 8
+    if args.concurrency is None:
+        args.concurrency = 4 if main_on_vllm else 2
+
+
 def run_demo(args: argparse.Namespace) -> int:
+    _workload_defaults(args)
     if getattr(args, "release", False):
         return run_release_demo(args)
     if getattr(args, "production", False):  # organic sessions, rewards from feedback (production.py)
@@ -279,8 +292,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="the main job: online RL end to end on the embedded defaults",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=8.0, help="how long to run the workload (default 8)")
-    p.add_argument("--group-size", type=int, default=8, help="rollouts per group (default 8)")
-    p.add_argument("--concurrency", type=int, default=2, help="groups in flight at once (default 2)")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="rollouts per group (default 8; 4 with --upstream vllm)")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="groups in flight at once (default 2; 4 with --upstream vllm)")
     p.add_argument("--train-batch", type=int, default=16, help="samples per optimizer step (default 16)")
     p.add_argument("--lr", type=float, default=None,
                    help="trainer learning rate (default: the trainer setting, 2e-4)")

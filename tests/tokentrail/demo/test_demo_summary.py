@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import pytest
 
 from tokentrail.demo.progress import VersionStats
-from tokentrail.demo.run import _summarize, version_bands
+from tokentrail.demo.run import _summarize, _workload_defaults, version_bands
 
 
 def _versions(rewards: list[float]) -> dict[int, VersionStats]:
@@ -43,3 +44,16 @@ def test_summary_says_whether_reward_rose(rewards: list[float], improved: bool, 
 def test_failed_audit_fails_the_job(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert _summarize(_versions([0.1, 0.9]), audit_rc=1, report_path=tmp_path / "r.html") == 1
     assert "audit: FAILED" in capsys.readouterr().out
+
+
+def test_the_workload_defaults_follow_the_engine_and_explicit_values_win() -> None:
+    def resolved(**given: object) -> tuple[int, int]:
+        args = argparse.Namespace(**{"group_size": None, "concurrency": None, "release": False,
+                                     "production": False, "upstream": "embedded", **given})
+        _workload_defaults(args)
+        return args.group_size, args.concurrency
+
+    assert resolved() == (8, 2)
+    assert resolved(upstream="vllm") == (4, 4)
+    assert resolved(upstream="vllm", release=True) == (8, 2)  # the release demo keeps its sessions
+    assert resolved(upstream="vllm", group_size=6, concurrency=1) == (6, 1)
