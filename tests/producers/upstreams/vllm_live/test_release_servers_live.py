@@ -10,7 +10,6 @@ and nothing more is recorded at v2.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import threading
@@ -38,11 +37,10 @@ from schemas.release_routing import route
 from tokentrail.commands.release_kafka import publish_decision
 from tokentrail.commands.vllm_versions import release_servers_upstream
 from tokentrail.settings import Settings
-from trainer_consumer.weight_sync import WeightSync
 
 from .conftest import LOGPROBS_MODE, SERVE_OPTIONS, SERVER_ENV, TIMINGS, VLLM_ARGS
 from .records import read_calls
-from .test_weight_sync_live import perturbed
+from .test_weight_sync_live import perturbed, restore_base
 from .vllm_server import VLLMServer, start_vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -83,19 +81,6 @@ def second_vllm(vllm_installed: None, live_model_dir: Path, tokentrail_settings:
         thread.join()
         if "server" in started:
             started["server"].stop()
-
-
-def _restore_base(url: str, model_dir: Path, store: PolicyStore) -> None:
-    """The session's server goes back to the base weights (label ``0``) for the other live tests."""
-    async def run() -> None:
-        sync = WeightSync([url], store, base_dir=model_dir)
-        try:
-            report = await sync.sync_to(0)
-            assert report.ok, report.failed
-        finally:
-            await sync.close()
-
-    asyncio.run(run())
 
 
 def test_serving_and_candidate_on_their_own_servers_then_a_rollback(
@@ -167,7 +152,7 @@ def test_serving_and_candidate_on_their_own_servers_then_a_rollback(
             TIMINGS["release servers: rollback to v1 on both servers"] = time.monotonic() - began
         labels_after = {httpx.get(f"{u}/weight_info", timeout=10).json()["weight_version"] for u in urls}
     finally:
-        _restore_base(vllm_server.url, live_model_dir, store)
+        restore_base(vllm_server, live_model_dir, store)
 
     served: dict[tuple[str, int], int] = {}
     for s in SESSIONS:
