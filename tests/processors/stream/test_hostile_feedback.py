@@ -54,7 +54,7 @@ def test_hostile_feedback_is_bounded_dead_lettered_and_good_feedback_still_joins
 
     got = rig.collect(lambda c: len({r["rollout_id"] for r in rewards(c)}) == 4
                       and len(c.ids("Sample")) > 0, timeout_s=90)
-    got = rig.settle(quiet_s=2.0)
+    got = rig.settle()
     fates = feedback_outcomes(plan, rewards(got), got.records["DeadLetter"])
     print("what became of each kind of feedback:", {k: dict(v) for k, v in fates.items()})
     assert all(v["missing"] == 0 for v in fates.values()), fates  # nothing sent is lost
