@@ -27,6 +27,7 @@ from producers.gateway.errors import GatewayError, bad_request
 from producers.gateway.generation import Generated, PromptSink, run_generation
 from producers.gateway.identity import CallIdentity
 from producers.gateway.ports import Rendered, TextSide
+from producers.gateway.prompt_bound import min_prompt_tokens, min_prompt_tokens_raw
 from producers.gateway.release_routed import session_key
 from producers.rendering import RenderError, check_template_kwargs
 from producers.upstreams.base import (
@@ -131,6 +132,8 @@ class CallService:
                 request_json: str, adapter_version: str, tool_call_prefix: str,
                 traffic_label: str | None = None) -> PreparedCall:
         """Render and assign the call its index. From here on the call is recorded whatever happens."""
+        if not (self.prefix_mode == "upstream" and call.messages is not None):
+            self._fit_structure(min_prompt_tokens(call))  # before rendering: refused cheaply when it cannot fit at all
         cpu_before = time.thread_time()  # rendering runs on this thread: its CPU is the render's
         try:
             rendered = self.render(identity, call)
@@ -155,6 +158,19 @@ class CallService:
                             make_call_id(identity.rollout_id, identity.attempt_id, index), received_at_us,
                             started, request_json, adapter_version, tool_call_prefix, passthrough, forced,
                             traffic_label)
+
+    def check_structure(self, body: dict[str, Any]) -> None:
+        """Refuse a request body whose structure alone is longer than the context, before validating it."""
+        if self.prefix_mode != "upstream":
+            self._fit_structure(min_prompt_tokens_raw(body))
+
+    def _fit_structure(self, floor: int) -> None:
+        """Refuse a conversation whose structure alone is longer than the context (prompt_bound.py)."""
+        context = getattr(self.upstream, "max_model_len", None)
+        if context and floor >= int(context):
+            raise GatewayError(400, f"This model's maximum context length is {context} tokens; the prompt has at "
+                               f"least {floor} (one per message, tool call and tool), which leaves no room for "
+                               "output", "invalid_request", param="messages", code="context_length_exceeded")
 
     def _fit_output(self, call: InternalCall, prompt_len: int) -> None:
         """Cut the output budget to what the model's context leaves after the prompt; refuse (in the

@@ -70,3 +70,17 @@ def test_responses_call_names_resolve_in_linear_time() -> None:
 def test_anthropic_conversion_is_linear() -> None:
     ratio = _ratio(_anthropic, anthropic_body)
     assert ratio < 20, f"8x the blocks cost {ratio:.1f}x the CPU"
+
+
+def test_costly_requests_do_not_stall_other_calls(start_gateway: Any) -> None:
+    """Fault (o) against the real gateway: each costly request is refused (its prompt is far over the model's
+    context) and the small calls made meanwhile keep their p99 within 2x of theirs alone."""
+    from tokentrail.reliability.costly_requests import costly_anthropic, costly_request_against, costly_responses
+
+    with start_gateway() as gw:
+        model = "tokentrail-tiny"
+        outcomes = [costly_request_against(gw.url, model, "responses", costly_responses(model, 16_000)),
+                    costly_request_against(gw.url, model, "anthropic", costly_anthropic(model, 16_000))]
+    for outcome in outcomes:
+        print(outcome.line())
+    assert all(o.ok for o in outcomes), [o.line() for o in outcomes]
