@@ -299,6 +299,10 @@ async def _histogram_sums(client: httpx.AsyncClient, url: str) -> dict[str, floa
     return sums
 
 
+def _count(before: dict[str, float], after: dict[str, float], histogram: str) -> int:
+    return round(after[f"{histogram}_count"] - before[f"{histogram}_count"])
+
+
 def _mean_ms(before: dict[str, float], after: dict[str, float], histogram: str) -> float:
     calls = after[f"{histogram}_count"] - before[f"{histogram}_count"]
     return (after[f"{histogram}_sum"] - before[f"{histogram}_sum"]) / max(calls, 1) * 1000
@@ -607,6 +611,10 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             figures |= {
                 "render_cpu_ms_per_call": _mean_ms(gateway_before, gateway_after, "tokentrail_gateway_render_seconds"),
                 "delivery_wait_ms_c1": _mean_ms(gateway_before, gateway_after, "tokentrail_gateway_delivery_seconds"),
+                # How many calls each mean is over (0: the figure measured nothing, whatever it reads).
+                "c1_calls": n_c1,
+                "render_calls": _count(gateway_before, gateway_after, "tokentrail_gateway_render_seconds"),
+                "delivery_calls": _count(gateway_before, gateway_after, "tokentrail_gateway_delivery_seconds"),
             }
         figures |= {
             # The real path: the gateway's token-in calls reached the upstream over HTTP.
