@@ -613,6 +613,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 "delivery_wait_ms_c1": _mean_ms(gateway_before, gateway_after, "tokentrail_gateway_delivery_seconds"),
                 # How many calls each mean is over (0: the figure measured nothing, whatever it reads).
                 "c1_calls": n_c1,
+                "c1_rollouts": len(timed),  # each started before its calls: its start is delivered too
                 "render_calls": _count(gateway_before, gateway_after, "tokentrail_gateway_render_seconds"),
                 "delivery_calls": _count(gateway_before, gateway_after, "tokentrail_gateway_delivery_seconds"),
             }
