@@ -162,7 +162,7 @@ class CallService:
     def check_structure(self, body: dict[str, Any]) -> None:
         """Refuse a request body whose structure alone is longer than the context, before validating it."""
         if self.prefix_mode != "upstream":
-            self._fit_structure(min_prompt_tokens_raw(body))
+            self._fit_structure(min_prompt_tokens_raw(body, getattr(self.text, "max_token_bytes", 0)))
 
     def _fit_structure(self, floor: int) -> None:
         """Refuse a conversation whose structure alone is longer than the context (prompt_bound.py)."""
