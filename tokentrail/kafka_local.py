@@ -564,7 +564,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _as_cli_error(exc: KafkaLocalError) -> Exception:
-    from tokentrail.cli import CliError
+    from tokentrail.errors import CliError
 
     return CliError(str(exc))
 

@@ -8,7 +8,7 @@ from confluent_kafka.admin import AdminClient
 
 from schemas.kafka_config import admin_config
 from schemas.topics import ALL_TOPICS, DAY_MS, FOREVER, ensure_topics
-from tokentrail.cli import CliError
+from tokentrail.errors import CliError
 from tokentrail.kafka_local import broker_answers
 from tokentrail.settings import Settings, get_settings
 

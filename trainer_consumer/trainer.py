@@ -31,7 +31,7 @@ from trainer_consumer.behaviour import BehaviourLogprobs, BehaviourScorer, behav
 from trainer_consumer.events import OffPolicySettings, trainer_resume_record, trainer_step_record
 from trainer_consumer.learner import Learner, LearnerConfig, StepResult
 from trainer_consumer.losses import loss_denominator
-from trainer_consumer.release_follower import RELEASE_SEQUENCE, Resume, RollbackResumer
+from trainer_consumer.rollback_resume import RELEASE_SEQUENCE, Resume, RollbackResumer
 
 if TYPE_CHECKING:
     from trainer_consumer.settings import TrainerStackSettings
@@ -252,7 +252,7 @@ class TrainOptions:
     # The engine upstream the samples came from ("embedded" | "vllm"): decides importance_sampling "auto".
     upstream: str = "embedded"
     # Follow this release track's decisions (the served model name): a rollback resumes from the last good
-    # version (trainer_consumer/release_follower.py). None: do not follow.
+    # version (trainer_consumer/rollback_resume.py). None: do not follow.
     release_model: str | None = None
     release_topic: str | None = None
 

@@ -5,8 +5,8 @@ share the partitions; start more for more throughput, up to the kafka section's 
 that is killed leaves its partitions to the others after its session timeout; restarted, it restores
 its tables from their changelog topics and resumes from the committed offsets.
 
-The command line (``tokentrail process``) and the subprocess launcher live in the shell
-(``tokentrail.commands.process``); this module takes the kafka and processors sections in the config.
+The command line (``tokentrail process``, ``tokentrail.commands.process``) and the subprocess launcher
+(``tokentrail.runtime.process``) live in the shell; this module takes the kafka and processors sections in the config.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from processors.errors import PipelineInputError
 from processors.grouper import GrouperState, GroupingConfig
 from processors.pipeline import StageConfigs, order_rollouts, process_group, rederive
 from processors.samples import SampleConfig, weight_by_rollout
-from processors.testing import AttemptSpec, attempt_events, full_group, growing_turns
 from processors.verifiers import VerifierRunner, load_verifiers
 from schemas.codec import CorruptRecord, get_codec
+from testkit.stages import AttemptSpec, attempt_events, full_group, growing_turns
 
 CONFIGS = StageConfigs.load("deploy/config/reward.yaml", "deploy/config/credit.yaml",
                             "deploy/config/sample.yaml")

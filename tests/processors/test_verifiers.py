@@ -86,23 +86,23 @@ def test_extractors() -> None:
 
 
 def test_crashing_verifier_gives_an_error_score_with_the_traceback() -> None:
-    s = score("processors.testing:CrashingVerifier", rollout("r1", ""))
+    s = score("testkit.stages:CrashingVerifier", rollout("r1", ""))
     assert s["status"] == "ERROR" and "RuntimeError: verifier bug on r1" in s["error"]
     assert s["verifier_name"] == "crashes" and s["scope"] == "ROLLOUT" and s["created_at_us"] == T0
 
 
 def test_hanging_verifier_times_out_in_a_thread() -> None:
     started = time.perf_counter()
-    s = score("processors.testing:SleepingVerifier", rollout("r1", ""))
+    s = score("testkit.stages:SleepingVerifier", rollout("r1", ""))
     assert s["status"] == "TIMEOUT" and "0.2s" in s["error"]
     assert time.perf_counter() - started < 5
 
 
 def test_process_isolation_kills_a_hanging_verifier_and_survives_a_dying_one() -> None:
-    hang = score({"ref": "processors.testing:SleepingVerifier", "isolation": "process", "timeout_s": 1.0},
+    hang = score({"ref": "testkit.stages:SleepingVerifier", "isolation": "process", "timeout_s": 1.0},
                  rollout("r1", ""))
     assert hang["status"] == "TIMEOUT" and "killed" in hang["error"]
-    died = score({"ref": "processors.testing:ExitingVerifier", "isolation": "process", "timeout_s": 20},
+    died = score({"ref": "testkit.stages:ExitingVerifier", "isolation": "process", "timeout_s": 20},
                  rollout("r1", ""))
     assert died["status"] == "ERROR" and "exit code 3" in died["error"]
     ok = score({"ref": AM, "isolation": "process", "timeout_s": 20},
@@ -111,12 +111,12 @@ def test_process_isolation_kills_a_hanging_verifier_and_survives_a_dying_one() -
 
 
 def test_output_without_an_exact_json_form_is_an_error() -> None:
-    s = score("processors.testing:NaNVerifier", rollout("r1", ""))
+    s = score("testkit.stages:NaNVerifier", rollout("r1", ""))
     assert s["status"] == "ERROR" and "no exact JSON form" in s["error"]
 
 
 def test_raw_output_is_stored_as_canonical_json() -> None:
-    s = score("processors.testing:ConstantVerifier", rollout("r1", "", {"score": {"b": [1, 2.5], "a": "é"}}))
+    s = score("testkit.stages:ConstantVerifier", rollout("r1", "", {"score": {"b": [1, 2.5], "a": "é"}}))
     assert s["raw_json"] == '{"a":"é","b":[1,2.5]}'
 
 
@@ -217,7 +217,7 @@ def test_majority_vote() -> None:
 
 
 def test_group_verifier_results_missing_for_some_rollouts_are_errors() -> None:
-    pv = load_verifier("processors.testing:PartialGroupVerifier")
+    pv = load_verifier("testkit.stages:PartialGroupVerifier")
     rs = [rollout("r1", ""), rollout("r2", "")]
     first, second = FIXED.score_group(pv, rs, GROUP, {})
     assert raw(first) == {"seen": 2}

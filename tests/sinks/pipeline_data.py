@@ -8,9 +8,9 @@ from processors.assembler import RolloutAssembly
 from processors.grouper import GrouperState, GroupingConfig
 from processors.pipeline import StageConfigs, process_group
 from processors.samples import SampleConfig
-from processors.testing import AttemptSpec, attempt_events, growing_turns
 from processors.verifiers import VerifierRunner, load_verifiers
-from sinks.synthetic import Event
+from testkit.stages import AttemptSpec, attempt_events, growing_turns
+from testkit.storage_records import Event
 
 CONFIGS = StageConfigs.load("deploy/config/reward.yaml", "deploy/config/credit.yaml", "deploy/config/sample.yaml")
 VERIFIERS = load_verifiers(["processors.verifiers.answer_match:AnswerMatch"])

@@ -17,7 +17,7 @@ from sinks.replay import publish, replay
 from sinks.rows import TABLE_OF
 from sinks.sink import SinkOptions, run_sink
 from sinks.store import load_records, table_counts, write_records
-from sinks.synthetic import GroupSpec, synthetic_group
+from testkit.storage_records import GroupSpec, synthetic_group
 from tokentrail.settings import Settings
 
 from .pipeline_data import CONFIGS, pipeline_events, sample_config

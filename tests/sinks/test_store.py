@@ -25,7 +25,7 @@ from sinks.store import (
     table_counts,
     write_records,
 )
-from sinks.synthetic import GroupSpec, synthetic_group
+from testkit.storage_records import GroupSpec, synthetic_group
 from tokentrail.cli import main as cli_main
 from tokentrail.settings import REPO_ROOT
 

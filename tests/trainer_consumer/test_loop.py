@@ -9,10 +9,10 @@ import numpy as np
 
 from models.policy_store import PolicyStore
 from schemas.codec import get_codec
+from testkit.samples import random_sequence, sample_record
 from trainer_consumer.batching import Batch, batches_from_samples, staleness_filter
 from trainer_consumer.learner import Learner, LearnerConfig
 from trainer_consumer.policy import StorePublisher
-from trainer_consumer.synthetic import random_sequence, sample_record
 from trainer_consumer.trainer import TrainerState, TrainingLoop
 
 from .helpers import VOCAB, decode_round_trip, make_tiny_model

@@ -13,7 +13,7 @@ from pathlib import Path
 from clickhouse_connect.driver.client import Client
 
 from sinks.client import ClickHouseConfigError, connect, is_embedded
-from tokentrail.cli import CliError
+from tokentrail.errors import CliError
 from tokentrail.settings import get_settings
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tokentrail.cli import CliError
+from tokentrail.errors import CliError
 from tokentrail.settings import get_settings
 from trainer_consumer.batching import FilterConfig
 from trainer_consumer.learner import LearnerConfig

@@ -22,7 +22,7 @@ from schemas.kafka_config import admin_config, consumer_config, producer_config
 from schemas.topics import ALL_TOPICS, CALLS_TOPIC, ensure_topics
 from tests.processors.stream.stream_rig import StreamRig, comparable, group_events, interleave, make_rig
 from tokentrail import kafka_local
-from tokentrail.commands.process import start_worker_process, stop_worker_process
+from tokentrail.runtime.process import start_worker_process, stop_worker_process
 from tokentrail.settings import KafkaSettings, Settings, get_settings
 
 pytestmark = pytest.mark.kafka

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from models.reference.build import build_model
-from producers.gateway.testing import RunningGateway, free_port, running_gateway
 from producers.gateway.text_side import ModelTextSide
+from testkit.gateway import RunningGateway, free_port, running_gateway
 from tokentrail.settings import Settings
 
 from .vllm_server import MIN_HEAD_DIM, VLLMServer, install_vllm, start_vllm

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from models.policy_store import PolicyStore
-from producers.gateway.testing import free_port
 from schemas.local_paths import REPO_ROOT
+from testkit.gateway import free_port
 
 from .test_weight_sync_live import restore_base
 from .vllm_server import VLLMServer

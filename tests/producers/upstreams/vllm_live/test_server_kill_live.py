@@ -37,12 +37,13 @@ from safetensors.torch import load_file
 
 from bench.weight_sync_kill import KillTimeline, Victim, run_kill_scenario
 from models.policy_store import PolicyStore
-from producers.gateway.testing import RunningGateway, free_port, running_gateway
 from producers.gateway.text_side import ModelTextSide
 from producers.sdk import AsyncRollout
 from producers.upstreams.vllm import label_version, rendezvous_order, spans_from_text
-from tokentrail.commands.weight_sync import GatedUpstream, gate_upstream
-from tokentrail.reliability.kafka_read import first_records
+from producers.upstreams.weight_gate import GatedUpstream
+from testkit.gateway import RunningGateway, free_port, running_gateway
+from testkit.kafka_read import first_records
+from tokentrail.runtime.weight_sync import gate_upstream
 from tokentrail.settings import Settings
 from trainer_consumer.weight_sync import ServerStatus
 

@@ -22,10 +22,11 @@ import torch
 from safetensors.torch import load_file
 
 from models.policy_store import PolicyStore
-from producers.gateway.testing import RunningGateway, free_port, running_gateway
 from producers.gateway.text_side import ModelTextSide
 from producers.sdk import Rollout
-from tokentrail.commands.weight_sync import GatedUpstream, gate_upstream
+from producers.upstreams.weight_gate import GatedUpstream
+from testkit.gateway import RunningGateway, free_port, running_gateway
+from tokentrail.runtime.weight_sync import gate_upstream
 from tokentrail.settings import Settings
 from trainer_consumer.weight_sync import ServerStatus, WeightSync
 
