@@ -29,6 +29,8 @@ class SequenceSpec:
     advantage: float
     weight: float = 1.0  # per output token
     group_id: str = "group-0"
+    call_id: str | None = None  # the call its tokens come from (default: the rollout's first call)
+    call_index: int = 0
 
     @property
     def length(self) -> int:
@@ -50,8 +52,11 @@ def random_sequence(rng: np.random.Generator, vocab_size: int, prompt_len: int, 
 
 
 def sample_record(sequences: Sequence[SequenceSpec], policy_version: int = 0,
-                  sample_config_id: str = "synthetic", created_at_us: int | None = None) -> dict[str, Any]:
-    """A Sample record (plain dict for ``codec.encode("Sample", ...)``) packing ``sequences``."""
+                  sample_config_id: str = "synthetic", created_at_us: int | None = None, *,
+                  event_id_: str | None = None, score_ids: Sequence[str] = (), reward_ids: Sequence[str] = (),
+                  credit_ids: Sequence[str] = (), version_spans: list[Any] | None = None) -> dict[str, Any]:
+    """A Sample record (plain dict for ``codec.encode("Sample", ...)``) packing ``sequences``; the storage
+    tests' records name the events they derive from (``event_id_`` and the score / reward / credit ids)."""
     if not sequences:
         raise ValueError("a sample needs at least one sequence")
     ids, mask, logprobs, advantages, weights, starts, segments = [], [], [], [], [], [], []
@@ -62,26 +67,30 @@ def sample_record(sequences: Sequence[SequenceSpec], policy_version: int = 0,
             raise ValueError("every sequence needs at least one prompt token to condition its output")
         starts.append(offset)
         ids += [np.asarray(seq.prompt_ids, dtype=np.uint32), np.asarray(seq.output_ids, dtype=np.uint32)]
-        mask += [np.zeros(p, np.uint8), np.ones(o, np.uint8)]
+        in_loss = np.concatenate([np.zeros(p, np.uint8), np.ones(o, np.uint8)])
+        mask.append(in_loss)
         logprobs += [np.full(p, np.nan, np.float32), np.asarray(seq.output_logprobs, np.float32)]
-        advantages += [np.zeros(p, np.float32), np.full(o, seq.advantage, np.float32)]
-        weights += [np.zeros(p, np.float32), np.full(o, seq.weight, np.float32)]
-        cid = call_id(seq.rollout_id, "attempt-0", 0)
-        segments.append(_segment(seq.rollout_id, cid, "PROMPT", offset, p))
+        # Per token as the sample stage writes them: the mask times the value (a prompt token of a negative
+        # advantage is -0.0, as in the stage's output).
+        advantages.append(in_loss.astype(np.float32) * np.float32(seq.advantage))
+        weights.append(in_loss.astype(np.float32) * np.float32(seq.weight))
+        cid = seq.call_id or call_id(seq.rollout_id, "attempt-0", 0)
+        segments.append(_segment(seq.rollout_id, cid, seq.call_index, "PROMPT", offset, p))
         if o:
-            segments.append(_segment(seq.rollout_id, cid, "OUTPUT", offset + p, o))
+            segments.append(_segment(seq.rollout_id, cid, seq.call_index, "OUTPUT", offset + p, o))
         offset += p + o
     input_ids = pack_ids(np.concatenate(ids))
     rollout_ids = list(dict.fromkeys(s.rollout_id for s in sequences))
-    return {
-        "event_id": event_id("sample", sample_config_id, rollout_ids, hashlib.sha256(input_ids).hexdigest()),
+    record = {
+        "event_id": event_id_ or event_id("sample", sample_config_id, rollout_ids,
+                                          hashlib.sha256(input_ids).hexdigest()),
         "kind": "CALL" if len(sequences) == 1 else "PACKED",
         "sample_config_id": sample_config_id,
         "rollout_ids": rollout_ids,
         "group_ids": list(dict.fromkeys(s.group_id for s in sequences)),
-        "score_ids": [],
-        "reward_ids": [],
-        "credit_ids": [],
+        "score_ids": list(score_ids),
+        "reward_ids": list(reward_ids),
+        "credit_ids": list(credit_ids),
         "policy_version_first": policy_version,
         "policy_version_last": policy_version,
         "input_ids": input_ids,
@@ -93,10 +102,13 @@ def sample_record(sequences: Sequence[SequenceSpec], policy_version: int = 0,
         "segments": segments,
         "created_at_us": created_at_us if created_at_us is not None else time.time_ns() // 1000,
     }
+    if version_spans is not None:
+        record["version_spans"] = version_spans
+    return record
 
 
-def _segment(rollout_id: str, cid: str, source: str, start: int, length: int) -> dict[str, Any]:
-    return {"rollout_id": rollout_id, "call_id": cid, "call_index": 0, "source": source,
+def _segment(rollout_id: str, cid: str, call_index: int, source: str, start: int, length: int) -> dict[str, Any]:
+    return {"rollout_id": rollout_id, "call_id": cid, "call_index": call_index, "source": source,
             "sample_start": start, "call_start": 0, "length": length}
 
 

@@ -17,7 +17,8 @@ import orjson
 from schemas.builders import make_call
 from schemas.ids import content_hash, env_event_id, event_id
 from schemas.prompt_delta import encode_prompt
-from schemas.tokens import pack_floats, pack_ids, pack_int32, pack_mask
+from schemas.tokens import pack_floats, pack_int32
+from testkit.samples import SequenceSpec, sample_record
 
 Record = dict
 Event = tuple[str, Record]
@@ -415,54 +416,16 @@ def _rollout(
 def _call_sample(info: dict, i: int, config: dict) -> Record:
     call, prompt, output = info["calls"][i], info["prompts"][i], info["outputs"][i]
     credit, reward, score = info["credit"], info["reward"], info["score"]
-    rid = call["rollout_id"]
-    n_p, n_o = len(prompt), len(output)
-    mask = np.concatenate([np.zeros(n_p, np.uint8), np.ones(n_o, np.uint8)])
-    logprobs = np.concatenate([np.full(n_p, np.nan, np.float32), np.frombuffer(call["output_logprobs"], "<f4")])
-    weight = np.float32(credit["rollout_weight"] / credit["sampled_tokens"])
-    weights = mask.astype(np.float32) * weight
-    advantages = mask.astype(np.float32) * np.float32(credit["rollout_advantage"])
     cfg = content_hash(config)
-    return {
-        "event_id": event_id("sample", cfg, call["call_id"]),
-        "kind": "CALL",
-        "sample_config_id": cfg,
-        "rollout_ids": [rid],
-        "group_ids": [credit["group_id"]],
-        "score_ids": [score["event_id"]],
-        "reward_ids": [reward["event_id"]],
-        "credit_ids": [credit["event_id"]],
-        "policy_version_first": call["versions"]["policy_version"],
-        "policy_version_last": call["versions"]["policy_version"],
-        "input_ids": pack_ids(np.concatenate([prompt, output])),
-        "loss_mask": pack_mask(mask),
-        "rollout_logprobs": pack_floats(logprobs),
-        "advantages": pack_floats(advantages),
-        "weights": pack_floats(weights),
-        "sequence_starts": pack_int32([0]),
-        "segments": [
-            {
-                "rollout_id": rid,
-                "call_id": call["call_id"],
-                "call_index": i,
-                "source": "PROMPT",
-                "sample_start": 0,
-                "call_start": 0,
-                "length": n_p,
-            },
-            {
-                "rollout_id": rid,
-                "call_id": call["call_id"],
-                "call_index": i,
-                "source": "OUTPUT",
-                "sample_start": n_p,
-                "call_start": 0,
-                "length": n_o,
-            },
-        ],
-        "version_spans": [],  # every loss token from policy_version_first
-        "created_at_us": 0,
-    }
+    sequence = SequenceSpec(rollout_id=call["rollout_id"], prompt_ids=prompt, output_ids=output,
+                            output_logprobs=np.frombuffer(call["output_logprobs"], "<f4"),
+                            advantage=float(np.float32(credit["rollout_advantage"])),
+                            weight=float(np.float32(credit["rollout_weight"] / credit["sampled_tokens"])),
+                            group_id=credit["group_id"], call_id=call["call_id"], call_index=i)
+    return sample_record([sequence], call["versions"]["policy_version"], cfg, created_at_us=0,
+                         event_id_=event_id("sample", cfg, call["call_id"]), score_ids=[score["event_id"]],
+                         reward_ids=[reward["event_id"]], credit_ids=[credit["event_id"]],
+                         version_spans=[])  # every loss token from policy_version_first
 
 
 def pack_samples(parts: list[Record], config: dict) -> Record:
