@@ -22,8 +22,8 @@ from confluent_kafka.admin import AdminClient
 from processors.assembler import RolloutAssembly
 from processors.grouper import GrouperState
 from processors.pipeline import StageConfigs, process_group
-from processors.stream.config import load_grouping
 from processors.stream.topics import StreamTopics, ensure_stream_topics
+from processors.stream.worker_config import load_grouping
 from processors.testing import AttemptSpec, attempt_events, growing_turns
 from processors.verifiers import VerifierRunner, load_verifiers
 from schemas.codec import get_codec

@@ -17,9 +17,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from processors.grouper import GroupingConfig
 from processors.pipeline import StageConfigs
-from processors.stream.config import load_grouping
 from processors.stream.topics import OUTPUT_SPECS, StreamTopics, ensure_stream_topics
 from processors.stream.worker import EXIT_STALLED
+from processors.stream.worker_config import load_grouping
 from schemas.codec import DecodeError, get_codec
 from schemas.kafka_config import consumer_config, producer_config
 from tokentrail.commands.process import start_worker_process, stop_worker_process
