@@ -8,7 +8,7 @@ Processes of their own, all on this machine:
   once, so what a front adds over calling it directly is the front's own cost. Calling it directly is
   the baseline (**direct**).
 * **gateway**: the real tokentrail gateway (``producers.gateway.wiring.build_app``, the vLLM upstream client
-  of ``producers/upstreams/vllm.py``) in ``--prefix-mode`` (default ``splice``): it renders and tokenizes
+  of ``producers/upstreams/vllm/``) in ``--prefix-mode`` (default ``splice``): it renders and tokenizes
   the conversation, sends the ids to the upstream, records the call (Avro) and answers only after the
   record is acknowledged by the local Kafka broker (acks=all, with its spool).
 * **thin**: ``bench/thin_proxy.py``, httpx relaying bytes and parsing nothing (a floor for any proxy).
