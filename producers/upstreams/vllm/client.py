@@ -91,8 +91,8 @@ class VLLMUpstream:
         if token_endpoint not in TOKEN_PATHS:
             raise ValueError(f"token_endpoint {token_endpoint!r}: one of {', '.join(TOKEN_PATHS)}")
         self.token_endpoint: TokenEndpoint = token_endpoint
-        self.fleet = Fleet(servers, api_key=api_key, timeout_s=timeout_s)
-        self.servers = self.fleet.servers
+        self._fleet = Fleet(servers, api_key=api_key, timeout_s=timeout_s)
+        self.servers = self._fleet.servers
         self._model = model
         self._policy_version = policy_version
         self._engines: dict[str, str] = {}
@@ -111,14 +111,14 @@ class VLLMUpstream:
 
     def servers_for(self, rollout_id: str) -> list[str]:
         """Servers in the order this rollout tries them (the first one unless it is down)."""
-        return self.fleet.order(rollout_id)
+        return self._fleet.order(rollout_id)
 
     def server_for(self, rollout_id: str) -> str:
         return self.servers_for(rollout_id)[0]
 
     async def models(self, server: str | None = None) -> list[dict[str, Any]]:
         """``GET /v1/models``: the served models (``id``, ``root``, ``max_model_len``, ...)."""
-        body = await self.fleet.get_json(server or self.servers[0], "/v1/models")
+        body = await self._fleet.get_json(server or self.servers[0], "/v1/models")
         return list(body.get("data") or [])
 
     async def model(self) -> str:
@@ -144,7 +144,7 @@ class VLLMUpstream:
         """``GET /version`` as an engine string, e.g. ``vllm/0.32.0`` (cached per server)."""
         server = server or self.servers[0]
         if server not in self._engines:
-            body = await self.fleet.get_json(server, "/version")
+            body = await self._fleet.get_json(server, "/version")
             self._engines[server] = f"vllm/{body.get('version', 'unknown')}"
         return self._engines[server]
 
@@ -156,7 +156,7 @@ class VLLMUpstream:
         self._policy_version = version
 
     async def close(self) -> None:
-        await self.fleet.close()
+        await self._fleet.close()
 
     def _check_context(self, prompt_len: int) -> None:
         """Refuse, before sending, a prompt the model's context cannot hold with at least one output token
@@ -182,7 +182,7 @@ class VLLMUpstream:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         body, sent = await self.token_body(request, stream=False)
         began = time.perf_counter()
-        server, response = await self.fleet.post(request.rollout_id or request.request_id,
+        server, response = await self._fleet.post(request.rollout_id or request.request_id,
                                                  TOKEN_PATHS[self.token_endpoint], body)
         total_ms = (time.perf_counter() - began) * 1000
         if response.status_code != 200:
@@ -243,7 +243,7 @@ class VLLMUpstream:
             got = Streamed()
             server = ""
             try:
-                server, stream = await self.fleet.open_stream(route_key, TOKEN_PATHS[self.token_endpoint], body,
+                server, stream = await self._fleet.open_stream(route_key, TOKEN_PATHS[self.token_endpoint], body,
                                                               lost)
                 async for chunk_ids, chunk_logprobs in _stream_tokens(stream, server, got, read_logprobs):
                     yield TokenChunk(chunk_ids, chunk_logprobs)
@@ -252,7 +252,7 @@ class VLLMUpstream:
                 if got.output_ids:  # the caller has tokens of this answer: it cannot move to another server
                     raise
                 lost.append(exc.server)
-                self.fleet.lost(exc.server, exc, lost, route_key)
+                self._fleet.lost(exc.server, exc, lost, route_key)
         check_prompt(request, sent, got.prompt_ids, server)
         got.prompt_ids = request.prompt_ids  # checked equal: the gateway's array, not a new list
         finish_reason = got.finish_reason_or_raise(server)
@@ -280,7 +280,7 @@ class VLLMUpstream:
     async def _chat_whole(self, request: ChatGenerateRequest) -> GenerateResult:
         body = await self.chat_body(request, stream=False)
         began = time.perf_counter()
-        server, response = await self.fleet.post(request.rollout_id or request.request_id, CHAT_PATH, body)
+        server, response = await self._fleet.post(request.rollout_id or request.request_id, CHAT_PATH, body)
         if response.status_code != 200:
             raise error_from_response(response.status_code, response.content, server)
         parsed = orjson.loads(response.content)
@@ -304,7 +304,7 @@ class VLLMUpstream:
         body = await self.chat_body(request)
         policy_version = self._policy_version
         got = Streamed()
-        server, stream = await self.fleet.open_stream(request.rollout_id or request.request_id, CHAT_PATH, body)
+        server, stream = await self._fleet.open_stream(request.rollout_id or request.request_id, CHAT_PATH, body)
         async with stream as response:
             async for chunk in sse_json(response, server):
                 got.saw(chunk)
@@ -331,7 +331,7 @@ class VLLMUpstream:
         is vLLM's top-level field, each choice's ids its ``token_ids``.
         """
         request = bodies.passthrough_body(body, await self.model(), stream=False)
-        server, response = await self.fleet.post(rollout_id, CHAT_PATH, request)
+        server, response = await self._fleet.post(rollout_id, CHAT_PATH, request)
         if response.status_code != 200:
             raise error_from_response(response.status_code, response.content, server)
         parsed = orjson.loads(response.content)
@@ -356,7 +356,7 @@ class VLLMUpstream:
         and their logprobs inside ``choices``.
         """
         request = bodies.passthrough_body(body, await self.model(), stream=True)
-        server, stream = await self.fleet.open_stream(rollout_id, CHAT_PATH, request)
+        server, stream = await self._fleet.open_stream(rollout_id, CHAT_PATH, request)
         prompt: list[int] | None = None
         by_index: dict[int, PassthroughChoice] = {}
         chunks: list[dict[str, Any]] = []
@@ -387,7 +387,7 @@ class VLLMUpstream:
                              weights_path: str | None = None, pause_mode: str = "wait") -> None:
         """Make every server serve policy ``version`` (producers/upstreams/vllm/weights.py says how), then
         record that version on new calls."""
-        await push_weights(self.fleet, version, lora_name=lora_name, lora_path=lora_path, weights_path=weights_path,
+        await push_weights(self._fleet, version, lora_name=lora_name, lora_path=lora_path, weights_path=weights_path,
                            pause_mode=pause_mode)
         if lora_name:
             self._model = lora_name
