@@ -65,6 +65,13 @@ LOGPROB_KINDS: dict[str, LogprobKind] = {"raw_logprobs": "RAW", "processed_logpr
 ReadLogprobs = Callable[[dict[str, Any] | None, list[int], str], list[float]]
 
 
+def settings_options(gateway: GatewaySettings) -> dict[str, Any]:
+    """A client's options from the gateway settings section (``vllm_model``, ``vllm_logprobs_mode``,
+    ``vllm_api_key``); the servers are ``gateway.upstream``."""
+    return {"model": gateway.vllm_model or None, "logprobs_mode": gateway.vllm_logprobs_mode,
+            "api_key": gateway.vllm_api_key or None}
+
+
 class VLLMUpstream:
     """Upstream over one or more vLLM OpenAI-compatible servers (base URLs without ``/v1``)."""
 
@@ -103,9 +110,7 @@ class VLLMUpstream:
     @classmethod
     def from_settings(cls, gateway: GatewaySettings, **kwargs: Any) -> VLLMUpstream:
         """Servers from ``gateway.upstream`` (comma-separated base URLs)."""
-        defaults: dict[str, Any] = {"model": gateway.vllm_model or None, "logprobs_mode": gateway.vllm_logprobs_mode,
-                                    "api_key": gateway.vllm_api_key or None}
-        return cls(gateway.upstream, **{**defaults, **kwargs})
+        return cls(gateway.upstream, **{**settings_options(gateway), **kwargs})
 
     # ------------------------------------------------------------------ routing and metadata
 
