@@ -21,8 +21,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from processors.assembler import RolloutAssembly
 from processors.grouper import GrouperState
 from processors.pipeline import StageConfigs, process_group
-from processors.stream.config import load_grouping
 from processors.stream.topics import StreamTopics, ensure_stream_topics
+from processors.stream.worker_config import load_grouping
 from processors.verifiers import VerifierRunner, load_verifiers
 from schemas.codec import get_codec
 from schemas.kafka_config import admin_config, consumer_config, producer_config

@@ -84,7 +84,7 @@ def workload(tag: str, groups: int, seed: int) -> list[Event]:
 def core_outputs(events: Iterable[Event], settings: Settings) -> dict[str, dict[str, Record]]:
     """Event id -> record of everything the pure core emits for ``events`` with these settings' configs."""
     from processors.pipeline import StageConfigs
-    from processors.stream.config import load_grouping
+    from processors.stream.worker_config import load_grouping
 
     proc = settings.processors
     stages = StageConfigs.load(proc.reward_config, proc.credit_config, proc.sample_config)

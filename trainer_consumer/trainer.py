@@ -280,7 +280,7 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
         learning_rate=ts.learning_rate, mismatch_bound=ts.mismatch_bound,
         loss=LossConfig(importance_sampling=resolve_importance_sampling(ts.importance_sampling, options.upstream),
                         importance_cap=ts.importance_cap))
-    filter_cfg = options.filters or FilterConfig(max_staleness=ts.max_staleness, stale_rule=ts.stale_rule)
+    filter_cfg = options.filters or FilterConfig.from_settings(ts)
     store = PolicyStore(options.checkpoint_dir or ts.checkpoint_dir)
     model_dir = options.model_dir or settings.model.dir
 

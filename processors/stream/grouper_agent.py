@@ -23,10 +23,10 @@ from processors.grouper import GroupSlot, add_rollout, group_id_for
 from processors.pipeline import process_group
 from processors.stream import tables
 from processors.stream.clock import PartitionClocks
-from processors.stream.config import StreamConfig
 from processors.stream.entries import GroupEntry, due_entries, pack_entry, read_body, read_head
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import BAD_INPUT, Outputs, Record
+from processors.stream.worker_config import StreamConfig
 from schemas.codec import Codec
 
 log = logging.getLogger("tokentrail.processors")

@@ -26,7 +26,7 @@ ROLLOUTS_BY_GROUP = T.TopicSpec(
     "tokentrail.rollouts-by-group", "group_id", ("CompletedRollout",), 7 * T.DAY_MS,
     "Internal to the processors app: complete, counted rollouts repartitioned by group id.",
 )
-# Internal to the feedback join (feedback_messages.py: JSON values): feedback and call ids keyed by what
+# Internal to the feedback join (feedback/messages.py: JSON values): feedback and call ids keyed by what
 # feedback names ("call:<id>", "session:<id>"), then feedback and completed rollouts keyed by rollout id.
 FEEDBACK_BY_TARGET = T.TopicSpec(
     "tokentrail.feedback-by-target", "target key", (), 7 * T.DAY_MS,
@@ -36,7 +36,7 @@ FEEDBACK_BY_ROLLOUT = T.TopicSpec(
     "tokentrail.feedback-by-rollout", "rollout_id", (), 7 * T.DAY_MS,
     "Internal to the processors app: resolved feedback and completed rollouts, keyed by rollout id.",
 )
-# Internal to the baselines (baseline_messages.py): what pairs a rollout attempt with its feedback reward (the
+# Internal to the baselines (baselines/messages.py): what pairs a rollout attempt with its feedback reward (the
 # rollout, its first call's cluster key, the reward), keyed by rollout id; then the paired members, keyed by the
 # grouping key, so one worker holds a key's windows and running baseline.
 BASELINE_BY_ROLLOUT = T.TopicSpec(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from schemas.kafka_config import KafkaSettings
 
 if TYPE_CHECKING:
-    from processors.stream.config import StreamConfig
+    from processors.stream.worker_config import StreamConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 EXIT_STALLED = 3

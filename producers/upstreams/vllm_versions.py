@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from producers.upstreams.base import ChatGenerateRequest, GenerateRequest, GenerateResult, TokenChunk, UpstreamError
 from producers.upstreams.deferred_stream import DeferredStream
 from producers.upstreams.vllm import VLLMUpstream, rendezvous_order
+from producers.upstreams.vllm.client import settings_options
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +141,7 @@ class VersionedVLLMUpstream:
     @classmethod
     def from_settings(cls, gateway: Any, loader: VersionLoader, **kwargs: Any) -> VersionedVLLMUpstream:
         """Servers from ``gateway.upstream`` (comma-separated base URLs), as ``VLLMUpstream.from_settings``."""
-        defaults: dict[str, Any] = {"model": gateway.vllm_model or None, "logprobs_mode": gateway.vllm_logprobs_mode,
-                                    "api_key": gateway.vllm_api_key or None}
-        return cls(gateway.upstream, loader, **{**defaults, **kwargs})
+        return cls(gateway.upstream, loader, **{**settings_options(gateway), **kwargs})
 
     def __getattr__(self, name: str) -> Any:  # model(), engine(), max_model_len, logprob_kind: the fleet's
         if name == "_clients":

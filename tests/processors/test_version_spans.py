@@ -21,7 +21,7 @@ from processors.rewards import RewardConfig, compute_rewards
 from processors.samples import SampleConfig, build_samples
 from producers.gateway import records
 from producers.upstreams.base import ReleaseAssignment
-from producers.upstreams.vllm import parse_spans, policy_spans, spans_version
+from producers.upstreams.vllm.labels import parse_spans, policy_spans, spans_version
 from schemas.builders import T0_US, make_finished, make_started
 from schemas.codec import SCHEMA_DIR, Codec, SchemaStore, get_codec
 from schemas.examples import example_record

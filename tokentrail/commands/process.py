@@ -70,8 +70,8 @@ def run_worker(args: argparse.Namespace, settings: Settings | None = None) -> in
     """Resolve the worker's configuration from the settings and the flags, then run it
     (``processors.stream.worker``) with the kafka and processors sections."""
     from processors.errors import ConfigError
-    from processors.stream.config import StreamConfig
     from processors.stream.worker import run_worker as run_stream_worker
+    from processors.stream.worker_config import StreamConfig
 
     settings = _settings_with(settings or get_settings(), args.app_id)
     try:

@@ -17,9 +17,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from processors.grouper import GroupingConfig
 from processors.pipeline import StageConfigs
-from processors.stream.config import load_grouping
 from processors.stream.topics import OUTPUT_SPECS, StreamTopics, ensure_stream_topics
 from processors.stream.worker import EXIT_STALLED
+from processors.stream.worker_config import load_grouping
 from reliability.pipeline import (  # noqa: F401 - re-exported for the tests
     OUTPUTS,
     Collected,

@@ -22,9 +22,9 @@ from processors.feedback.config import FeedbackRewardConfig
 from processors.feedback.join import UnmatchedFeedback, unmatched_reason
 from processors.stream import tables
 from processors.stream.entries import due_entries, pack_entry, read_body
-from processors.stream.feedback_letters import FeedbackLetters
-from processors.stream.feedback_messages import Source, feedback_message, read_message
-from processors.stream.feedback_stage import FeedbackStage
+from processors.stream.feedback.letters import FeedbackLetters
+from processors.stream.feedback.messages import Source, feedback_message, read_message
+from processors.stream.feedback.stage import FeedbackStage
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import BAD_INPUT, Encoded, Outputs
 from processors.stream.topics import StreamTopics

@@ -32,8 +32,8 @@ from processors.feedback.join import (
 )
 from processors.stream import tables
 from processors.stream.entries import due_entries, pack_entry, read_body
-from processors.stream.feedback_messages import Source, read_message
-from processors.stream.feedback_stage import FeedbackStage
+from processors.stream.feedback.messages import Source, read_message
+from processors.stream.feedback.stage import FeedbackStage
 from processors.stream.outputs import BAD_INPUT, Encoded
 
 Record = dict[str, Any]

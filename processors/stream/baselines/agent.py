@@ -24,7 +24,7 @@ from processors.baselines.windows import BaselineWindow, KeyBaselines, LateMembe
 from processors.credit import CreditConfig
 from processors.samples import SampleConfig
 from processors.stream import tables
-from processors.stream.baseline_messages import pack, unpack
+from processors.stream.baselines.messages import pack, unpack
 from processors.stream.clock import PartitionClocks
 from processors.stream.entries import due_entries, pack_entry, read_body
 from processors.stream.health import WorkerHealth

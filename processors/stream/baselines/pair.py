@@ -21,7 +21,7 @@ from processors.baselines.config import BaselineConfig
 from processors.baselines.keys import rollout_key
 from processors.baselines.members import member_of, reward_of_attempt
 from processors.stream import tables
-from processors.stream.baseline_messages import FIRST, ROLLOUT, pack, read_tagged, unpack
+from processors.stream.baselines.messages import FIRST, ROLLOUT, pack, read_tagged, unpack
 from processors.stream.clock import PartitionClocks
 from processors.stream.entries import due_entries, pack_entry, read_body
 from processors.stream.health import WorkerHealth

@@ -3,9 +3,9 @@
   (assembler, after) tokentrail.calls: an attempt's first call -> its cluster key -> baseline-by-rollout
   (router, after)    tokentrail.rollouts: complete, counted rollouts           -> baseline-by-rollout
   baseline-rewards   tokentrail.rewards: feedback rewards the baselines read    -> baseline-by-rollout
-  baseline-pair      baseline-by-rollout -> baseline-by-key, table baseline-pairs  (baseline_pair.py)
+  baseline-pair      baseline-by-rollout -> baseline-by-key, table baseline-pairs  (pair.py)
   baseline           baseline-by-key -> baselines, rewards, credits, samples, table baseline-keys
-                                                                                  (baseline_agent.py)
+                                                                                  (agent.py)
 
 Each agent has concurrency 1 and a lock its timer shares, like the other stateful agents.
 """
@@ -20,13 +20,13 @@ from typing import Any
 import faust
 
 from processors.baselines.members import first_call_key, is_baseline_input
-from processors.stream.baseline_agent import BaselineKeys
-from processors.stream.baseline_messages import ROLLOUT, first_message, reward_message, tagged
-from processors.stream.baseline_pair import BaselinePairs
-from processors.stream.config import StreamConfig
+from processors.stream.baselines.agent import BaselineKeys
+from processors.stream.baselines.messages import ROLLOUT, first_message, reward_message, tagged
+from processors.stream.baselines.pair import BaselinePairs
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import BAD_INPUT, RAW_TOPIC, Outputs
 from processors.stream.tables import RAW_TABLE
+from processors.stream.worker_config import StreamConfig
 from schemas.codec import Codec, DecodeError
 
 Handler = Callable[[Any], Awaitable[None]]

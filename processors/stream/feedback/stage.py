@@ -12,7 +12,7 @@ import faust
 
 from processors.feedback.config import FeedbackRewardConfig
 from processors.stream.clock import PartitionClocks
-from processors.stream.feedback_letters import FeedbackLetters
+from processors.stream.feedback.letters import FeedbackLetters
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import Outputs
 from processors.stream.topics import StreamTopics

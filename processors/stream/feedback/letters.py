@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 from processors.feedback.join import LateFeedback, UnmatchedFeedback, late_dead_letter, unmatched_dead_letter
-from processors.stream.feedback_messages import Source
+from processors.stream.feedback.messages import Source
 from processors.stream.outputs import Encoded
 from processors.stream.topics import StreamTopics
 from schemas.codec import Codec

@@ -1,10 +1,10 @@
 """The feedback join's parts in the processors app, built only when ``processors.feedback_join`` is on.
 
-  feedback-router    tokentrail.feedback -> feedback-by-target | feedback-by-rollout   (feedback_router.py)
+  feedback-router    tokentrail.feedback -> feedback-by-target | feedback-by-rollout   (router.py)
   (assembler, after) tokentrail.calls: call and session ids -> feedback-by-target
   (router, after)    tokentrail.rollouts: COMPLETE rollouts -> feedback-by-rollout
-  feedback-resolver  feedback-by-target -> feedback-by-rollout, table feedback-targets (feedback_resolver.py)
-  feedback-join      feedback-by-rollout -> rewards, dead letters, table feedback-join  (feedback_agent.py)
+  feedback-resolver  feedback-by-target -> feedback-by-rollout, table feedback-targets (resolver.py)
+  feedback-join      feedback-by-rollout -> rewards, dead letters, table feedback-join  (agent.py)
 
 Each agent has concurrency 1 and a lock its timer shares, like the assembler and the grouper.
 """
@@ -18,14 +18,14 @@ from typing import Any
 
 import faust
 
-from processors.stream.config import StreamConfig
-from processors.stream.feedback_agent import FeedbackJoinAgent
-from processors.stream.feedback_letters import FeedbackLetters
-from processors.stream.feedback_resolver import FeedbackResolver
-from processors.stream.feedback_router import FeedbackRouter
+from processors.stream.feedback.agent import FeedbackJoinAgent
+from processors.stream.feedback.letters import FeedbackLetters
+from processors.stream.feedback.resolver import FeedbackResolver
+from processors.stream.feedback.router import FeedbackRouter
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import RAW_TOPIC, Outputs
 from processors.stream.tables import RAW_TABLE
+from processors.stream.worker_config import StreamConfig
 from schemas.codec import Codec
 
 Handler = Callable[[Any], Awaitable[None]]

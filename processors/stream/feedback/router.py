@@ -18,8 +18,8 @@ from typing import Any
 
 from processors.feedback.join import UnmatchedFeedback, rollout_ref
 from processors.feedback.validate import check_feedback
-from processors.stream.feedback_letters import FeedbackLetters
-from processors.stream.feedback_messages import (
+from processors.stream.feedback.letters import FeedbackLetters
+from processors.stream.feedback.messages import (
     Source,
     feedback_message,
     index_messages,
