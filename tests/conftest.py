@@ -41,10 +41,27 @@ def renderer(model_dir: Path) -> ChatRenderer:
 # ---------------------------------------------------------------- Kafka
 
 
+# Tiers by cost (README "Tests"): ``e2e`` is set by the end-to-end modules themselves (``pytestmark``)
+# and implied by ``slow``; ``integration`` by the real services a test's fixtures reach; ``unit`` is the
+# rest. Every test gets exactly one, so ``-m "not e2e"`` (make test-quick) and ``-m unit`` select by cost.
+INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "chdb_dsn", "private_broker"})
+
+
+def tier(item: pytest.Item) -> str:
+    if item.get_closest_marker("e2e") or item.get_closest_marker("slow"):
+        return "e2e"
+    if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return "integration"
+    return "unit"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.kafka)
+        name = tier(item)
+        if not item.get_closest_marker(name):
+            item.add_marker(getattr(pytest.mark, name))
 
 
 @pytest.fixture(scope="session")

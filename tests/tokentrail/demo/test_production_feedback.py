@@ -21,6 +21,8 @@ from tokentrail.demo.production import (
     unknown_response_id,
 )
 
+pytestmark = pytest.mark.e2e
+
 
 def test_edit_distance_is_the_share_of_the_longer_text_changed() -> None:
     assert edit_distance("blue", "blue") == 0.0

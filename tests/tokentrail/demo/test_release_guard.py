@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Producer
 
 from processors.release.controller import initial_state, start_decision
@@ -19,6 +20,8 @@ from schemas.kafka_config import producer_config
 from tokentrail.commands.release_kafka import publish_decision
 from tokentrail.demo import release_guard
 from tokentrail.settings import Settings
+
+pytestmark = pytest.mark.e2e
 
 PLAN = load_plan({"ramp": [0.5]})
 

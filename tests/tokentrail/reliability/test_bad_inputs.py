@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tokentrail.reliability.bad_inputs import (
     BODY_SECRET,
@@ -22,6 +23,8 @@ from tokentrail.reliability.corpus import run_corpus
 from tokentrail.reliability.results import table
 from tokentrail.reliability.security_check import Keys, Pending, check_records
 from tokentrail.settings import Settings
+
+pytestmark = pytest.mark.e2e
 
 # Cases whose right answer the gateway does not give yet (each must still answer below 500; the security
 # ones with exactly their stated wrong status, and with the other rollout untouched).

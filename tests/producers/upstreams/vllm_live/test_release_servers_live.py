@@ -43,7 +43,7 @@ from .records import read_calls
 from .test_weight_sync_live import perturbed, restore_base
 from .vllm_server import VLLMServer, start_vllm
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 SESSIONS = [f"vllm-release-{i:02d}" for i in range(8)]
 PLAN = load_plan({"ramp": [0.5]})

@@ -50,7 +50,7 @@ from .conftest import LOGPROBS_MODE, SERVE_OPTIONS, SERVER_ENV, VLLM_ARGS
 from .test_weight_sync_live import restore_base
 from .vllm_server import VLLMServer, start_vllm
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 KILL_AFTER, DOWN_UPDATES, UPDATES = 2, 2, 6
 WORKERS = 4

@@ -32,7 +32,7 @@ from trainer_consumer.weight_sync import ServerStatus, WeightSync
 from .records import full_prompts, output_of, read_calls, reference_logprobs
 from .vllm_server import VLLMServer
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 LOGPROB_ATOL = 1e-3  # vLLM's CPU kernels vs transformers in float32 (observed ~1e-6)
 
