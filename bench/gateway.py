@@ -407,7 +407,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from schemas.kafka_config import admin_config, consumer_config
+    from schemas.kafka.config import admin_config, consumer_config
     from tokentrail import kafka_local
     from tokentrail.settings import get_settings
 
@@ -659,7 +659,7 @@ async def run_memory(args: argparse.Namespace) -> dict[str, Any]:
     with what the byte-bounded parts hold (/health: the text side's caches, the attempt registry)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from schemas.kafka_config import admin_config
+    from schemas.kafka.config import admin_config
     from tokentrail import kafka_local
     from tokentrail.settings import get_settings
 

@@ -27,7 +27,7 @@ from processors.stream.topics import StreamTopics, ensure_stream_topics
 from processors.testing import AttemptSpec, attempt_events, growing_turns
 from processors.verifiers import VerifierRunner, load_verifiers
 from schemas.codec import get_codec
-from schemas.kafka_config import admin_config, consumer_config, producer_config
+from schemas.kafka.config import admin_config, consumer_config, producer_config
 from tokentrail import kafka_local
 from tokentrail.commands.process import start_worker_process, stop_worker_process
 from tokentrail.settings import Settings, get_settings

@@ -20,8 +20,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from models.reference.build import build_model
 from producers.rendering import ChatRenderer
-from schemas.kafka_config import admin_config
-from schemas.topics import ensure_topics
+from schemas.kafka.config import admin_config
+from schemas.kafka.topic_admin import ensure_topics
 from tokentrail import kafka_local
 from tokentrail.settings import Settings, get_settings
 

@@ -95,7 +95,7 @@ def release_routed(settings: GatewayStackSettings, upstream: Any, topic: str | N
 def make_recovery_source(settings: GatewayStackSettings, topics: dict[str, str] | None = None) -> Any:
     """What a starting gateway reads to rebuild its open attempts (recovery.py); None when turned off."""
     from producers.gateway.recovery import KafkaRecoverySource
-    from schemas.kafka_config import consumer_config
+    from schemas.kafka.config import consumer_config
     from schemas.topics import CALLS_TOPIC, ENV_TOPIC
 
     g = settings.gateway

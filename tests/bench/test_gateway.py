@@ -9,6 +9,9 @@ import subprocess
 import sys
 
 from schemas.local_paths import REPO_ROOT
+import pytest
+
+pytestmark = pytest.mark.e2e
 
 REQUIRED = ("cpu_ms_per_call", "added_p50_ms_c1", "calls_per_s_c64", "litellm_cpu_ms_per_call",
             "litellm_added_p50_ms_c1", "litellm_calls_per_s_c64", "thin_calls_per_s_c64", "cpu_vs_litellm",

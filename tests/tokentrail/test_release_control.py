@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 from schemas.builders import make_call
 from schemas.codec import get_codec
 from schemas.ids import event_id
-from schemas.kafka_config import producer_config
+from schemas.kafka.config import producer_config
 from tests.conftest import NewTopicFactory
 from tokentrail.cli import main
 from tokentrail.commands.release_kafka import ControllerTopics, read_decisions, run_controller

@@ -20,9 +20,9 @@ from models.policy_store import PolicyStore
 from processors.release.controller import ReleaseState, initial_state, manual_decision, start_decision
 from processors.release.events import decision_record
 from processors.release.plan import load_plan
-from schemas import kafka_config
 from schemas.codec import get_codec
-from schemas.release_follower import ReleaseFollower
+from schemas.kafka import config as kafka_config
+from schemas.kafka.release_follower import ReleaseFollower
 from tokentrail.commands.release_kafka import publish_decision
 from tokentrail.settings import Settings
 from trainer_consumer.batching import batches_from_samples

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from schemas.kafka_config import admin_config
+from schemas.kafka.config import admin_config
 from tokentrail.reliability.bad_inputs import CORPUS_MAX_BODY_BYTES, CORPUS_MAX_RECORD_BYTES, CORPUS_MAX_TOKENS
 from tokentrail.reliability.config_check import run_config_corpus
 from tokentrail.reliability.http_check import run_http_corpus

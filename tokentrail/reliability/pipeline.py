@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient
 from processors.stream.topics import OUTPUT_SPECS, StreamTopics, ensure_stream_topics
 from processors.stream.worker import EXIT_STALLED
 from schemas.codec import DecodeError, get_codec
-from schemas.kafka_config import admin_config, consumer_config, producer_config
+from schemas.kafka.config import admin_config, consumer_config, producer_config
 from tokentrail.commands.process import start_worker_process, stop_worker_process
 from tokentrail.settings import Settings
 

@@ -31,7 +31,7 @@ from confluent_kafka.admin import AdminClient
 from processors.stream.topics import StreamTopics, ensure_stream_topics
 from schemas.codec import DecodeError, get_codec
 from schemas.ids import call_id
-from schemas.kafka_config import admin_config, consumer_config
+from schemas.kafka.config import admin_config, consumer_config
 from tokentrail import kafka_local
 from tokentrail.reliability.pipeline import Event, Pipeline, compare, core_outputs
 from tokentrail.reliability.results import FaultResult

@@ -18,7 +18,7 @@ import httpx
 import orjson
 
 from schemas.ids import call_id
-from schemas.kafka_config import admin_config
+from schemas.kafka.config import admin_config
 from tokentrail.reliability.bad_inputs import (
     BODY_SECRET,
     CORPUS_MAX_BODY_BYTES,

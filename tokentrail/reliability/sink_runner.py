@@ -53,7 +53,7 @@ def run_sink_until_caught_up(settings: Settings, prefix: str, dsn: str, group: s
     that exits before that is started again, as a supervisor would, up to ``max_runs``."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from schemas.kafka_config import consumer_config
+    from schemas.kafka.config import consumer_config
     from tokentrail.reliability.sink_child import topic_map
 
     topics, dead_letters = topic_map(prefix)

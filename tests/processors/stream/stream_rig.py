@@ -21,7 +21,7 @@ from processors.stream.config import load_grouping
 from processors.stream.topics import OUTPUT_SPECS, StreamTopics, ensure_stream_topics
 from processors.stream.worker import EXIT_STALLED
 from schemas.codec import DecodeError, get_codec
-from schemas.kafka_config import consumer_config, producer_config
+from schemas.kafka.config import consumer_config, producer_config
 from tokentrail.commands.process import start_worker_process, stop_worker_process
 from tokentrail.reliability.pipeline import (  # noqa: F401 - re-exported for the tests
     OUTPUTS,

@@ -18,7 +18,7 @@ from processors.release.plan import load_plan
 from producers.gateway.release_follower import ReleaseFollower
 from producers.gateway.release_routed import ReleaseRoutedUpstream, session_key
 from producers.upstreams.base import UpstreamError
-from schemas.kafka_config import producer_config
+from schemas.kafka.config import producer_config
 from tokentrail.commands.release_kafka import publish_decision
 from tokentrail.settings import Settings
 

@@ -16,7 +16,7 @@ from processors.release.events import decision_record
 from processors.release.plan import load_plan
 from schemas.builders import make_call
 from schemas.codec import get_codec
-from schemas.kafka_config import producer_config
+from schemas.kafka.config import producer_config
 from tokentrail.commands.release_kafka import publish_decision
 from tokentrail.demo import release_guard
 from tokentrail.settings import Settings

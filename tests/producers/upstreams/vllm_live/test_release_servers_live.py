@@ -32,7 +32,7 @@ from producers.gateway.text_side import ModelTextSide
 from producers.gateway.wiring import build_app
 from producers.sdk import Rollout
 from producers.upstreams.vllm import label_version, spans_from_text
-from schemas.kafka_config import producer_config
+from schemas.kafka.config import producer_config
 from schemas.release_routing import route
 from tokentrail.commands.release_kafka import publish_decision
 from tokentrail.commands.vllm_versions import release_servers_upstream

@@ -135,7 +135,7 @@ def two_server_gateway(servers: list[str], store: PolicyStore, model_dir: Path, 
     from producers.delivery import CallPublisher
     from producers.gateway.app import create_app
     from producers.upstreams.vllm import VLLMUpstream
-    from schemas.kafka_config import producer_config
+    from schemas.kafka.config import producer_config
 
     inner = VLLMUpstream(servers, model=settings.model.name, logprobs_mode=LOGPROBS_MODE, token_endpoint="generate")
     upstream = gate_upstream(inner, store, base_dir=model_dir, interval_s=0.2)

@@ -62,7 +62,7 @@ def gated_gateway(server: VLLMServer, store: PolicyStore, model_dir: Path, setti
     from producers.delivery import CallPublisher
     from producers.gateway.app import create_app
     from producers.upstreams.vllm import VLLMUpstream
-    from schemas.kafka_config import producer_config
+    from schemas.kafka.config import producer_config
 
     upstream = gate_upstream(VLLMUpstream([server.url], model=server.model_name, logprobs_mode=server.logprobs_mode),
                              store, base_dir=model_dir, interval_s=0.2)
