@@ -8,8 +8,9 @@ import json
 import subprocess
 import sys
 
-from schemas.local_paths import REPO_ROOT
 import pytest
+
+from schemas.local_paths import REPO_ROOT
 
 pytestmark = pytest.mark.e2e
 
