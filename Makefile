@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 JARS   := deploy/kafka/lib/.fetched
 UV_VERSION := 0.13.9
 
-.PHONY: setup demo test lint bench clean-var setup-vllm setup-bench-litellm
+.PHONY: setup demo test test-quick lint bench clean-var setup-vllm setup-bench-litellm
 
 setup: $(STAMP) $(JARS)
 
@@ -46,8 +46,15 @@ setup-bench-litellm: .venv-litellm/.installed
 demo: setup
 	$(BIN)/tokentrail demo
 
+# The whole suite, as CI runs it (about 40 minutes on the CI machine); pyproject's addopts print the 30
+# slowest tests at the end (--durations=30).
 test: setup setup-harnesses
 	$(BIN)/pytest
+
+# The inner loop: every test but the e2e tier (demos, live vLLM, reliability faults, harness binaries,
+# multi-process gateways; README "Tests"), so it needs no harnesses and no .venv-vllm. QUICK_WALL_TIME
+test-quick: setup
+	$(BIN)/pytest -m "not e2e"
 
 lint: setup
 	$(BIN)/ruff check .

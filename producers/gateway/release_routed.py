@@ -27,7 +27,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from producers.gateway.attempts import UNATTRIBUTED
-from producers.gateway.release_follower import ReleaseFollower
 from producers.upstreams.base import (
     ChatGenerateRequest,
     GenerateRequest,
@@ -37,6 +36,7 @@ from producers.upstreams.base import (
     Upstream,
     UpstreamError,
 )
+from schemas.kafka.release_follower import ReleaseFollower
 from schemas.release_traffic import Traffic
 
 log = logging.getLogger(__name__)

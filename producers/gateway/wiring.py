@@ -83,8 +83,8 @@ def build_app(settings: GatewayStackSettings, *, upstream: Any = None, publisher
 
 def release_routed(settings: GatewayStackSettings, upstream: Any, topic: str | None = None) -> Any:
     """``upstream`` behind the release's routing, following the decisions of the settings' release track."""
-    from producers.gateway.release_follower import ReleaseFollower
     from producers.gateway.release_routed import ReleaseRoutedUpstream
+    from schemas.kafka.release_follower import ReleaseFollower
     from schemas.topics import RELEASE_DECISIONS_TOPIC
 
     model = settings.gateway.release_model or settings.model.name

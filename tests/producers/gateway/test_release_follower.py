@@ -15,10 +15,10 @@ from confluent_kafka import Producer
 from processors.release.controller import initial_state, manual_decision, start_decision
 from processors.release.events import decision_record
 from processors.release.plan import load_plan
-from producers.gateway.release_follower import ReleaseFollower
 from producers.gateway.release_routed import ReleaseRoutedUpstream, session_key
 from producers.upstreams.base import UpstreamError
 from schemas.kafka.config import producer_config
+from schemas.kafka.release_follower import ReleaseFollower
 from tokentrail.commands.release_kafka import publish_decision
 from tokentrail.settings import Settings
 
