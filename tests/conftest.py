@@ -45,12 +45,15 @@ def renderer(model_dir: Path) -> ChatRenderer:
 # and implied by ``slow``; ``integration`` by the real services a test's fixtures reach; ``unit`` is the
 # rest. Every test gets exactly one, so ``-m "not e2e"`` (make test-quick) and ``-m unit`` select by cost.
 INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "chdb_dsn", "private_broker"})
+# Fixtures that start long-running processes: faust worker processes (tens of seconds a test).
+E2E_FIXTURES = frozenset({"make_stream_rig"})
 
 
 def tier(item: pytest.Item) -> str:
-    if item.get_closest_marker("e2e") or item.get_closest_marker("slow"):
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("e2e") or item.get_closest_marker("slow") or E2E_FIXTURES & fixtures:
         return "e2e"
-    if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+    if INTEGRATION_FIXTURES & fixtures:
         return "integration"
     return "unit"
 
