@@ -44,9 +44,10 @@ def renderer(model_dir: Path) -> ChatRenderer:
 # Tiers by cost (README "Tests"): ``e2e`` is set by the end-to-end modules themselves (``pytestmark``)
 # and implied by ``slow``; ``integration`` by the real services a test's fixtures reach; ``unit`` is the
 # rest. Every test gets exactly one, so ``-m "not e2e"`` (make test-quick) and ``-m unit`` select by cost.
-INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "chdb_dsn", "private_broker"})
-# Fixtures that start long-running processes: faust worker processes (tens of seconds a test).
-E2E_FIXTURES = frozenset({"make_stream_rig"})
+INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "chdb_dsn"})
+# Fixtures that start long-running processes: faust worker processes, a private broker that the test stops
+# and restarts (tens of seconds a test).
+E2E_FIXTURES = frozenset({"make_stream_rig", "private_broker"})
 
 
 def tier(item: pytest.Item) -> str:

@@ -26,7 +26,7 @@ from tokentrail import kafka_local
 from tokentrail.commands.process import start_worker_process, stop_worker_process
 from tokentrail.settings import KafkaSettings, Settings, get_settings
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
 
 USERS = {"broker": "broker-secret", "alice": "alice-secret"}
 ALICE = {"sasl.mechanism": "PLAIN", "sasl.username": "alice", "sasl.password": "alice-secret"}
