@@ -344,7 +344,7 @@ def _gateway_calls(servers: Servers, work: Workloads) -> int:
 def _records_on_kafka(kafka: Any, admin: Any, topic: str, group: str) -> int:
     from confluent_kafka import Consumer, TopicPartition
 
-    from schemas.kafka_config import consumer_config
+    from schemas.kafka.config import consumer_config
 
     consumer = Consumer(consumer_config(kafka, group))
     try:

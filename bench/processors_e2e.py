@@ -20,12 +20,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from processors.assembler import RolloutAssembly
 from processors.grouper import GrouperState
+from processors.isolation.calls import verifier_runner
 from processors.pipeline import StageConfigs, process_group
 from processors.stream.topics import StreamTopics, ensure_stream_topics
 from processors.stream.worker_config import load_grouping
-from processors.verifiers import VerifierRunner, load_verifiers
+from processors.verifiers import load_verifiers
 from schemas.codec import get_codec
-from schemas.kafka_config import admin_config, consumer_config, producer_config
+from schemas.kafka.config import admin_config, consumer_config, producer_config
 from testkit.kafka_read import delete_topics_by_prefix
 from testkit.stages import AttemptSpec, attempt_events, growing_turns
 from tokentrail import kafka_local
@@ -64,7 +65,7 @@ def expected_samples(settings: Settings, events: list[Event]) -> dict[str, int]:
             for emitted in grouper.add(rollout, grouping).emitted:
                 members = [rollouts[e] for e in emitted.group["rollout_event_ids"]]
                 derived = process_group(emitted.group, members, verifiers, stages.reward, stages.credit,
-                                        stages.sample, runner=VerifierRunner())
+                                        stages.sample, runner=verifier_runner())
                 samples.update({s["event_id"]: len(s["input_ids"]) // 4 for s in derived.samples})
     return samples
 

@@ -39,7 +39,8 @@ def encoded_from_topic(limit: int, timeout_s: float = 10.0) -> list[bytes]:
     """Up to ``limit`` records from the samples topic, read by a throwaway group (nothing committed)."""
     from confluent_kafka import Consumer
 
-    from schemas import kafka_config, topics
+    from schemas import topics
+    from schemas.kafka import config as kafka_config
     from tokentrail.settings import get_settings
 
     conf = kafka_config.consumer_config(get_settings().kafka, f"bench-trainer-{time.time_ns()}")

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, TopicPartition
 
-from schemas import kafka_config, topics
+from schemas import topics
 from schemas.codec import DecodeError, get_codec
+from schemas.kafka import config as kafka_config
 from tokentrail.settings import Settings
 
 

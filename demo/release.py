@@ -45,8 +45,9 @@ from processors.release.controller import ReleaseState
 from processors.release.events import DecisionLog, Record
 from processors.stream.release_controller import ReleaseTopicError, read_decisions
 from schemas import topics
-from schemas.codec import DecodeError, get_codec
-from schemas.kafka_config import KafkaSettings, consumer_config
+from schemas.codec import DecodeError
+from schemas.kafka.config import KafkaSettings, consumer_config
+from schemas.kafka.registry_framing import kafka_codec
 from tokentrail.errors import CliError
 from tokentrail.settings import REPO_ROOT, Settings, get_settings
 
@@ -118,7 +119,7 @@ def release_track(kafka: KafkaSettings, model: str) -> tuple[ReleaseState | None
 def read_topic(kafka: KafkaSettings, topic: str, expect: str, timeout_s: float = 120.0) -> list[dict[str, Any]]:
     """Every record of ``topic`` up to its current end (a throwaway consumer, nothing committed)."""
     consumer = Consumer(consumer_config(kafka, f"release-demo-read-{uuid.uuid4().hex[:12]}"))
-    codec = get_codec(kafka.schema_registry_url)
+    codec = kafka_codec(kafka.schema_registry_url)
     try:
         parts = sorted(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
         ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts}

@@ -9,9 +9,10 @@ from processors.config import load_config
 from processors.credit import CreditConfig
 from processors.errors import ConfigError
 from processors.grouper import GroupingConfig
+from processors.isolation.calls import verifier_runner
 from processors.rewards import RewardConfig
 from processors.samples import SampleConfig
-from processors.verifiers import VerifierRunner, load_verifiers
+from processors.verifiers import load_verifiers
 from processors.verifiers.base import load_verifier
 from reliability.bad_inputs.config_cases import ConfigCase, VerifierCase, config_cases, verifier_cases
 from reliability.results import CaseResult
@@ -60,7 +61,7 @@ def run_verifier_case(case: VerifierCase) -> CaseResult:
     rollout, group = _rollout_and_group()
     try:
         verifier = load_verifier(case.spec)
-        (score,) = VerifierRunner().score_rollouts(verifier, [rollout], group)
+        (score,) = verifier_runner().score_rollouts(verifier, [rollout], group)
     except Exception as exc:  # the runner must turn every verifier failure into a Score
         return result(False, f"escaped the runner: {type(exc).__name__}: {exc}")
     if score["status"] != case.status:

@@ -15,7 +15,7 @@ from reliability.http_check import run_http_corpus
 from reliability.results import Summary
 from reliability.security_check import run_security_corpus
 from reliability.stream_check import run_topic_corpus
-from schemas.kafka_config import admin_config
+from schemas.kafka.config import admin_config
 from testkit.kafka_read import count_event_ids, create_topics, delete_topics, lost_and_duplicated
 from tokentrail.settings import Settings
 

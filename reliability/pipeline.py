@@ -21,7 +21,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from processors.stream.topics import OUTPUT_SPECS, StreamTopics, ensure_stream_topics
 from processors.stream.worker import EXIT_STALLED
 from schemas.codec import DecodeError, get_codec
-from schemas.kafka_config import admin_config, consumer_config, producer_config
+from schemas.kafka.config import admin_config, consumer_config, producer_config
 from testkit.kafka_read import delete_topics_by_prefix
 from tokentrail.runtime.process import start_worker_process, stop_worker_process
 from tokentrail.settings import Settings
@@ -99,8 +99,9 @@ def derive_outputs(events: Iterable[Event], grouping: GroupingConfig, stages: St
     ``close_groups``: then close every open group (PARTIAL), as the timers eventually do."""
     from processors.assembler import RolloutAssembly
     from processors.grouper import GrouperState
+    from processors.isolation.calls import verifier_runner
     from processors.pipeline import process_group
-    from processors.verifiers import VerifierRunner, load_verifiers
+    from processors.verifiers import load_verifiers
 
     verifiers = load_verifiers(verifier_specs)
     states: dict[str, RolloutAssembly] = {}
@@ -111,7 +112,7 @@ def derive_outputs(events: Iterable[Event], grouping: GroupingConfig, stages: St
         out["RolloutGroup"][group["event_id"]] = group
         members = [out["CompletedRollout"][e] for e in group["rollout_event_ids"]]
         derived = process_group(group, members, verifiers, stages.reward, stages.credit, stages.sample,
-                                runner=VerifierRunner())
+                                runner=verifier_runner())
         for kind, record in derived.events():
             out[kind][record["event_id"]] = record
 

@@ -33,7 +33,7 @@ from reliability.pipeline import Event, Pipeline, compare, core_outputs
 from reliability.results import FaultResult
 from schemas.codec import DecodeError, get_codec
 from schemas.ids import call_id
-from schemas.kafka_config import admin_config, consumer_config
+from schemas.kafka.config import admin_config, consumer_config
 from tokentrail import kafka_local
 from tokentrail.settings import KafkaSettings, Settings
 

@@ -28,7 +28,7 @@ from reliability.bad_inputs.security_cases import (
 from reliability.http_check import judge
 from reliability.results import CaseResult
 from schemas.ids import call_id
-from schemas.kafka_config import admin_config
+from schemas.kafka.config import admin_config
 from testkit.kafka_read import create_topics, delete_topics, read_records
 from tokentrail.settings import Settings
 

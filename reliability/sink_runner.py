@@ -54,7 +54,7 @@ def run_sink_until_caught_up(settings: Settings, prefix: str, dsn: str, group: s
     from confluent_kafka import Consumer, TopicPartition
 
     from reliability.sink_child import topic_map
-    from schemas.kafka_config import consumer_config
+    from schemas.kafka.config import consumer_config
 
     topics, dead_letters = topic_map(prefix)
     probe = Consumer(consumer_config(settings.kafka, group))  # never subscribes: reads the group's commits only

@@ -109,7 +109,7 @@ def embedded_gateway_app(settings: GatewayStackSettings, *, spool_dir: Path | st
     from producers.delivery import CallPublisher
     from producers.gateway.app import GatewayOptions
     from producers.gateway.wiring import build_app
-    from schemas.kafka_config import producer_config
+    from schemas.kafka.config import producer_config
 
     options = replace(GatewayOptions.from_settings(settings), **option_overrides)
     publisher: Any = CallPublisher(producer_config(settings.kafka), spool_dir or settings.gateway.spool_dir,

@@ -12,7 +12,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from schemas.codec import DecodeError, get_codec
-from schemas.kafka_config import KafkaSettings, consumer_config
+from schemas.kafka.config import KafkaSettings, consumer_config
 
 
 def count_event_ids(config: dict[str, Any], topics: list[str], expected: set[str], *, timeout_s: float = 60.0,

@@ -3,7 +3,7 @@
 The trainer publishes versions in one line (v1, v2, ...), each trained from the one before. When the release
 controller (or an operator) rolls a candidate back, every version the trainer published from the candidate on
 carries what made the candidate worse. So the trainer follows the release decisions of its model
-(``schemas.release_follower.ReleaseFollower``) and, before its next step after a rollback of a candidate its
+(``schemas.kafka.release_follower.ReleaseFollower``) and, before its next step after a rollback of a candidate its
 weights descend from, it
 
 1. loads the version the rollback kept serving (the last good one) from the policy store,

@@ -261,7 +261,8 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
                  progress: Progress = _quiet) -> RunSummary:
     """Consume samples, train, publish policy versions and emit TrainerStep events, in-process."""
     from models.policy_store import PolicyStore
-    from schemas import kafka_config, topics
+    from schemas import topics
+    from schemas.kafka import config as kafka_config
     from trainer_consumer.batching import BatchBuilder
     from trainer_consumer.dataset import SampleStream
     from trainer_consumer.losses import LossConfig
@@ -310,7 +311,7 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
              f"mismatch bound {learner_cfg.mismatch_bound:g}")
     follower, resumer = None, None
     if options.release_model:
-        from schemas.release_follower import ReleaseFollower
+        from schemas.kafka.release_follower import ReleaseFollower
 
         follower = ReleaseFollower(settings.kafka, options.release_model,
                                    options.release_topic or topics.RELEASE_DECISIONS_TOPIC, reader="trainer").start()

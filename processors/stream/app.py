@@ -68,8 +68,8 @@ from processors.stream.outputs import RAW_TOPIC, Outputs
 from processors.stream.tables import RAW_TABLE
 from processors.stream.watchdog import StalledError, Watchdog
 from processors.stream.worker_config import StreamConfig
-from schemas.codec import get_codec
-from schemas.kafka_config import faust_app_settings
+from schemas.kafka.config import faust_app_settings
+from schemas.kafka.registry_framing import kafka_codec
 
 __all__ = ["ProcessorsApp", "StalledError", "build_app"]
 
@@ -87,7 +87,7 @@ class ProcessorsApp:
     def __init__(self, cfg: StreamConfig) -> None:
         self.cfg = cfg
         kafka, proc = cfg.kafka, cfg.processors
-        self.codec = get_codec(kafka.schema_registry_url)
+        self.codec = kafka_codec(kafka.schema_registry_url)
         self.topics = cfg.topics
         self.stats: Counter[str] = Counter()
         self._last_stats: dict[str, int] = {}

@@ -27,8 +27,9 @@ from confluent_kafka import (
 
 from processors.release.events import RELEASE_DECISION, Record
 from processors.release.feed import ReleaseFeed
-from schemas.codec import Codec, DecodeError, get_codec
-from schemas.kafka_config import KafkaSettings, consumer_config, producer_config
+from schemas.codec import Codec, DecodeError
+from schemas.kafka.config import KafkaSettings, consumer_config, producer_config
+from schemas.kafka.registry_framing import kafka_codec
 
 Log = Callable[[str], None]
 
@@ -63,7 +64,7 @@ def read_decisions(kafka: KafkaSettings, topic: str, timeout_s: float) -> Decisi
     """Every ReleaseDecision on ``topic`` up to its current end, in partition-then-offset order (the topic
     has one partition, so that is the order they were written). Commits nothing."""
     consumer = Consumer(consumer_config(kafka, f"tokentrail-release-read-{uuid.uuid4().hex[:12]}"))
-    codec = get_codec(kafka.schema_registry_url)
+    codec = kafka_codec(kafka.schema_registry_url)
     try:
         parts = _partitions(consumer, topic, kafka, timeout_s)
         ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1] for p in parts}
@@ -99,7 +100,7 @@ class DecisionWriter:
 
     def __init__(self, kafka: KafkaSettings, topic: str) -> None:
         self.kafka, self.topic = kafka, topic
-        self.codec = get_codec(kafka.schema_registry_url)
+        self.codec = kafka_codec(kafka.schema_registry_url)
         self.producer = Producer(producer_config(kafka))
 
     def write(self, record: Record) -> None:
@@ -149,7 +150,7 @@ def run_controller(
         + (", ".join(f"{m} (candidate {feed.states[m].candidate_version})" for m in sorted(starts)) or "none"))
     consumer = Consumer(consumer_config(kafka, f"tokentrail-release-controller-{uuid.uuid4().hex[:12]}"))
     writer = DecisionWriter(kafka, topics.decisions)
-    codec = get_codec(kafka.schema_registry_url)
+    codec = kafka_codec(kafka.schema_registry_url)
     try:
         since_ms = min(starts.values()) // 1000 if starts else None
         assignment = [TopicPartition(topics.decisions, p, read.ends.get(p, OFFSET_BEGINNING))

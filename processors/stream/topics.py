@@ -18,9 +18,10 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from schemas import kafka_config
 from schemas import topics as T
-from schemas.kafka_config import KafkaSettings
+from schemas.kafka import config as kafka_config
+from schemas.kafka import topic_admin
+from schemas.kafka.config import KafkaSettings
 
 ROLLOUTS_BY_GROUP = T.TopicSpec(
     "tokentrail.rollouts-by-group", "group_id", ("CompletedRollout",), 7 * T.DAY_MS,
@@ -138,7 +139,7 @@ class StreamTopics:
 
 
 def ensure_stream_topics(kafka: KafkaSettings, topics: StreamTopics, *,
-                         timeout_s: float = 30.0) -> T.EnsureReport:
+                         timeout_s: float = 30.0) -> topic_admin.EnsureReport:
     """Create the app's topics where missing (a running broker is required)."""
     admin = AdminClient(kafka_config.admin_config(kafka))
-    return T.ensure_topics(admin, kafka, topics.specs(), timeout_s=timeout_s)
+    return topic_admin.ensure_topics(admin, kafka, topics.specs(), timeout_s=timeout_s)

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from schemas.kafka_config import KafkaSettings
+from schemas.kafka.config import KafkaSettings
 
 if TYPE_CHECKING:
     from processors.stream.worker_config import StreamConfig
@@ -76,7 +76,7 @@ def ensure_changelog_topics(kafka: KafkaSettings, app: Any, timeout_s: float = 3
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from schemas.kafka_config import admin_config
+    from schemas.kafka.config import admin_config
 
     admin = AdminClient(admin_config(kafka))
     wanted = {}

@@ -17,7 +17,7 @@ from processors.pipeline import StageConfigs
 from processors.stream.settings import ProcessorSettings
 from processors.stream.topics import StreamTopics
 from processors.verifiers.base import Verifier, load_verifiers, load_verifiers_file
-from schemas.kafka_config import KafkaSettings
+from schemas.kafka.config import KafkaSettings
 from schemas.local_paths import REPO_ROOT
 
 DEFAULT_GROUPING = REPO_ROOT / "deploy" / "config" / "grouping.yaml"

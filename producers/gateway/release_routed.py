@@ -37,7 +37,7 @@ from producers.upstreams.base import (
     UpstreamError,
 )
 from producers.upstreams.deferred_stream import DeferredStream
-from schemas.release_follower import ReleaseFollower
+from schemas.kafka.release_follower import ReleaseFollower
 from schemas.release_traffic import Traffic
 
 log = logging.getLogger(__name__)

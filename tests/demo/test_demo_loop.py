@@ -19,6 +19,8 @@ import pytest
 
 from tokentrail.settings import REPO_ROOT, get_settings
 
+pytestmark = pytest.mark.e2e
+
 
 def _free_port() -> int:
     with socket.socket() as sock:

@@ -11,6 +11,8 @@ import pytest
 from demo.progress import VersionStats
 from demo.run import _summarize, _workload_defaults, version_bands
 
+pytestmark = pytest.mark.e2e
+
 
 def _versions(rewards: list[float]) -> dict[int, VersionStats]:
     return {v: VersionStats(rewards=[r]) for v, r in enumerate(rewards, start=1)}

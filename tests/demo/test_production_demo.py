@@ -17,6 +17,8 @@ import pytest
 
 from tokentrail.settings import REPO_ROOT
 
+pytestmark = pytest.mark.e2e
+
 KEYS = ("sessions", "feedback_events", "feedback_used", "feedback_late", "feedback_unmatched", "reward_improved",
         "audit_passed")
 

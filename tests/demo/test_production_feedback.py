@@ -21,6 +21,8 @@ from processors.baselines.windows import KeyBaselines, Member
 from processors.feedback.config import FeedbackRewardConfig
 from schemas.feedback import call_id_of_response
 
+pytestmark = pytest.mark.e2e
+
 
 def test_edit_distance_is_the_share_of_the_longer_text_changed() -> None:
     assert edit_distance("blue", "blue") == 0.0

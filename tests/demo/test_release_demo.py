@@ -20,6 +20,8 @@ import pytest
 
 from tokentrail.settings import REPO_ROOT
 
+pytestmark = pytest.mark.e2e
+
 CI_PLAN = Path(__file__).with_name("release-ci.yaml")
 KEYS = {"promoted", "rolled_back", "bad_candidate_sessions_fraction", "rollback_after_s", "audit_passed"}
 

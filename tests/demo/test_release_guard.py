@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Producer
 
 from demo import release_guard
@@ -17,8 +18,10 @@ from processors.release.plan import load_plan
 from processors.stream.release_controller import publish_decision
 from schemas.builders import make_call
 from schemas.codec import get_codec
-from schemas.kafka_config import producer_config
+from schemas.kafka.config import producer_config
 from tokentrail.settings import Settings
+
+pytestmark = pytest.mark.e2e
 
 PLAN = load_plan({"ramp": [0.5]})
 

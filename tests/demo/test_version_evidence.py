@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from demo.vllm import version_evidence
+
+pytestmark = pytest.mark.e2e
 
 
 def extra(**details: object) -> str:

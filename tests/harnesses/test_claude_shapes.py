@@ -28,7 +28,7 @@ from testkit.gateway import running_embedded_gateway
 from tests.producers.gateway.helpers import prompts_of, read_records
 from tokentrail.settings import Settings
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
 
 PASSED_HEADERS = ("anthropic-version", "anthropic-beta", "x-app", "user-agent", "x-claude-code-session-id",
                   "anthropic-dangerous-direct-browser-access")

@@ -35,6 +35,8 @@ from tests.producers.gateway.helpers import prompts_of, read_records
 from tests.producers.gateway.test_responses_api import STREAM_EVENTS
 from tokentrail.settings import Settings
 
+pytestmark = pytest.mark.e2e
+
 RUNS = ("codex", "codex-tool", "codex-default-model", "codex-default-model-tool")
 SPAWN = {"message": "count the bytes of hi.txt"}
 JS = 'const r = await tools.exec_command({cmd: "wc -c < hi.txt"});\ntext(r);\n'

@@ -39,7 +39,7 @@ from tokentrail.commands.harnesses import COUNT, WRITE
 from tokentrail.commands.harnesses import HARNESSES as CHECK_HARNESSES
 from tokentrail.settings import Settings
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
 
 
 def test_the_check_quiets_codex_as_the_tests_do() -> None:

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from processors.errors import ConfigError
-from processors.verifiers import RolloutView, VerifierRunner, load_verifier, load_verifiers
+from processors.isolation.calls import verifier_runner
+from processors.isolation.unit_tests import extract_code
+from processors.verifiers import RolloutView, load_verifier, load_verifiers
 from processors.verifiers.base import load_verifiers_file
 from processors.verifiers.extract import extract_answer, parse_number
-from processors.verifiers.unit_tests import extract_code
 
 T0 = 1_700_000_000_000_000
 
@@ -26,7 +27,7 @@ def rollout(rid: str, text: str, task: dict[str, Any] | None = None, artifacts: 
 
 
 GROUP = {"event_id": "group-ev", "group_id": "g", "status": "FULL", "created_at_us": T0 + 1}
-FIXED = VerifierRunner(timer=lambda: 0.0)
+FIXED = verifier_runner(timer=lambda: 0.0)
 
 
 def score(spec: str | dict, r: dict[str, Any], **options: Any) -> dict[str, Any]:
@@ -150,7 +151,7 @@ def test_default_verifier_list_loads() -> None:
 
 # ----------------------------------------------------------------------------------- unit tests
 
-UT = "processors.verifiers.unit_tests:UnitTests"
+UT = "processors.isolation.unit_tests:UnitTests"
 SOLUTION = "Here you go:\n```python\ndef add(a, b):\n    return a + b\nprint('noise')\n```\n"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
+import pytest
 
 from reliability.bad_inputs.catalogue import corpus_size, http_cases
 from reliability.bad_inputs.http_case import HttpCase, HttpExpect
@@ -16,6 +17,8 @@ from reliability.corpus import run_corpus
 from reliability.results import table
 from reliability.security_check import Keys, Pending, check_records
 from tokentrail.settings import Settings
+
+pytestmark = pytest.mark.e2e
 
 # Cases whose right answer the gateway does not give yet (each must still answer below 500; the security
 # ones with exactly their stated wrong status, and with the other rollout untouched).

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from reliability.baseline_kills import baseline_worker_kills
 from tokentrail.settings import Settings
+
+pytestmark = pytest.mark.e2e
 
 
 def test_baseline_agents_killed_mid_stream_give_a_clean_runs_events(

@@ -9,6 +9,8 @@ import pytest
 
 from reliability import cli
 
+pytestmark = pytest.mark.e2e
+
 
 def test_every_part_can_be_skipped_and_the_summary_is_the_last_line(
         kafka_bootstrap: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from reliability.cluster_fault import ClusterFaultRun, ClusterSizes, acks_all_held, run_cluster_fault
 from reliability.results import FaultResult
 from tokentrail.kafka_cluster import PartitionState
 from tokentrail.settings import Settings
+
+pytestmark = pytest.mark.e2e
 
 SMALL = ClusterSizes(rollouts_before=1, rollouts_while_down=2, rollouts_after=1, calls_per_rollout=1)
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from reliability.pipeline import worker_log_tail
+
+pytestmark = pytest.mark.e2e
 
 LOG = """\
 [2026-12-02 00:11:40,001] [1] [INFO] [^Worker]: Ready

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from reliability.faults import Sizes, broker_and_gateway, double_delivery, worker_and_sink_kills
 from reliability.results import FaultResult
 from tokentrail.settings import Settings
+
+pytestmark = pytest.mark.e2e
 
 SMALL = Sizes(rollouts_per_phase=3, calls_per_rollout=1, worker_groups=2, worker_kills=3, sink_kills=1)
 

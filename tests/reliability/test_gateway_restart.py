@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from reliability.faults import Sizes
 from reliability.gateway_restart import NAME, gateway_restart
 from tokentrail.settings import Settings
+
+pytestmark = pytest.mark.e2e
 
 SMALL = Sizes(rollouts_per_phase=1, calls_per_rollout=2, worker_groups=1, worker_kills=0, sink_kills=0)
 

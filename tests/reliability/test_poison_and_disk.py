@@ -8,8 +8,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from reliability.poison_and_disk import DISK_NAME, POISON_NAME, PoisonDiskSizes, poison_and_disk
 from tokentrail.settings import Settings
+
+pytestmark = pytest.mark.e2e
 
 SMALL = PoisonDiskSizes(rollouts_around=1, calls_per_rollout=1, poison_bytes=5_000_000, disk_mb=64)
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from reliability.rebalance_chaos import ChaosSizes, run_rebalance_chaos
 from tokentrail.settings import Settings
+
+pytestmark = pytest.mark.e2e
 
 # Three changes (add, SIGTERM, kill -9) a quarter of a minute apart; the command runs 20-30 s apart.
 SHORT = ChaosSizes(duration_s=40.0, pause_s=(14.0, 18.0), group_every_s=3.0, partitions=4)

@@ -11,6 +11,8 @@ import pytest
 from reliability.scale_out import PARTITIONS, WORKERS, ScaleSizes, run_scale_out, spread_over
 from tokentrail.settings import Settings
 
+pytestmark = pytest.mark.e2e
+
 SMALL = ScaleSizes(groups=4, group_size=4, calls_per_rollout=1)
 
 

@@ -10,8 +10,9 @@ from clickhouse_connect.driver.client import Client
 from confluent_kafka import Consumer, Producer
 
 from processors.pipeline import StageConfigs
-from schemas import kafka_config, topics
+from schemas import topics
 from schemas.codec import get_codec
+from schemas.kafka import config as kafka_config
 from sinks.audit import run_audit
 from sinks.replay import publish, replay
 from sinks.rows import TABLE_OF

@@ -14,7 +14,7 @@ from processors.release.arms import RewardObservation
 from processors.release.controller import decide, fold_reward
 from processors.release.events import DecisionLog, decision_record
 from processors.stream.release_controller import publish_decision, read_decisions
-from schemas.kafka_config import producer_config
+from schemas.kafka.config import producer_config
 from tests.conftest import NewTopicFactory
 from tokentrail.cli import main
 from tokentrail.settings import Settings

@@ -10,8 +10,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from models.policy_store import PolicyStore
-from schemas import kafka_config
 from schemas.codec import get_codec
+from schemas.kafka import config as kafka_config
 from testkit.samples import random_sequence, sample_record
 from trainer_consumer.trainer import TrainOptions, run_training
 

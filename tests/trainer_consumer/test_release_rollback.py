@@ -21,9 +21,9 @@ from processors.release.controller import ReleaseState, initial_state, manual_de
 from processors.release.events import decision_record
 from processors.release.plan import load_plan
 from processors.stream.release_controller import publish_decision
-from schemas import kafka_config
 from schemas.codec import get_codec
-from schemas.release_follower import ReleaseFollower
+from schemas.kafka import config as kafka_config
+from schemas.kafka.release_follower import ReleaseFollower
 from testkit.samples import random_sequence, sample_record
 from tokentrail.settings import Settings
 from trainer_consumer.batching import batches_from_samples

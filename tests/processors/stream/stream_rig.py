@@ -32,7 +32,7 @@ from reliability.pipeline import (  # noqa: F401 - re-exported for the tests
     worker_log_tail,
 )
 from schemas.codec import DecodeError, get_codec
-from schemas.kafka_config import consumer_config, producer_config
+from schemas.kafka.config import consumer_config, producer_config
 from tokentrail.runtime.process import start_worker_process, stop_worker_process
 from tokentrail.settings import Settings
 

@@ -11,7 +11,7 @@ from processors.grouper import GroupSlot, Member
 from processors.stream.clock import PartitionClocks
 from processors.stream.entries import DueEntry, GroupEntry, due_entries, pack_entry, read_body, read_head
 from processors.stream.topics import partition_for
-from schemas.kafka_config import producer_config
+from schemas.kafka.config import producer_config
 from tokentrail.settings import Settings
 
 

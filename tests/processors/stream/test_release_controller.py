@@ -13,7 +13,7 @@ from processors.stream.release_controller import ControllerTopics, read_decision
 from schemas.builders import make_call
 from schemas.codec import get_codec
 from schemas.ids import event_id
-from schemas.kafka_config import producer_config
+from schemas.kafka.config import producer_config
 from tests.conftest import NewTopicFactory
 from tokentrail.cli import main
 from tokentrail.settings import Settings

@@ -34,6 +34,8 @@ from tokentrail.settings import Settings
 
 from .helpers import read_records
 
+pytestmark = pytest.mark.e2e
+
 MODEL = "tokentrail-tiny"
 TURNS = 5
 

@@ -18,8 +18,8 @@ from processors.release.plan import load_plan
 from processors.stream.release_controller import publish_decision
 from producers.gateway.release_routed import ReleaseRoutedUpstream, session_key
 from producers.upstreams.base import UpstreamError
-from schemas.kafka_config import producer_config
-from schemas.release_follower import ReleaseFollower
+from schemas.kafka.config import producer_config
+from schemas.kafka.release_follower import ReleaseFollower
 from tokentrail.settings import Settings
 
 PLAN = load_plan({"ramp": [0.2, 0.6]})

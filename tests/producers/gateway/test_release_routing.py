@@ -31,7 +31,7 @@ from producers.gateway.release_routed import assignment
 from producers.gateway.text_side import ModelTextSide
 from producers.gateway.wiring import build_app
 from producers.sdk import Rollout
-from schemas.kafka_config import producer_config
+from schemas.kafka.config import producer_config
 from schemas.release_routing import route
 from schemas.release_traffic import TrafficLog
 from testkit.gateway import running_gateway

@@ -109,7 +109,7 @@ def vllm_gateway(vllm_server: VLLMServer, live_text_side: ModelTextSide, live_to
     from producers.delivery import CallPublisher
     from producers.gateway.app import GatewayOptions, create_app
     from producers.upstreams.vllm import VLLMUpstream
-    from schemas.kafka_config import producer_config
+    from schemas.kafka.config import producer_config
 
     @contextmanager
     def start(**options: Any) -> Iterator[RunningGateway]:

@@ -23,7 +23,7 @@ from trainer_consumer.weight_sync import VLLMAdmin
 from .test_weight_sync_live import perturbed, restore_base
 from .vllm_server import VLLMServer
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 PROMPT = [5, 17, 33, 41, 12, 9, 100, 200]
 

@@ -20,8 +20,9 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from schemas.codec import DecodeError, get_codec
-from schemas.kafka_config import KafkaSettings, consumer_config
+from schemas.codec import DecodeError
+from schemas.kafka.config import KafkaSettings, consumer_config
+from schemas.kafka.registry_framing import kafka_codec
 from schemas.release_traffic import Traffic, TrafficLog
 from schemas.topics import RELEASE_DECISIONS_TOPIC
 
@@ -72,7 +73,7 @@ class ReleaseFollower:
     # ------------------------------------------------------------------------------ the thread
     def _run(self) -> None:
         consumer = Consumer(consumer_config(self.kafka, f"tokentrail-{self.reader}-release-{uuid.uuid4().hex[:12]}"))
-        codec = get_codec(self.kafka.schema_registry_url)
+        codec = kafka_codec(self.kafka.schema_registry_url)
         try:
             ends = self._assign(consumer)
             while not self._stop.is_set():

@@ -1,17 +1,29 @@
 """The Confluent wire format through a Schema Registry: the one part of the codec that does I/O.
 
-``schemas.codec.Codec`` uses it when a registry URL is set (``mock://`` gives confluent-kafka's
-in-process registry, for tests); without one, records use Avro single-object encoding and no network.
+``kafka_codec(url)`` gives a ``schemas.codec.Codec`` framed through it when a registry URL is set
+(``mock://`` gives confluent-kafka's in-process registry, for tests); without one, records use Avro
+single-object encoding and no network. The codec only knows the ``RegistryFraming`` protocol, so the
+contract does not import this module.
 """
 
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from typing import Any
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from schemas.codec import CONFLUENT_MAGIC, SchemaEntry, SchemaStore, UnknownFingerprint, schema_entry
+from schemas.codec import (
+    CONFLUENT_MAGIC,
+    Codec,
+    SchemaEntry,
+    SchemaStore,
+    UnknownFingerprint,
+    default_store,
+    get_codec,
+    schema_entry,
+)
 
 
 class ConfluentFraming:
@@ -43,3 +55,11 @@ class ConfluentFraming:
             entry = schema_entry(json.loads(schema.schema_str))
             self._writers[schema_id] = entry
         return entry
+
+
+@lru_cache(maxsize=4)
+def kafka_codec(registry_url: str = "") -> Codec:
+    """The codec for Kafka records under settings whose Schema Registry URL is ``registry_url`` ("" none)."""
+    if not registry_url:
+        return get_codec()
+    return Codec(registry=ConfluentFraming(registry_url, default_store()))

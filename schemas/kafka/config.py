@@ -33,7 +33,7 @@ class KafkaSettings(BaseModel):
     min_insync_replicas: int = Field(default=1, ge=1)
     # Security pass-through: any librdkafka settings (e.g. sasl.mechanism, ssl.ca.location)
     # applied to every client this project creates; the faust app gets the same through
-    # schemas.faust_security (PLAINTEXT, SSL, SASL_PLAINTEXT / SASL_SSL with PLAIN or SCRAM).
+    # schemas.kafka.faust_security (PLAINTEXT, SSL, SASL_PLAINTEXT / SASL_SSL with PLAIN or SCRAM).
     security_protocol: str = "PLAINTEXT"
     extra_client_config: dict[str, str] = Field(default_factory=dict)
     # Extra server.properties for a broker started by `tokentrail kafka start` (e.g. SASL users),
@@ -98,12 +98,12 @@ def admin_config(kafka: KafkaSettings, **overrides: Any) -> dict[str, Any]:
 
 def faust_app_settings(kafka: KafkaSettings) -> dict[str, Any]:
     """Keyword arguments for ``faust.App`` that match the topics' sizes and compression, with the
-    same security settings as every other client (``broker_credentials``, see schemas.faust_security;
+    same security settings as every other client (``broker_credentials``, see schemas.kafka.faust_security;
     raises KafkaSecurityError for settings faust cannot honour).
 
     aiokafka (under faust) decodes zstd batches only with ``cramjam`` installed.
     """
-    from schemas.faust_security import faust_credentials
+    from schemas.kafka.faust_security import faust_credentials
 
     servers = [s.strip() for s in kafka.bootstrap_servers.split(",") if s.strip()]
     return {

@@ -5,7 +5,7 @@ text. Tests come from the task input (``tests_field``): a list of code snippets 
 one string — each ``test_*`` function it defines is a test, or, with none, the string is one test.
 Optional ``setup_field`` code runs before the solution (imports, fixtures).
 
-Everything runs in the sandbox of ``processors/verifiers/sandbox.py`` (its docstring has the design
+Everything runs in the sandbox of ``processors/isolation/sandbox.py`` (its docstring has the design
 and why): results come back on a separate pipe, each line authenticated with a per-run HMAC key the
 solution never receives, so printing or writing fake result lines voids the run (``tampered``)
 instead of passing it; no network (own network namespace), a fresh unprivileged uid, a clean
@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from processors.isolation import sandbox
 from processors.jsonutil import get_path
-from processors.verifiers import sandbox
 from processors.verifiers.base import RolloutVerifier, RolloutView
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
