@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tokentrail import deploy_check
+from tokentrail.commands import deploy_check
 
 
 def test_deploy_manifests_are_consistent_with_the_code() -> None:
