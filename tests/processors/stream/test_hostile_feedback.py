@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from processors.feedback.config import load_feedback_config
-from tokentrail.reliability.hostile_feedback import (
+from reliability.hostile_feedback import (
     JOIN_CONFIG,
     MAX_ITEMS,
     feedback_outcomes,

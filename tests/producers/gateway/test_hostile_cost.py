@@ -79,7 +79,7 @@ def test_costly_requests_are_refused_before_they_cost_the_loop(start_gateway: An
     from its structure, before validation or rendering, in a fraction of the 6.7 s (Responses) and 10.9 s
     (Anthropic) it took before, and the small calls made beside it all succeed. The p99 figures are printed
     (fault (o) holds them to 2x; on a loaded machine they are noise-bound, so they are not asserted here)."""
-    from tokentrail.reliability.costly_requests import costly_anthropic, costly_request_against, costly_responses
+    from reliability.costly_requests import costly_anthropic, costly_request_against, costly_responses
 
     model = "tokentrail-tiny"
     with start_gateway() as gw:
