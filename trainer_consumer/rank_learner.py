@@ -38,14 +38,14 @@ from trainer_consumer.sample_view import TrainSample
 from trainer_consumer.sharding import StepShare, sample_ranks, step_shares
 
 
-def _sum_allreduce(_state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def sum_allreduce_hook(_state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: the sum of the ranks' gradients (the default hook divides by the world size)."""
     fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()  # type: ignore[union-attr]
     return fut.then(lambda f: f.value()[0])
 
 
 # DDP checks the hook's annotations as objects; this module's are strings (``from __future__ import annotations``).
-_sum_allreduce.__annotations__ = {"_state": object, "bucket": dist.GradBucket,
+sum_allreduce_hook.__annotations__ = {"_state": object, "bucket": dist.GradBucket,
                                   "return": torch.futures.Future[torch.Tensor]}
 
 
@@ -74,7 +74,7 @@ class RankLearner(Learner):
         if group.distributed:
             # Rank 0's weights are broadcast to every rank here, so all replicas start alike.
             ddp = DistributedDataParallel(model, device_ids=[group.device] if group.device.type == "cuda" else None)
-            ddp.register_comm_hook(None, _sum_allreduce)
+            ddp.register_comm_hook(None, sum_allreduce_hook)
             self.forward_model = ddp
 
     @property

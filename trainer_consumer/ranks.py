@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -41,7 +41,7 @@ def rank_device(local_rank: int) -> torch.device:
 class RankGroup:
     rank: int = 0
     world_size: int = 1
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str = ""  # "" when there is no process group (one process)
 
     @classmethod

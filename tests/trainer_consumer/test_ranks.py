@@ -16,8 +16,8 @@ import torch.multiprocessing as mp
 
 from trainer_consumer.learner import Learner, LearnerConfig
 from trainer_consumer.losses import loss_denominator
-from trainer_consumer.ranks import RankGroup
 from trainer_consumer.rank_learner import RankLearner
+from trainer_consumer.ranks import RankGroup
 from trainer_consumer.sample_view import TrainSample
 from trainer_consumer.sharding import shard_samples, step_shares
 from trainer_consumer.synthetic import random_sequence, sample_record

@@ -1,0 +1,29 @@
+"""Starts the trainer on N ranks of this host: ``torchrun`` (``torch.distributed.run``) running
+``python -m trainer_consumer`` with the options as JSON. ``--max-restarts``: how often torchrun restarts
+the whole group after a rank dies (each restart resumes from the last published policy and committed
+offsets)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from trainer_consumer.rank_options import options_to_json
+from trainer_consumer.trainer import TrainOptions
+
+
+def torchrun_command(nproc: int, options_file: Path, max_restarts: int = 0) -> list[str]:
+    if nproc < 1:
+        raise ValueError("nproc must be at least 1")
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            f"--max-restarts={max_restarts}", "-m", "trainer_consumer", "--options", str(options_file)]
+
+
+def launch_ranks(options: TrainOptions, nproc: int, max_restarts: int = 0) -> int:
+    """Runs the ranks to the end; torchrun's exit status (non-zero when the group failed for good)."""
+    with tempfile.TemporaryDirectory(prefix="tokentrail-ranks-") as tmp:
+        path = Path(tmp) / "options.json"
+        path.write_bytes(options_to_json(options))
+        return subprocess.call(torchrun_command(nproc, path, max_restarts))
