@@ -5,20 +5,26 @@ offsets)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from trainer_consumer.rank_options import options_to_json
+from trainer_consumer.rank_options import OPTIONS_ENV, options_to_json
 from trainer_consumer.trainer import TrainOptions
 
 
-def torchrun_command(nproc: int, options_file: Path, max_restarts: int = 0) -> list[str]:
+def torchrun_command(nproc: int, max_restarts: int = 0) -> list[str]:
     if nproc < 1:
         raise ValueError("nproc must be at least 1")
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            f"--max-restarts={max_restarts}", "-m", "trainer_consumer", "--options", str(options_file)]
+            f"--max-restarts={max_restarts}", "-m", "trainer_consumer"]
+
+
+def torchrun_env(options_file: Path) -> dict[str, str]:
+    """This process's environment (the TOKENTRAIL_* settings) plus the options file for the ranks."""
+    return {**os.environ, OPTIONS_ENV: str(options_file)}
 
 
 def launch_ranks(options: TrainOptions, nproc: int, max_restarts: int = 0) -> int:
@@ -26,4 +32,4 @@ def launch_ranks(options: TrainOptions, nproc: int, max_restarts: int = 0) -> in
     with tempfile.TemporaryDirectory(prefix="tokentrail-ranks-") as tmp:
         path = Path(tmp) / "options.json"
         path.write_bytes(options_to_json(options))
-        return subprocess.call(torchrun_command(nproc, path, max_restarts))
+        return subprocess.call(torchrun_command(nproc, max_restarts), env=torchrun_env(path))

@@ -1,5 +1,5 @@
 """``TrainOptions`` as JSON: how ``tokentrail train --nproc N`` hands its parsed options to every rank that
-``torchrun`` starts (``python -m trainer_consumer --options FILE``)."""
+``torchrun`` starts (``python -m trainer_consumer`` reads the file named by ``TOKENTRAIL_TRAIN_OPTIONS``)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from trainer_consumer.losses import LossConfig
 from trainer_consumer.trainer import TrainOptions
 
 _PATHS = ("model_dir", "checkpoint_dir")
+# The environment variable naming the options file a rank reads (``python -m trainer_consumer``).
+OPTIONS_ENV = "TOKENTRAIL_TRAIN_OPTIONS"
 
 
 def options_to_json(options: TrainOptions) -> bytes:

@@ -11,6 +11,7 @@ rank 0 from the committed offsets (or the offsets stored with that policy, when 
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from trainer_consumer.ranks import RankGroup
@@ -55,3 +56,29 @@ def run_on_ranks(settings: TrainerStackSettings, options: TrainOptions, group: R
         return run_training(settings, options, progress=progress, group=group)
     follow_steps(settings, options, group, progress=progress)
     return None
+
+
+def run_ranks_main(settings: TrainerStackSettings, options: TrainOptions) -> int:
+    """One rank's process, start to end (``python -m trainer_consumer``; ``tokentrail train`` under torchrun):
+    joins the group torchrun describes, runs its part, prints rank 0's progress and summary."""
+    group = RankGroup.from_env()
+    prefix = f"[rank {group.rank}] " if group.distributed else ""
+
+    def progress(line: str) -> None:
+        if group.is_leader or line.startswith("rank "):
+            print(prefix + line, flush=True)
+
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restart:
+        progress(f"rank {group.rank}: torchrun restart {restart}: resuming from the last published policy "
+                 "and the committed offsets")
+
+    try:
+        summary = run_on_ranks(settings, options, group, progress=progress)
+    finally:
+        group.close()
+    if summary is not None:
+        print(f"{prefix}trained {summary.steps} steps on {summary.samples} samples ({summary.tokens:,} tokens) "
+              f"on {group.world_size} rank(s) in {summary.seconds:.1f} s; stopped: {summary.stopped or 'interrupted'}",
+              flush=True)
+    return 0

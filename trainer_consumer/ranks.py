@@ -37,6 +37,16 @@ def rank_device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def _attempt_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
+    """The rendezvous store, its keys under this attempt's prefix. Under torchrun the agent hosts the store
+    and keeps it across restarts of the group: without the prefix a restarted group reads the dead group's
+    addresses and gloo waits forever to connect to them (seen with torch 2.13, --standalone)."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=rank == 0 and not agent, timeout=timeout, multi_tenant=not agent)
+    return dist.PrefixStore(f"tokentrail/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
 @dataclass
 class RankGroup:
     rank: int = 0
@@ -58,7 +68,10 @@ class RankGroup:
         device = rank_device(int(os.environ.get("LOCAL_RANK", "0")))
         backend = backend_for(device)
         if not dist.is_initialized():
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
+            rank = int(os.environ["RANK"])
+            timeout = datetime.timedelta(seconds=timeout_s)
+            dist.init_process_group(backend, store=_attempt_store(rank, world_size, timeout), rank=rank,
+                                    world_size=world_size, timeout=timeout,
                                     **({"device_id": device} if device.type == "cuda" else {}))
         return cls(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device, backend=backend)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from tokentrail.cli import CliError
@@ -157,6 +158,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if args.follow_releases:
             raise CliError("--follow-releases runs on one rank (a rollback reloads weights); drop --nproc")
         return launch_ranks(options, args.nproc, args.max_restarts)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one rank of a group torchrun started (-m tokentrail.cli train)
+        from trainer_consumer.rank_training import run_ranks_main
+
+        return run_ranks_main(settings, options)
     summary = run_training(settings, options, progress=lambda line: print(line, flush=True))
     filtered = ", ".join(f"{k}: {v}" for k, v in sorted(summary.filtered.items())) or "none"
     published = ", ".join(map(str, summary.versions_published)) or "none"

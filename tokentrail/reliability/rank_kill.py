@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from schemas import kafka_config
 from schemas.codec import get_codec
 from tokentrail.reliability.results import FaultResult
-from trainer_consumer.rank_launch import torchrun_command
+from trainer_consumer.rank_launch import torchrun_command, torchrun_env
 from trainer_consumer.rank_options import options_to_json
 from trainer_consumer.step_audit import exactly_once
 from trainer_consumer.synthetic import random_sample_records
@@ -38,8 +38,9 @@ def _small_model(path: Path) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, head_dim=16, max_position_embeddings=1024,
+    # Big enough that a step (forward/backward) is most of a rank's time, so the kill lands inside one.
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=4, head_dim=32, max_position_embeddings=1024,
                          tie_word_embeddings=False, dtype="float32")
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(path)
@@ -74,7 +75,7 @@ def _rank_pid(torchrun_pid: int, rank: int) -> int | None:
 
 
 def rank_kill_fault(settings: Any, work_dir: Path, progress: Callable[[str], None] = lambda _: None,
-                    samples: int = 24, batch_size: int = 4, kill_after_step: int = 2, ranks: int = 2,
+                    samples: int = 32, batch_size: int = 8, kill_after_step: int = 2, ranks: int = 2,
                     timeout_s: float = 600.0) -> FaultResult:
     started = time.monotonic()
     admin = AdminClient(kafka_config.admin_config(settings.kafka))
@@ -90,7 +91,7 @@ def rank_kill_fault(settings: Any, work_dir: Path, progress: Callable[[str], Non
         _small_model(work_dir / "model")
         import numpy as np
 
-        records = random_sample_records(samples, np.random.default_rng(11), VOCAB, (48, 96), (32, 96))
+        records = random_sample_records(samples, np.random.default_rng(11), VOCAB, (128, 256), (64, 128))
         codec = get_codec()
         producer = Producer(kafka_config.producer_config(settings.kafka))
         for r in records:
@@ -104,7 +105,7 @@ def rank_kill_fault(settings: Any, work_dir: Path, progress: Callable[[str], Non
                                torch_threads=1)
         (work_dir / "options.json").write_bytes(options_to_json(options))
         log = (work_dir / "torchrun.log").open("wb")
-        proc = subprocess.Popen(torchrun_command(ranks, work_dir / "options.json", max_restarts=1),
+        proc = subprocess.Popen(torchrun_command(ranks, max_restarts=1), env=torchrun_env(work_dir / "options.json"),
                                 stdout=log, stderr=subprocess.STDOUT)
         progress(f"rank kill: torchrun pid {proc.pid}, {ranks} ranks, {samples} samples in steps of {batch_size}")
 
@@ -115,7 +116,7 @@ def rank_kill_fault(settings: Any, work_dir: Path, progress: Callable[[str], Non
         deadline = time.monotonic() + timeout_s
         try:
             while proc.poll() is None and time.monotonic() < deadline:
-                for msg in watcher.consume(num_messages=50, timeout=0.5):
+                for msg in watcher.consume(num_messages=50, timeout=0.05):
                     if msg.error() is None:
                         events.append(codec.decode(msg.value(), expect="TrainerStep")[1])
                 if not killed and any(e["step"] >= kill_after_step and e["sample_ids"] for e in events):
@@ -145,7 +146,7 @@ def rank_kill_fault(settings: Any, work_dir: Path, progress: Callable[[str], Non
         finally:
             watcher.close()
         text = (work_dir / "torchrun.log").read_text(errors="replace")
-        restarts = text.count("will restart worker group")
+        restarts = text.count("rank 0: torchrun restart")
         audit = exactly_once(events, [r["event_id"] for r in records])
         all_committed = all(committed[p] == ends[p] or (ends[p] == 0 and committed[p] < 0) for p in ends)
         redelivered = len(events) - len({e["event_id"] for e in events})
