@@ -6,6 +6,7 @@ offsets)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,8 +29,20 @@ def torchrun_env(options_file: Path) -> dict[str, str]:
 
 
 def launch_ranks(options: TrainOptions, nproc: int, max_restarts: int = 0) -> int:
-    """Runs the ranks to the end; torchrun's exit status (non-zero when the group failed for good)."""
+    """Runs the ranks to the end; torchrun's exit status (non-zero when the group failed for good).
+    SIGTERM/SIGINT to this process go to torchrun, which stops its ranks (a service manager stops the
+    trainer like the one-process one)."""
     with tempfile.TemporaryDirectory(prefix="tokentrail-ranks-") as tmp:
         path = Path(tmp) / "options.json"
         path.write_bytes(options_to_json(options))
-        return subprocess.call(torchrun_command(nproc, max_restarts), env=torchrun_env(path))
+        proc = subprocess.Popen(torchrun_command(nproc, max_restarts), env=torchrun_env(path))
+
+        def forward(signum: int, _frame: object) -> None:
+            proc.send_signal(signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return proc.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

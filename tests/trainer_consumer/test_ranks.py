@@ -113,3 +113,22 @@ def test_shards_balance_tokens_and_cover_every_sample_once(make_samples) -> None
     shares_again = step_shares(1, samples, 3, loss_denominator(samples))
     assert [[s.sample_id for s in sh.samples] for sh in shares_again] == [[s.sample_id for s in sh] for sh in shares]
     assert {sh.denominator for sh in shares_again} == {loss_denominator(samples)}
+
+
+def test_train_options_travel_to_the_ranks_as_json(tmp_path: Path) -> None:
+    from trainer_consumer.batching import FilterConfig
+    from trainer_consumer.losses import LossConfig
+    from trainer_consumer.rank_launch import torchrun_command, torchrun_env
+    from trainer_consumer.rank_options import OPTIONS_ENV, options_from_json, options_to_json
+    from trainer_consumer.trainer import TrainOptions
+
+    options = TrainOptions(max_steps=7, batch_size=32, model_dir=tmp_path / "m", group_id="g",
+                           filters=FilterConfig(max_staleness=2, stale_rule="mask", kinds=("CALL",)),
+                           learner=LearnerConfig(layout="packed", betas=(0.8, 0.9),
+                                                 loss=LossConfig(importance_sampling="tis", clip_high=0.28)))
+    assert options_from_json(options_to_json(options)) == options
+    assert options_from_json(options_to_json(TrainOptions())) == TrainOptions()
+    command = torchrun_command(4, max_restarts=3)
+    assert command[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "--max-restarts=3",
+                           "-m", "trainer_consumer"]
+    assert torchrun_env(tmp_path / "o.json")[OPTIONS_ENV] == str(tmp_path / "o.json")

@@ -154,11 +154,12 @@ def rank_kill_fault(settings: Any, work_dir: Path, progress: Callable[[str], Non
                   and audit.samples_trained == samples)
         detail = (f"{killed}; torchrun restarts {restarts}, exit {proc.returncode}; {audit.steps} steps on "
                   f"{max(audit.ranks, default=0)} ranks trained {audit.samples_trained}/{samples} samples "
-                  f"(per rank {dict(audit.rank_samples)}), twice {len(audit.trained_twice)}, lost {len(audit.lost)}; "
+                  f"(per rank {dict(audit.rank_samples)}), twice {len(audit.trained_twice)}, "
+                  f"lost {audit.samples_lost}; "
                   f"offsets committed to the end: {all_committed}; re-emitted step events {redelivered}")
         progress(f"rank kill: {detail}")
         return FaultResult(name="rank", tried=f"kill -9 one of {ranks} trainer ranks mid-step under torchrun "
-                                               "--max-restarts 1", lost=len(audit.lost),
+                                               "--max-restarts 1", lost=audit.samples_lost,
                            duplicated=len(audit.trained_twice), passed=passed, detail=detail,
                            redelivered=redelivered, seconds=time.monotonic() - started)
     finally:
