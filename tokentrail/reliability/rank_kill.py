@@ -157,6 +157,8 @@ def rank_kill_fault(settings: Any, work_dir: Path, progress: Callable[[str], Non
                   f"(per rank {dict(audit.rank_samples)}), twice {len(audit.trained_twice)}, "
                   f"lost {audit.samples_lost}; "
                   f"offsets committed to the end: {all_committed}; re-emitted step events {redelivered}")
+        if not passed:  # the log is in work_dir, which a caller may not keep: its tail goes with the result
+            detail += "\n" + "\n".join(line for line in text.splitlines() if "Loading weights" not in line)[-3000:]
         progress(f"rank kill: {detail}")
         return FaultResult(name="rank", tried=f"kill -9 one of {ranks} trainer ranks mid-step under torchrun "
                                                "--max-restarts 1", lost=audit.samples_lost,
