@@ -67,6 +67,10 @@ class Learner:
     def world_size(self) -> int:
         return 1
 
+    def weights_replaced(self) -> None:
+        """Told when the weights and optimizer state were replaced outside a step (a rollback's resume);
+        several ranks bring every replica to them before the next step."""
+
     def micro_batch_context(self, last: bool) -> contextlib.AbstractContextManager[Any]:
         """Around each micro-batch's forward and backward; on several ranks the gradients are summed
         across ranks in the last one's backward only."""

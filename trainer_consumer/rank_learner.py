@@ -71,6 +71,7 @@ class RankLearner(Learner):
         super().__init__(model, cfg, pad_id=pad_id)
         self.group = group
         self.orders = 0  # global steps handed out (rank 0) or received (others)
+        self._resync = False
         if group.distributed:
             # Rank 0's weights are broadcast to every rank here, so all replicas start alike.
             ddp = DistributedDataParallel(model, device_ids=[group.device] if group.device.type == "cuda" else None)
@@ -80,6 +81,9 @@ class RankLearner(Learner):
     @property
     def world_size(self) -> int:
         return self.group.world_size
+
+    def weights_replaced(self) -> None:
+        self._resync = True
 
     def micro_batch_context(self, last: bool) -> contextlib.AbstractContextManager[Any]:
         if last or not isinstance(self.forward_model, DistributedDataParallel):
@@ -109,7 +113,8 @@ class RankLearner(Learner):
         if denominator is None:
             denominator = loss_denominator(samples, self.cfg.loss.normalization)
         self.orders += 1
-        shares = step_shares(self.orders, samples, self.group.world_size, denominator, behaviour)
+        shares = step_shares(self.orders, samples, self.group.world_size, denominator, behaviour, self._resync)
+        self._resync = False
         mine = self.group.scatter(shares)
         reports = self._run_share(mine)
         return _combine(reports, sample_ranks(shares), self.cfg.mismatch_bound)
@@ -121,7 +126,17 @@ class RankLearner(Learner):
 
     # ---------------------------------------------------------------- every rank
 
+    def _take_leader_weights(self) -> None:
+        """Every replica takes rank 0's weights and, like rank 0 after a rollback's resume, clears the
+        optimizer's moments."""
+        with torch.no_grad():
+            for tensor in self.model.state_dict().values():
+                dist.broadcast(tensor, src=0)
+        self.optimizer.state.clear()
+
     def _run_share(self, share: StepShare) -> list[RankReport]:
+        if share.resync and self.group.distributed:
+            self._take_leader_weights()
         started = time.perf_counter()
         report = RankReport(samples=len(share.samples), tokens=sum(s.num_tokens for s in share.samples))
         try:

@@ -60,13 +60,14 @@ class StepShare:
     denominator: float
     behaviour: BehaviourLogprobs | None = None
     sample_ids_all: tuple[str, ...] = field(default=())  # the whole step's ids (for a rank's own records)
+    resync: bool = False  # rank 0's weights were replaced since the last step: take them before this one
 
 
 def step_shares(step: int, samples: Sequence[TrainSample], world_size: int, denominator: float,
-                behaviour: BehaviourLogprobs | None = None) -> list[StepShare]:
+                behaviour: BehaviourLogprobs | None = None, resync: bool = False) -> list[StepShare]:
     """One ``StepShare`` per rank for a global step."""
     ids = tuple(s.sample_id for s in samples)
-    return [StepShare(step, share, denominator, restrict_behaviour(behaviour, share), ids)
+    return [StepShare(step, share, denominator, restrict_behaviour(behaviour, share), ids, resync)
             for share in shard_samples(samples, world_size)]
 
 

@@ -192,6 +192,7 @@ class TrainingLoop:
                                    {"run_id": self.run_id, "step": self.state.step, **metadata})
             self.state.version = version
             summary.versions_published.append(version)
+            self.learner.weights_replaced()
             return version
 
         assert self.resumer is not None
@@ -306,8 +307,6 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
     from trainer_consumer.policy import StorePublisher, load_policy, state_dict_loader
     from trainer_consumer.step_publisher import StepPublisher
 
-    if group is not None and group.distributed and options.release_model:
-        raise ValueError("following release decisions (a rollback reloads weights) runs on one rank only")
     if options.torch_threads:
         import torch
 

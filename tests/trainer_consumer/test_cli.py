@@ -20,7 +20,6 @@ def test_train_help_lists_the_run_controls(capsys) -> None:
     (["--ratio-cap", "0"], "ratio_cap must be > 0"),
     (["--nproc", "0"], "--nproc must be at least 1"),
     (["--nproc", "2", "--max-restarts", "-1"], "--max-restarts must be >= 0"),
-    (["--nproc", "2", "--follow-releases"], "--follow-releases runs on one rank"),
 ])
 def test_bad_arguments_are_a_clear_cli_error(capsys, argv, message) -> None:
     assert main(["train", *argv]) == 2

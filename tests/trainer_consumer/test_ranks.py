@@ -99,6 +99,42 @@ def test_two_gloo_ranks_train_the_weights_one_process_trains(tmp_path: Path) -> 
     assert rank0["results"][1][3][1] == 0  # the one-sample step: rank 1 joined with nothing
 
 
+def _resync_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Rank 0 replaces its weights between steps (as a rollback's resume does); every rank takes them."""
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.set_num_threads(1)
+    group = RankGroup.from_env(timeout_s=60)
+    try:
+        learner = RankLearner(make_tiny_model(), CFG, group)
+        if group.is_leader:
+            steps = _steps()
+            learner.step(steps[0])
+            learner.model.load_state_dict(make_tiny_model(seed=5).state_dict())
+            learner.optimizer.state.clear()
+            learner.weights_replaced()
+            learner.step(steps[2])
+            learner.stop_followers()
+        else:
+            learner.follow()
+        torch.save(learner.model.state_dict(), Path(out_dir) / f"resync{rank}.pt")
+    finally:
+        group.close()
+
+
+def test_weights_replaced_on_rank_0_reach_every_rank_before_the_next_step(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    make_tiny_model()
+    mp.start_processes(_resync_main, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True,
+                       start_method="fork")
+    single = Learner(make_tiny_model(seed=5), CFG)  # the replaced weights, fresh moments, then the step
+    single.step(_steps()[2])
+    rank0, rank1 = (torch.load(tmp_path / f"resync{r}.pt") for r in (0, 1))
+    for name, weight in single.model.state_dict().items():
+        assert torch.equal(rank0[name], rank1[name])
+        torch.testing.assert_close(rank0[name], weight, rtol=1e-4, atol=1e-5)
+
+
 def test_shards_balance_tokens_and_cover_every_sample_once(make_samples) -> None:
     samples = make_samples(7, lengths=[(10, 30), (3, 2), (4, 4), (20, 20), (2, 3), (5, 5), (6, 6)])
     shares = shard_samples(samples, 3)

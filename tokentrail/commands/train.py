@@ -155,8 +155,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.nproc > 1:
         from trainer_consumer.rank_launch import launch_ranks
 
-        if args.follow_releases:
-            raise CliError("--follow-releases runs on one rank (a rollback reloads weights); drop --nproc")
         return launch_ranks(options, args.nproc, args.max_restarts)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one rank of a group torchrun started (-m tokentrail.cli train)
         from trainer_consumer.rank_training import run_ranks_main

@@ -147,11 +147,10 @@ def run_demo(args: argparse.Namespace) -> int:
         Service("trainer", ["train", "--batch-size", str(args.train_batch), "--steps-per-version", "1",
                             *(["--lr", str(args.lr)] if args.lr is not None else []), "--threads", "1",
                             # The engine decides the default mismatch correction (TIS behind vLLM).
-                            "--upstream", args.upstream, "--flush-partial",
-                            # Several ranks (torchrun, gloo): a rollback's weight reload runs on one rank only, so
-                            # the trainer does not follow release decisions then (none are made in this demo).
+                            "--upstream", args.upstream, "--flush-partial", *release_guard.TRAINER_ARGS,
+                            # Several ranks: torchrun (gloo) on this host, rank 0 reads and publishes.
                             *(["--nproc", str(args.trainer_ranks), "--max-restarts", "1"] if args.trainer_ranks > 1
-                              else release_guard.TRAINER_ARGS)], logs / "trainer.log"),
+                              else [])], logs / "trainer.log"),
         controller,
     ]
     _step(4, total, f"services: {', '.join(s.name for s in services)} (logs in {logs})")
