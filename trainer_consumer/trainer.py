@@ -33,7 +33,7 @@ from trainer_consumer.learner import Learner, LearnerConfig, StepResult
 from trainer_consumer.losses import loss_denominator
 from trainer_consumer.rank_learner import RankLearner
 from trainer_consumer.ranks import RankGroup
-from trainer_consumer.release_follower import RELEASE_SEQUENCE, Resume, RollbackResumer
+from trainer_consumer.rollback_resume import RELEASE_SEQUENCE, Resume, RollbackResumer
 
 if TYPE_CHECKING:
     from trainer_consumer.settings import TrainerStackSettings
@@ -287,7 +287,7 @@ class TrainOptions:
     # The engine upstream the samples came from ("embedded" | "vllm"): decides importance_sampling "auto".
     upstream: str = "embedded"
     # Follow this release track's decisions (the served model name): a rollback resumes from the last good
-    # version (trainer_consumer/release_follower.py). None: do not follow.
+    # version (trainer_consumer/rollback_resume.py). None: do not follow.
     release_model: str | None = None
     release_topic: str | None = None
 
@@ -301,7 +301,8 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
     publishes, emits and commits once every rank has finished the step; the other ranks run
     ``rank_training.follow_steps``."""
     from models.policy_store import PolicyStore
-    from schemas import kafka_config, topics
+    from schemas import topics
+    from schemas.kafka import config as kafka_config
     from trainer_consumer.batching import BatchBuilder
     from trainer_consumer.dataset import SampleStream
     from trainer_consumer.policy import StorePublisher, load_policy, state_dict_loader
@@ -315,7 +316,7 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
     group_id = options.group_id or ts.group_id
     run_id = options.run_id or group_id
     learner_cfg = learner_config(settings, options)
-    filter_cfg = options.filters or FilterConfig(max_staleness=ts.max_staleness, stale_rule=ts.stale_rule)
+    filter_cfg = options.filters or FilterConfig.from_settings(ts)
     store = PolicyStore(options.checkpoint_dir or ts.checkpoint_dir)
     model_dir = options.model_dir or settings.model.dir
 
@@ -349,7 +350,7 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
              f"mismatch bound {learner_cfg.mismatch_bound:g}")
     follower, resumer = None, None
     if options.release_model:
-        from schemas.release_follower import ReleaseFollower
+        from schemas.kafka.release_follower import ReleaseFollower
 
         follower = ReleaseFollower(settings.kafka, options.release_model,
                                    options.release_topic or topics.RELEASE_DECISIONS_TOPIC, reader="trainer").start()

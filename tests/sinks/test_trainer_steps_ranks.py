@@ -10,12 +10,12 @@ from clickhouse_connect.driver.client import Client
 
 from schemas.codec import get_codec
 from sinks.store import load_records, write_records
+from testkit.samples import random_sequence, sample_record
 from trainer_consumer.batching import Batch
 from trainer_consumer.events import trainer_step_record
 from trainer_consumer.learner import StepResult
 from trainer_consumer.losses import LossStats
 from trainer_consumer.sample_view import sample_from_record
-from trainer_consumer.synthetic import random_sequence, sample_record
 
 
 def _record(step: int, ranks: int) -> dict:

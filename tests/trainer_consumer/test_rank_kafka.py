@@ -18,15 +18,15 @@ import torch
 import torch.multiprocessing as mp
 
 from models.policy_store import PolicyStore
-from schemas import kafka_config
 from schemas.codec import get_codec
+from schemas.kafka import config as kafka_config
+from testkit.samples import random_sequence, sample_record
 from trainer_consumer.batching import BatchBuilder, FilterConfig
 from trainer_consumer.dataset import SampleStream
 from trainer_consumer.rank_stream import RankSampleStream
 from trainer_consumer.rank_training import run_on_ranks
 from trainer_consumer.ranks import RankGroup
 from trainer_consumer.step_audit import exactly_once
-from trainer_consumer.synthetic import random_sequence, sample_record
 from trainer_consumer.trainer import TrainOptions
 
 from .helpers import VOCAB, make_tiny_model

@@ -14,13 +14,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from testkit.samples import random_sequence, sample_record
 from trainer_consumer.learner import Learner, LearnerConfig
 from trainer_consumer.losses import loss_denominator
 from trainer_consumer.rank_learner import RankLearner
 from trainer_consumer.ranks import RankGroup
 from trainer_consumer.sample_view import TrainSample
 from trainer_consumer.sharding import shard_samples, step_shares
-from trainer_consumer.synthetic import random_sequence, sample_record
 
 from .helpers import VOCAB, decode_round_trip, make_tiny_model
 
