@@ -58,8 +58,8 @@ def family_break_causes(prompt_text: str, sampled: Sequence[tuple[str, Mapping[s
         for call in message.get("tool_calls") or ():
             function = call.get("function") or {}
             arguments = function.get("arguments")
-            if not isinstance(arguments, str) or arguments in output_text and arguments not in prompt_text:
-                again = _reserialized(arguments) if isinstance(arguments, str) else None
+            if isinstance(arguments, str) and arguments not in prompt_text:
+                again = _reserialized(arguments)
                 if again is not None and again != arguments and again in prompt_text:
                     causes.add(TOOL_ARGUMENTS_RESERIALIZED)
             if _markup_rewritten(output_text, str(function.get("name", "")), arguments, prompt_text):
