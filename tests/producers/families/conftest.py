@@ -10,28 +10,10 @@ from typing import Any
 
 import pytest
 
-from models.families.build import build_family
-from models.families.spec import family_named
-from producers.gateway.family_text_side import FamilyTextSide
 from producers.gateway.testing import RunningGateway, running_embedded_gateway
-from tokentrail.settings import Settings, get_settings
+from tokentrail.settings import Settings
 
-_TEXT_SIDES: dict[str, FamilyTextSide] = {}
-
-
-def family_dir(family: str) -> Path:
-    return build_family(get_settings().model.families_dir / family, family_named(family))
-
-
-def family_text_side(family: str) -> FamilyTextSide:
-    if family not in _TEXT_SIDES:
-        _TEXT_SIDES[family] = FamilyTextSide.from_dir(family_dir(family))
-    return _TEXT_SIDES[family]
-
-
-def family_settings(settings: Settings, family: str) -> Settings:
-    model = settings.model.model_copy(update={"dir": family_dir(family), "family": family, "name": family})
-    return settings.model_copy(update={"model": model})
+from .family_models import family_settings, family_text_side
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from tests.producers.gateway.checks import prefix_holds
 from tests.producers.gateway.helpers import output_of, prompts_of, read_records
 from tokentrail.settings import Settings
 
-from .conftest import family_text_side
+from .family_models import family_text_side
 
 LOOKUP = {"type": "function", "function": {
     "name": "lookup", "description": "Look up the value of a key.",
@@ -182,3 +182,28 @@ def test_anthropic_messages_on_a_family(start_family_gateway, topics: dict[str, 
     assert (calls[1]["spliced_outputs"] == 1) is spec["splice_holds"]
     request = orjson.loads(calls[1]["request_json"])
     assert request["body"]["messages"][1]["role"] == "assistant"
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_responses_on_a_family(start_family_gateway, topics: dict[str, str], tokentrail_settings: Settings,
+                               family: str) -> None:
+    spec = FAMILIES[family]
+    tool = {"type": "function", **LOOKUP["function"]}  # the Responses API's flat function tool
+    common = {"instructions": "Answer with the lookup tool.", "tools": [tool], "max_output_tokens": 64}
+    with start_family_gateway(family) as gw, \
+            Rollout(gw.url, task_input={}, script=[spec["calls"], spec["answer"]]) as rollout:
+        client = openai.OpenAI(base_url=rollout.openai_base_url, api_key=rollout.api_key, max_retries=0)
+        first = client.responses.create(model=family, input="What are fox and owl?", store=False, **common)
+        calls = [i for i in first.output if i.type == "function_call"]
+        assert [json.loads(c.arguments) for c in calls] == [{"key": k} for k in spec["keys"]]
+        assert any(i.type == "reasoning" for i in first.output) is (spec["reasoning"][0] is not None)
+        history = [{"role": "user", "content": [{"type": "input_text", "text": "What are fox and owl?"}]},
+                   *[item.model_dump(exclude_none=True) for item in first.output],
+                   *[{"type": "function_call_output", "call_id": c.call_id, "output": "red"} for c in calls]]
+        events = list(client.responses.create(model=family, input=history, stream=True, **common))
+        done = next(e for e in events if e.type == "response.completed").response
+        assert done.output_text == spec["content"]
+    records = _calls(tokentrail_settings, topics["calls_topic"], rollout, 2)
+    assert [r["protocol"] for r in records] == ["openai.responses"] * 2
+    assert all(r["versions"]["parser_version"].startswith(f"{family}: ") for r in records)
+    assert (records[1]["spliced_outputs"] == 1) is spec["splice_holds"]
