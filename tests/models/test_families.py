@@ -14,6 +14,9 @@ from models.families.vocab import CHECK_SAMPLE
 from models.reference.fingerprint import read_manifest
 from tests.producers.families.family_models import family_dir
 
+# Builds the four families once per machine (tens of seconds cold) and serves them: the e2e tier.
+pytestmark = pytest.mark.e2e
+
 TEXT = CHECK_SAMPLE + " def main() -> None:\n    print('héllo, 世界')  # ünïcode\n"
 
 

@@ -20,6 +20,9 @@ from tokentrail.settings import Settings
 
 from .family_models import family_text_side
 
+# Builds the four families once per machine (tens of seconds cold) and serves them: the e2e tier.
+pytestmark = pytest.mark.e2e
+
 LOOKUP = {"type": "function", "function": {
     "name": "lookup", "description": "Look up the value of a key.",
     "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
