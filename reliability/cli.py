@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-FAULTS = ("broker", "worker", "twice", "scale", "cluster", "chaos", "restart", "poison", "baselines", "feedback",
-          "costly")
+FAULTS = ("broker", "worker", "twice", "scale", "cluster", "chaos", "restart", "poison", "baselines", "rank",
+          "feedback", "costly")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "twice (fault d), scale (fault f: 2 gateways, 3 workers, one killed), cluster (fault g: "
                         "3 brokers, leader killed -9), chaos (fault h: rebalance chaos), restart (fault i: gateway "
                         "restarted mid-session), poison (faults j+k: poison record, disk-full spool; needs root), "
-                        "baselines (fault l: the baseline agents' worker killed -9), feedback (fault m: hostile "
-                        "feedback), costly (fault o: requests built for the most CPU per byte)")
+                        "baselines (fault l: the baseline agents' worker killed -9), rank (fault m: one of 2 trainer "
+                        "ranks killed -9 mid-step under torchrun --max-restarts), feedback (issue 29's fault m: "
+                        "hostile feedback), costly (fault o: requests built for the most CPU per byte)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where spools, private broker data, chDB and logs go (default: a temp dir)")
 
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         gateway_restart,
         hostile_feedback_fault,
         poison_and_disk,
+        rank_kill,
         rebalance_chaos,
         scale_out,
     )
@@ -101,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
                  progress)),
              ("baselines", lambda: [baseline_kills.baseline_worker_kills(settings, workdir / "baseline-kills",
                                                                          progress)]),
+             ("rank", lambda: [rank_kill.rank_kill_fault(settings, workdir / "rank-kill", progress)]),
              ("feedback", lambda: [hostile_feedback_fault.hostile_feedback_fault(
                  settings, workdir / "hostile-feedback", progress)]),
              ("costly", lambda: [costly_requests_fault.costly_requests_fault(settings, workdir / "costly-requests",
