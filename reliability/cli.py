@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "twice (fault d), scale (fault f: 2 gateways, 3 workers, one killed), cluster (fault g: "
                         "3 brokers, leader killed -9), chaos (fault h: rebalance chaos), restart (fault i: gateway "
                         "restarted mid-session), poison (faults j+k: poison record, disk-full spool; needs root), "
-                        "baselines (fault l: the baseline agents' worker killed -9), rank (fault m: one of 2 trainer "
-                        "ranks killed -9 mid-step under torchrun --max-restarts), feedback (issue 29's fault m: "
+                        "baselines (fault l: the baseline agents' worker killed -9), rank (fault p: one of 2 trainer "
+                        "ranks killed -9 mid-step under torchrun --max-restarts), feedback (fault m: "
                         "hostile feedback), costly (fault o: requests built for the most CPU per byte)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where spools, private broker data, chDB and logs go (default: a temp dir)")
