@@ -33,6 +33,9 @@ from dataclasses import dataclass
 
 from clickhouse_connect.driver.client import Client
 
+from sinks.freshness import SRC_TIME_COLUMN
+from sinks.freshness import VIEWS as FRESHNESS_VIEWS
+
 TOKENS = "String CODEC(ZSTD(3))"
 NTOKENS = "Nullable(String) CODEC(ZSTD(3))"
 TEXT = "String CODEC(ZSTD(3))"
@@ -533,6 +536,8 @@ VIEWS: dict[str, str] = {
         GROUP BY time""",
 }
 
+VIEWS.update(FRESHNESS_VIEWS)  # trajectory -> sample latency, sample age at training (issue 30)
+
 MIGRATIONS_TABLE = "schema_migrations"
 
 # TrainerStep v2 (issue 19); defaults match the Avro defaults, so rows stored before read as v1 events.
@@ -677,6 +682,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         "trainer_steps: the trainer's resume from the last good version after a release rollback "
         "(TrainerStep v3, issue 22)",
         lambda db: [f"ALTER TABLE {db}.trainer_steps ADD COLUMN IF NOT EXISTS {c}" for c in TRAINER_STEP_RESUME],
+    ),
+    Migration(
+        "0016_src_time",
+        "every table: the Kafka record timestamp the sink read (freshness, issue 30)",
+        lambda db: [f"ALTER TABLE {db}.{table} ADD COLUMN IF NOT EXISTS {SRC_TIME_COLUMN}" for table in TABLE_NAMES],
     ),
 )
 
