@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import tempfile
 import time
 import uuid
@@ -100,8 +101,10 @@ def phase_figures(times: StageTimes, phase: Phase, rollouts: list[str], probe: T
         for pos, at in zip(times.sample_pos[rid], consumed, strict=True):
             if pos in probe.batched_at:
                 stages["trainer_queue_wait"].append((probe.batched_at[pos] - at) * 1000)  # type: ignore[operator]
-        # Each stage's record comes after the one it derives from (ms clock: equal is in order).
-        if not (times.rollout_ms[rid] <= times.group_ms[rid] <= sample <= max(consumed) * 1000 + 1):  # type: ignore[type-var]
+        # Each stage's record comes after the one it derives from (ms clock: equal is in order). A group
+        # and its samples are sent together, to different partitions: either may be appended first.
+        if not (times.rollout_ms[rid] <= min(times.group_ms[rid], sample)
+                and sample <= max(consumed) * 1000 + 1):  # type: ignore[type-var]
             order_violations += 1
     finished = [times.finish_ms[r] for r in rollouts if r in times.finish_ms]
     last_sample = max((max(times.sample_ms[r]) for r in rollouts if times.sample_ms.get(r)), default=None)
@@ -121,7 +124,7 @@ def phase_figures(times: StageTimes, phase: Phase, rollouts: list[str], probe: T
     return out
 
 
-def build_phases(rates: list[float], group_size: int, seconds: float, burst_groups: int,
+def build_phases(default_rate: float, rates: list[float], group_size: int, seconds: float, burst_groups: int,
                  extra_group_sizes: list[int]) -> list[Phase]:
     """The default rate (and the other group sizes at it) and the burst first, then the other rates
     upwards: the ladder stops at the first rate the worker cannot keep up with."""
@@ -129,9 +132,9 @@ def build_phases(rates: list[float], group_size: int, seconds: float, burst_grou
         groups = max(2, math.ceil(rate * seconds / size))
         return Phase(f"rate{rate:g}g{size}".replace(".", "p"), rate, size, groups)
 
-    phases = [at(DEFAULT_RATE, group_size)] + [at(DEFAULT_RATE, size) for size in extra_group_sizes]
+    phases = [at(default_rate, group_size)] + [at(default_rate, size) for size in extra_group_sizes]
     phases.append(Phase("burst", 0.0, group_size, burst_groups))
-    return phases + [at(rate, group_size) for rate in sorted(rates) if rate != DEFAULT_RATE]
+    return phases + [at(rate, group_size) for rate in sorted(rates) if rate != default_rate]
 
 
 class FreshnessRig:
@@ -151,6 +154,7 @@ class FreshnessRig:
         self.log_path = self.workdir / "worker.log"
         self.worker: Any = None
         self.probe: TrainerProbe | None = None
+        self.cpu_ms_per_rollout: dict[str, float] = {}  # the worker's CPU time per rollout, by phase
 
     def start(self) -> None:
         kafka = self.settings.kafka
@@ -181,6 +185,7 @@ class FreshnessRig:
         expected = self.probe.consumed() + phase.rollouts * self.args.calls  # one sample per call
         print(f"  {phase.name}: {phase.rollouts} rollouts in {phase.groups} groups of {phase.group_size}"
               f"{f' at {phase.rate:g}/s' if phase.rate else ' at once'} (load {loadavg()}) ...", flush=True)
+        cpu_before = process_cpu_s(self.worker.pid)
         self.producer.run(timed)
         deadline = time.monotonic() + self.args.timeout_s
         while self.probe.consumed() < expected:
@@ -193,6 +198,8 @@ class FreshnessRig:
                       f"{self.args.timeout_s:g} s after the last finish", flush=True)
                 return rollouts, False
             time.sleep(0.05)
+        self.cpu_ms_per_rollout[phase.name] = round((process_cpu_s(self.worker.pid) - cpu_before) * 1000
+                                                    / phase.rollouts, 2)
         time.sleep(self.args.trainer_idle_s + 0.5)  # the last partial batch is cut after the idle time
         return rollouts, True
 
@@ -231,6 +238,15 @@ def wait_for_log_append_time(admin: AdminClient, names: list[str], timeout_s: fl
         time.sleep(0.2)
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc; 0.0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def loadavg() -> str:
     try:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -255,7 +271,8 @@ def run_rig(base: Settings, args: argparse.Namespace, phases: list[Phase], fetch
         times = rig.read()
         assert rig.probe is not None
         figures = {p.name: {**phase_figures(times, p, by_phase[p.name][0], rig.probe),
-                            "delivered": by_phase[p.name][1]} for p in ran}
+                            "delivered": by_phase[p.name][1],
+                            "worker_cpu_ms_per_rollout": rig.cpu_ms_per_rollout.get(p.name)} for p in ran}
     finally:
         rig.close()
     return figures, ran, times
@@ -265,13 +282,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     base = get_settings()
     if not kafka_local.broker_answers(base.kafka):
         raise SystemExit(f"no Kafka broker answers on {base.kafka.bootstrap_servers} (`tokentrail kafka start`)")
-    phases = build_phases(args.rates, args.group_size, args.seconds, args.burst_groups, args.extra_group_sizes)
+    phases = build_phases(args.default_rate, args.rates, args.group_size, args.seconds, args.burst_groups,
+                          args.extra_group_sizes)
     fetch_wait = args.fetch_max_wait_ms if args.fetch_max_wait_ms is not None else base.processors.fetch_max_wait_ms
     baseline = None
     if args.baseline_fetch_max_wait_ms:
         # The same workload at the default rate and the burst on a worker with faust's fetch wait, just
         # before the measured run: the ratios compare back-to-back runs on the same (shared) machine.
-        figures, ran, times = run_rig(base, args, [p for p in phases if p.rate in (DEFAULT_RATE, 0.0)],
+        figures, ran, times = run_rig(base, args, [p for p in phases if p.rate in (args.default_rate, 0.0)],
                                       args.baseline_fetch_max_wait_ms, "baseline")
         baseline = report(figures, ran, args, times, emit_line=False)
     figures, ran, times = run_rig(base, args, phases, fetch_wait, "measured")
@@ -297,8 +315,9 @@ def report(figures: dict[str, dict[str, Any]], phases: list[Phase], args: argpar
     for p in phases:
         f = figures[p.name]
         cells = "".join(f"{f[f'{c}_p50_ms']} / {f[f'{c}_p99_ms']} / {f[f'{c}_max_ms']}".ljust(22) for c in cols)
-        print(f"  {p.name.ljust(16)}{cells}{f['delivered_rollouts_per_s']}")
-    default = next((p for p in phases if p.rate == DEFAULT_RATE and p.group_size == args.group_size),
+        print(f"  {p.name.ljust(16)}{cells}{f['delivered_rollouts_per_s']}  ({f['worker_cpu_ms_per_rollout']} "
+              "worker CPU ms/rollout)")
+    default = next((p for p in phases if p.rate == args.default_rate and p.group_size == args.group_size),
                    next(p for p in phases if p.rate > 0))
     burst = figures["burst"]
     d = figures[default.name]
@@ -307,6 +326,7 @@ def report(figures: dict[str, dict[str, Any]], phases: list[Phase], args: argpar
         "finish_to_sample_p50_ms": d["ready_to_sample_p50_ms"], "finish_to_sample_p99_ms": d["ready_to_sample_p99_ms"],
         "finish_to_sample_max_ms": d["ready_to_sample_max_ms"],
         "finish_to_trainer_p99_ms": d["ready_to_trainer_p99_ms"], "call_to_kafka_p99_ms": d["call_to_kafka_p99_ms"],
+        "worker_cpu_ms_per_rollout": d.get("worker_cpu_ms_per_rollout"),
         "quiet_tail_ms": burst.get("tail_ms"), "quiet_tail_trainer_ms": burst.get("ready_to_trainer_max_ms"),
         "rollouts": sum(f["rollouts"] for f in figures.values()),
         "rollouts_with_samples": sum(f["rollouts_with_samples"] for f in figures.values()),
@@ -330,7 +350,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="rollouts finished per second, one phase each (default 1 20 50 100 200)")
     parser.add_argument("--group-size", type=int, default=8, help="rollouts per group (default 8)")
     parser.add_argument("--extra-group-sizes", type=int, nargs="*", default=[1],
-                        help=f"more group sizes, at {DEFAULT_RATE:g} rollouts/s (default 1)")
+                        help="more group sizes, at the default rate (default 1)")
+    parser.add_argument("--default-rate", type=float, default=DEFAULT_RATE,
+                        help=f"the rate of the headline figures and the baseline (default {DEFAULT_RATE:g})")
     parser.add_argument("--seconds", type=float, default=6.0, help="length of each rate phase (default 6)")
     parser.add_argument("--burst-groups", type=int, default=2, help="whole groups finished at once (default 2)")
     parser.add_argument("--calls", type=int, default=2, help="model calls per rollout (default 2)")
@@ -351,7 +373,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a small run for CI: one rate (20/s), groups of 8 and 1, a burst of one group")
     args = parser.parse_args(argv)
     if args.quick:
-        args.rates, args.extra_group_sizes, args.seconds, args.burst_groups = [DEFAULT_RATE], [1], 0.5, 1
+        args.default_rate, args.rates, args.extra_group_sizes, args.seconds, args.burst_groups = (
+            DEFAULT_RATE, [DEFAULT_RATE], [1], 0.5, 1)
         args.baseline_fetch_max_wait_ms = 0
         args.trainer_idle_s = min(args.trainer_idle_s, 1.0)
     return args
