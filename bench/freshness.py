@@ -30,6 +30,7 @@ import os
 import tempfile
 import time
 import uuid
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -71,17 +72,18 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
 
 def phase_figures(times: StageTimes, phase: Phase, rollouts: list[str], probe: TrainerProbe) -> dict[str, Any]:
     """The stage latencies (ms) of one phase's rollouts, and checks that can fail."""
-    ready: dict[str, float] = {}
+    members: dict[str, list[str]] = defaultdict(list)  # group event id (or the rollout, ungrouped) -> rollouts
     for rid in rollouts:
-        gid = times.group_of.get(rid)
-        members = [r for r in rollouts if times.group_of.get(r) == gid] if gid else [rid]
-        ready[rid] = max(times.finish_ms.get(r, math.inf) for r in members)
+        members[times.group_of.get(rid, rid)].append(rid)
+    # "ready": the group's last member finished; its samples cannot exist before.
+    ready = {rid: max(times.finish_ms.get(r, math.inf) for r in members[times.group_of.get(rid, rid)])
+             for rid in rollouts}
     stages: dict[str, list[float]] = {k: [] for k in ("call_to_kafka", "finish_to_rollout", "ready_to_group",
                                                       "ready_to_sample", "ready_to_trainer", "trainer_queue_wait",
                                                       "own_finish_to_sample")}
     # A rollout still on its way (a phase past the throughput limit) lacks a stage record: not timed.
-    missing = [r for r in rollouts if r not in times.finish_ms or r not in times.rollout_ms
-               or r not in times.group_ms or not times.sample_ms.get(r)]
+    missing = {r for r in rollouts if r not in times.finish_ms or r not in times.rollout_ms
+               or r not in times.group_ms or not times.sample_ms.get(r)}
     untrained = 0
     order_violations = 0
     for rid in rollouts:
@@ -93,18 +95,18 @@ def phase_figures(times: StageTimes, phase: Phase, rollouts: list[str], probe: T
         stages["ready_to_group"].append(times.group_ms[rid] - ready[rid])
         stages["ready_to_sample"].append(sample - ready[rid])
         stages["own_finish_to_sample"].append(sample - finish)
-        consumed = [probe.stream.consumed_at.get(p) for p in times.sample_pos[rid]]
-        if any(c is None for c in consumed):
+        positions = times.sample_pos[rid]
+        if any(pos not in probe.stream.consumed_at for pos in positions):
             untrained += 1
             continue
-        stages["ready_to_trainer"].append(max(consumed) * 1000 - ready[rid])  # type: ignore[type-var]
-        for pos, at in zip(times.sample_pos[rid], consumed, strict=True):
-            if pos in probe.batched_at:
-                stages["trainer_queue_wait"].append((probe.batched_at[pos] - at) * 1000)  # type: ignore[operator]
+        taken = {pos: probe.stream.consumed_at[pos] for pos in positions}  # wall seconds
+        taken_ms = max(taken.values()) * 1000
+        stages["ready_to_trainer"].append(taken_ms - ready[rid])
+        stages["trainer_queue_wait"] += [(probe.batched_at[pos] - at) * 1000 for pos, at in taken.items()
+                                         if pos in probe.batched_at]
         # Each stage's record comes after the one it derives from (ms clock: equal is in order). A group
         # and its samples are sent together, to different partitions: either may be appended first.
-        if not (times.rollout_ms[rid] <= min(times.group_ms[rid], sample)
-                and sample <= max(consumed) * 1000 + 1):  # type: ignore[type-var]
+        if not (times.rollout_ms[rid] <= min(times.group_ms[rid], sample) and sample <= taken_ms + 1):
             order_violations += 1
     finished = [times.finish_ms[r] for r in rollouts if r in times.finish_ms]
     last_sample = max((max(times.sample_ms[r]) for r in rollouts if times.sample_ms.get(r)), default=None)
