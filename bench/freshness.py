@@ -42,10 +42,11 @@ from bench.freshness_probe import StageTimes, TrainerProbe, read_stage_times
 from bench.freshness_workload import Phase, ScheduledProducer, phase_events
 from processors.stream.topics import StreamTopics, ensure_stream_topics
 from schemas.codec import get_codec
-from schemas.kafka_config import admin_config, consumer_config, producer_config
+from schemas.kafka.config import admin_config, consumer_config, producer_config
 from schemas.local_paths import REPO_ROOT
+from testkit.kafka_read import delete_topics_by_prefix
 from tokentrail import kafka_local
-from tokentrail.commands.process import start_worker_process, stop_worker_process
+from tokentrail.runtime.process import start_worker_process, stop_worker_process
 from tokentrail.settings import Settings, get_settings
 
 DEFAULT_RATE = 20.0
@@ -215,15 +216,8 @@ class FreshnessRig:
             self.probe.stop()
         if self.worker is not None:
             stop_worker_process(self.worker)
-        admin = AdminClient(admin_config(self.settings.kafka))
-        names = [n for n in admin.list_topics(timeout=30).topics
-                 if n.startswith((self.topics.prefix, f"{self.settings.processors.app_id}-"))]
-        if names:
-            for future in admin.delete_topics(names, operation_timeout=30).values():
-                try:
-                    future.result(timeout=60)
-                except Exception:  # already gone
-                    pass
+        delete_topics_by_prefix(admin_config(self.settings.kafka),
+                                [self.topics.prefix, f"{self.settings.processors.app_id}-"])
 
 
 def wait_for_log_append_time(admin: AdminClient, names: list[str], timeout_s: float = 30.0) -> None:

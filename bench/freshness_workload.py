@@ -18,9 +18,9 @@ import numpy as np
 from confluent_kafka import Producer
 
 from processors.stream.topics import StreamTopics
-from processors.testing import AttemptSpec, attempt_events, growing_turns
 from schemas.builders import make_call
 from schemas.codec import Codec
+from testkit.stages import AttemptSpec, attempt_events, growing_turns
 
 Event = tuple[str, dict[str, Any]]
 

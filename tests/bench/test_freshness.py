@@ -8,7 +8,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from schemas.local_paths import REPO_ROOT
+
+pytestmark = pytest.mark.e2e  # a worker subprocess and the trainer's consumer: about a minute
 
 STAGES = ("call_to_kafka", "finish_to_rollout", "ready_to_group", "ready_to_sample", "ready_to_trainer",
           "trainer_queue_wait", "own_finish_to_sample")

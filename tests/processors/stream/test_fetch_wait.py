@@ -10,8 +10,8 @@ import inspect
 from aiokafka import AIOKafkaConsumer
 
 from processors.stream.app import ProcessorsApp
-from processors.stream.config import StreamConfig
 from processors.stream.fetch import FAUST_FETCH_MAX_WAIT_MS, fetch_max_wait_ms
+from processors.stream.worker_config import StreamConfig
 from tokentrail.settings import Settings
 
 
