@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-FAULTS = ("broker", "worker", "twice", "scale", "cluster", "chaos", "restart", "poison", "baselines")
+FAULTS = ("broker", "worker", "twice", "scale", "cluster", "chaos", "restart", "poison", "baselines", "rank")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "twice (fault d), scale (fault f: 2 gateways, 3 workers, one killed), cluster (fault g: "
                         "3 brokers, leader killed -9), chaos (fault h: rebalance chaos), restart (fault i: gateway "
                         "restarted mid-session), poison (faults j+k: poison record, disk-full spool; needs root), "
-                        "baselines (fault l: the baseline agents' worker killed -9)")
+                        "baselines (fault l: the baseline agents' worker killed -9), rank (fault m: one of 2 trainer "
+                        "ranks killed -9 mid-step under torchrun --max-restarts)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where spools, private broker data, chDB and logs go (default: a temp dir)")
 
@@ -57,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         faults,
         gateway_restart,
         poison_and_disk,
+        rank_kill,
         rebalance_chaos,
         scale_out,
     )
@@ -96,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
                  settings, workdir / "poison-disk", poison_and_disk.QUICK if args.quick else poison_and_disk.FULL,
                  progress)),
              ("baselines", lambda: [baseline_kills.baseline_worker_kills(settings, workdir / "baseline-kills",
-                                                                         progress)])]
+                                                                         progress)]),
+             ("rank", lambda: [rank_kill.rank_kill_fault(settings, workdir / "rank-kill", progress)])]
     for name, step in steps:
         if name in args.skip:
             continue

@@ -4,9 +4,9 @@ a sample was when the trainer used it, from the times the stored records carry.
 Two clocks meet here. A record's own ``created_at_us`` is an event time derived from its inputs (a
 rollout's is its latest input's time, the finish; a sample's is its group's closing time, the last
 member's finish for a full group), so replays reproduce it. ``src_time_ms`` is the Kafka record
-timestamp the sink read (migration 0016): when the stage produced the record, or when the broker
+timestamp the sink read (migration 0017): when the stage produced the record, or when the broker
 appended it on a LogAppendTime topic. Their difference is the stage's latency; across hosts it includes
-their clock offset (keep the clocks synchronised, NTP or better). Rows stored before migration 0016
+their clock offset (keep the clocks synchronised, NTP or better). Rows stored before migration 0017
 have no Kafka time (-1) and are left out of the latency view.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
-# Migration 0016: the Kafka record timestamp of every stored row, -1 where the record had none.
+# Migration 0017: the Kafka record timestamp of every stored row, -1 where the record had none.
 SRC_TIME_COLUMN = "src_time_ms Int64 DEFAULT -1 AFTER src_offset"
 
 VIEWS: dict[str, str] = {

@@ -652,6 +652,12 @@ ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS resume_decision_id
 
 ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS resume_reason String DEFAULT '' AFTER resume_decision_id;
 
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS ranks Int64 DEFAULT 1 AFTER resume_reason;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS sample_ranks Array(Int64) DEFAULT [] AFTER ranks;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS rank_tokens Array(Int64) DEFAULT [] AFTER sample_ranks;
+
 ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
 
 ALTER TABLE tokentrail.attempt_starts ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;

@@ -1,4 +1,4 @@
-"""Freshness on chDB (issue 30): the Kafka time the sink keeps on every row (migration 0016), the views
+"""Freshness on chDB (issue 30): the Kafka time the sink keeps on every row (migration 0017), the views
 v_sample_latency and v_sample_age, their dashboard panels and the report's section, over a group the
 real processors core derived."""
 

@@ -84,7 +84,7 @@ def test_sink_stores_every_topic_dead_letters_and_deduplicates(
     counts = table_counts(ch)
     assert {t: counts[t] for t in expected} == dict(expected)
     assert counts["dead_letters"] == 3 and stats.dead_letters == 3
-    # Every row keeps its record's Kafka time (migration 0016): here the producer's, set while producing.
+    # Every row keeps its record's Kafka time (migration 0017): here the producer's, set while producing.
     for table in ("calls", "rollouts", "samples"):
         low, high = ch.query(f"SELECT min(src_time_ms), max(src_time_ms) FROM {table}").result_rows[0]
         assert produced_from_ms - 1 <= low <= high <= produced_by_ms + 1, (table, low, high)
