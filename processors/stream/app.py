@@ -62,6 +62,7 @@ from processors.stream.assembler_agent import AssemblerAgent
 from processors.stream.baselines.wiring import BaselineParts
 from processors.stream.commits import COMMIT_EVERY_S, InputOffsets
 from processors.stream.feedback.wiring import FeedbackParts
+from processors.stream.fetch import install_fetch_wait
 from processors.stream.grouper_agent import GrouperAgent, Router
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import RAW_TOPIC, Outputs
@@ -112,6 +113,7 @@ class ProcessorsApp:
             stream_buffer_maxsize=256,
             consumer_group_instance_id=cfg.instance_id,
         )
+        install_fetch_wait(self.app, proc.fetch_max_wait_ms)  # before anything reaches the transport
         n_partitions = kafka.partitions
         table_topic = {"max.message.bytes": str(max_bytes), "compression.type": kafka.compression}
         self.assembly = self.app.Table("assembly", **RAW_TABLE, partitions=n_partitions,

@@ -14,6 +14,10 @@ class ProcessorSettings(BaseModel):
     attempt_timeout_s: float = 120.0
     group_window_s: float = 60.0
     group_grace_s: float = 10.0
+    # The longest the worker's consumer waits on the broker per fetch (ms). A partition its agent has just
+    # drained is fetched again only after the request in flight returns (processors/stream/fetch.py), so
+    # faust's own 1,500 ms could hold every hop that long; chosen by bench.freshness (docs/performance.md).
+    fetch_max_wait_ms: int = 50
     reward_config: Path = DEPLOY_CONFIG_DIR / "reward.yaml"
     credit_config: Path = DEPLOY_CONFIG_DIR / "credit.yaml"
     sample_config: Path = DEPLOY_CONFIG_DIR / "sample.yaml"

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sinks.ddl.packed import CALL_PACKED, CALL_STORED
-from sinks.ddl.tables import BASELINES_TABLE, FEEDBACK_TABLE, LC, RELEASE_DECISIONS_TABLE, TABLES
+from sinks.ddl.tables import BASELINES_TABLE, FEEDBACK_TABLE, LC, RELEASE_DECISIONS_TABLE, TABLE_NAMES, TABLES
+from sinks.freshness import SRC_TIME_COLUMN
 
 # TrainerStep v2 (issue 19); defaults match the Avro defaults, so rows stored before read as v1 events.
 TRAINER_STEP_OFF_POLICY: tuple[str, ...] = (
@@ -166,6 +167,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         "trainer_steps: the torch.distributed ranks of a global step, each sample's rank and each rank's "
         "tokens (TrainerStep v4, issue 32)",
         lambda db: [f"ALTER TABLE {db}.trainer_steps ADD COLUMN IF NOT EXISTS {c}" for c in TRAINER_STEP_RANKS],
+    ),
+    Migration(
+        "0017_src_time",
+        "every table: the Kafka record timestamp the sink read (freshness, issue 30)",
+        lambda db: [f"ALTER TABLE {db}.{table} ADD COLUMN IF NOT EXISTS {SRC_TIME_COLUMN}" for table in TABLE_NAMES],
     ),
 )
 
