@@ -21,6 +21,8 @@ from pathlib import Path
 
 API_KEY_PREFIX = "tt-"
 SECRET_FILE_NAME = "attempt-key-secret"
+# A secret shorter than this (an empty or truncated file) would let anyone compute every attempt key.
+MIN_SECRET_BYTES = 16
 _ADMIN_DERIVATION = b"tokentrail attempt keys v1"
 
 
@@ -55,10 +57,31 @@ def secret_from_admin_key(admin_key: str) -> bytes:
     return hmac.new(admin_key.encode("utf-8", "surrogatepass"), _ADMIN_DERIVATION, hashlib.sha256).digest()
 
 
+class KeySecretError(ValueError):
+    """The key secret cannot be used (an empty, short or unreadable file): the gateway must not start on it."""
+
+
+def read_secret_file(path: Path) -> bytes:
+    """The secret in ``path`` (hex), refused unless it is at least ``MIN_SECRET_BYTES`` long: an empty file
+    (a truncated write, ``touch``, a volume mounted empty) would otherwise make the HMAC key empty."""
+    text = path.read_text().strip()
+    try:
+        secret = bytes.fromhex(text)
+    except ValueError:
+        secret = b""
+    if len(secret) < MIN_SECRET_BYTES:
+        raise KeySecretError(
+            f"the attempt-key secret file {path} holds {len(text)} characters, not at least {MIN_SECRET_BYTES} "
+            f"bytes as hex: attempt keys would be computable from their ids. Delete the file (the gateway "
+            f"writes a new random one, and keys minted before stop working) or put `openssl rand -hex 32` in "
+            f"it, or set gateway.key_secret")
+    return secret
+
+
 def load_or_create_secret_file(path: Path) -> bytes:
     """The secret kept in ``path``; a new random one written there (0600, atomically) if there is none."""
     try:
-        return bytes.fromhex(path.read_text().strip())
+        return read_secret_file(path)
     except FileNotFoundError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,7 +97,7 @@ def load_or_create_secret_file(path: Path) -> bytes:
         pass
     finally:
         tmp.unlink(missing_ok=True)
-    return bytes.fromhex(path.read_text().strip())
+    return read_secret_file(path)
 
 
 def resolve_secret(key_secret: str, admin_key: str, secret_dir: Path | None) -> bytes:
