@@ -4,7 +4,7 @@ The harness's response is built from the same outcome that goes into the record,
 only after the publisher has the record (Kafka ack or fsynced spool). Failed upstream calls are recorded
 too (status ERROR), so an attempt's call indices have no holes. For a streamed call the recorded
 response is the equivalent non-streamed body. Timings: ``queue_ms`` is the upstream's queue wait;
-``first_token_ms`` and ``total_ms`` run from the request's arrival at the gateway.
+``first_token_ms`` and ``total_ms`` run from the end of the request body (``received_at_us``: its start).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from producers.upstreams.base import (
     Upstream,
     UpstreamError,
 )
+from schemas.call_errors import CLIENT_DISCONNECTED
 from schemas.ids import call_id as make_call_id
 from schemas.prompt_delta import encode_prompt
 from schemas.tokens import IDS_DTYPE, NO_IDS
@@ -61,7 +62,7 @@ class PreparedCall:
     call_index: int
     call_id: str
     received_at_us: int
-    started: float  # perf_counter when the request arrived
+    started: float  # perf_counter when the request's body had arrived (received_at_us: when it began to)
     request_json: str
     adapter_version: str
     tool_call_prefix: str
@@ -224,7 +225,7 @@ class CallService:
         outcome = self._outcome(prep, generated)
         if generated.aborted:
             error = GatewayError(499, "the client closed the connection before the response was complete",
-                                 "internal", code="client_disconnected")
+                                 "internal", code=CLIENT_DISCONNECTED)
             await self._record_failure(prep, error, error_body(error), generated, finish_reason="abort")
             raise error
         response = respond(outcome)
