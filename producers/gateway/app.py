@@ -31,7 +31,7 @@ from producers.gateway.body import read_model
 from producers.gateway.chat import CallOutcome, InternalCall, SamplingSpec
 from producers.gateway.context import GatewayContext
 from producers.gateway.env_api import EnvApi
-from producers.gateway.errors import GatewayError, Protocol
+from producers.gateway.errors import GatewayError, Protocol, internal_error
 from producers.gateway.feedback_api import FeedbackApi
 from producers.gateway.heap import serving_heap
 from producers.gateway.identity import (
@@ -439,8 +439,7 @@ class Gateway:
             except GatewayError as exc:
                 frames = fmt.error(exc)
             except Exception as exc:  # never leave the stream hanging
-                log.exception("stream of call %s failed", prep.call_id)
-                frames = fmt.error(GatewayError(500, f"internal error: {exc!r}", "internal"))
+                frames = fmt.error(internal_error(f"in the stream of call {prep.call_id}", log, exc))
             for frame in frames:
                 queue.put_nowait(frame)
             queue.put_nowait(None)
@@ -630,8 +629,7 @@ def create_app(settings: GatewayStackSettings, upstream: Upstream, publisher: An
         return OrjsonResponse(error.body(_error_protocol(request.url.path)), status_code=exc.status_code)
 
     async def crash(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s", request.url.path, exc_info=exc)
-        error = GatewayError(500, f"internal error: {exc!r}", "internal")
+        error = internal_error(f"on {request.method} {request.url.path}", log, exc)
         return OrjsonResponse(error.body(_error_protocol(request.url.path)), status_code=500)
 
     app = GatewayApp(routes=gateway.routes(), lifespan=lifespan, model_calls=gateway.model_calls(),

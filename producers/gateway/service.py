@@ -23,7 +23,7 @@ from producers.gateway import records
 from producers.gateway.attempts import DeliveredCall, SampledOutput
 from producers.gateway.chat import CallOutcome, InternalCall, ToolCallOut, tool_call_id
 from producers.gateway.context import GatewayContext
-from producers.gateway.errors import GatewayError, bad_request
+from producers.gateway.errors import GatewayError, bad_request, internal_error
 from producers.gateway.generation import Generated, PromptSink, run_generation
 from producers.gateway.identity import CallIdentity
 from producers.gateway.ports import Rendered, TextSide
@@ -216,8 +216,7 @@ class CallService:
             await self._record_failure(_ran(prep, partial), error, error_body(error), partial)
             raise error from exc
         except Exception as exc:  # a bug or a crash upstream: still recorded, then a 500
-            log.exception("call %s failed", prep.call_id)
-            error = GatewayError(500, f"internal error while generating: {exc!r}", "internal")
+            error = internal_error(f"while generating call {prep.call_id}", log, exc)
             await self._record_failure(_ran(prep, partial), error, error_body(error), partial)
             raise error from exc
 
