@@ -11,6 +11,7 @@ import asyncio
 import socket
 from collections import Counter
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 import uvicorn
@@ -53,7 +54,9 @@ def _echo(process: int) -> Any:
             if not message.get("more_body"):
                 break
         answer = orjson.dumps({"process": process, "path": scope["path"], "body": body.decode(),
-                               "header": dict(scope["headers"]).get(b"x-test", b"").decode()})
+                               "header": dict(scope["headers"]).get(b"x-test", b"").decode(),
+                               "raw_path": scope["raw_path"].decode(),
+                               "host": dict(scope["headers"])[b"host"].decode()})
         await send({"type": "http.response.start", "status": 201, "headers": [(b"content-type", b"text/plain")]})
         if scope["query_string"] == b"stream":
             for piece in (b"data: one\n\n", b"data: two\n\n", answer):
@@ -86,9 +89,20 @@ async def _two_processes() -> None:
         status, text = response.status_code, await response.read()
         assert status == 201 and text.startswith(b"data: one\n\ndata: two\n\n")
         answer = orjson.loads(text[len(b"data: one\n\ndata: two\n\n"):])
-        assert answer == {"process": 1, "path": f"/rollouts/{owned_by_1}/attempts/a/v1/chat/completions",
-                          "body": '{"x": 1}', "header": "kept"}
+        path = f"/rollouts/{owned_by_1}/attempts/a/v1/chat/completions"
+        assert answer == {"process": 1, "path": path, "body": '{"x": 1}', "header": "kept", "raw_path": path,
+                          "host": f"127.0.0.1:{ports[0]}"}  # the client's Host, not the peer's private address
         assert routers[0].forwarded == 1
+        # Passed on as sent (issue 29, finding 9): percent-encoding decoded once, by the owner, and the Host kept.
+        odd = "r%25 x?#"
+        owned_odd = next(f"{odd}{n}" for n in range(100) if owner_of(f"{odd}{n}", 2) == 1)
+        encoded = quote(owned_odd, safe="")
+        response = await client.request("POST", f"{peers[0]}/v1/rollouts/{encoded}/attempts/a/events", b"{}",
+                                        host=b"gateway.example:8443")
+        answer = orjson.loads(await response.read())
+        assert answer["process"] == 1 and answer["path"] == f"/v1/rollouts/{owned_odd}/attempts/a/events"
+        assert answer["raw_path"] == f"/v1/rollouts/{encoded}/attempts/a/events"
+        assert answer["host"] == "gateway.example:8443" and routers[0].forwarded == 2
         # Owned here: served here. Named by header: routed by it.
         status, text = await client.post(f"{peers[1]}/v1/rollouts/{owned_by_1}/attempts/a/finish", b"{}")
         assert orjson.loads(text)["process"] == 1 and routers[1].forwarded == 0
