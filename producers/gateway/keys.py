@@ -16,6 +16,7 @@ import base64
 import hashlib
 import hmac
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -31,9 +32,23 @@ _TAG_END = len(API_KEY_PREFIX) + ROUTE_TAG_CHARS
 _HEX = frozenset("0123456789abcdef")
 
 
+# An organic session window's rollout id (sessions.rollout_id_for): this prefix, 16 hex of the session key's
+# hash (the key part, the same for all the key's windows), "-", 16 hex of the key and the window's start.
+ORGANIC_ROLLOUT_PREFIX = "session-"
+_ORGANIC_ROLLOUT_ID = re.compile(r"session-[0-9a-f]{16}-[0-9a-f]{16}")
+_KEY_PART_CHARS = len(ORGANIC_ROLLOUT_PREFIX) + 16
+
+
+def owner_key(rollout_id: str) -> str:
+    """What decides which gateway process owns a rollout: its id, or for an organic window its key part, so
+    that the process the session's calls are routed to (by their key, sticky.session_tag) is the one that
+    rebuilds the window from Kafka after a restart (by its rollout id, worker.py): one ownership for both."""
+    return rollout_id[:_KEY_PART_CHARS] if _ORGANIC_ROLLOUT_ID.fullmatch(rollout_id) else rollout_id
+
+
 def route_tag(rollout_id: str) -> str:
-    """What gateway processes route a rollout's requests by: 8 hex digits of a BLAKE2b of its id."""
-    return hashlib.blake2b(rollout_id.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+    """What gateway processes route a rollout's requests by: 8 hex digits of a BLAKE2b of its owner key."""
+    return hashlib.blake2b(owner_key(rollout_id).encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
 
 
 def derive_api_key(secret: bytes, rollout_id: str, attempt_id: str) -> str:

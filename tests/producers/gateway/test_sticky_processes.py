@@ -17,7 +17,8 @@ import orjson
 import uvicorn
 
 from producers.gateway.peers import StickyRouter
-from producers.gateway.sticky import RoutingPolicy, mint_owned_rollout_id, owner_of, route_of
+from producers.gateway.sessions import rollout_id_for
+from producers.gateway.sticky import RoutingPolicy, mint_owned_rollout_id, owner, owner_of, route_of
 from producers.upstreams.http1 import Http1Pool
 
 
@@ -34,6 +35,28 @@ def test_ownership_is_stable_spread_and_minted_ids_are_owned() -> None:
     assert by_path == route_of("/v1/chat/completions", {"x-rollout-id": "r1"}, policy)
     assert route_of("/v1/chat/completions", {"authorization": "Bearer x"}, policy) is None
     assert route_of("/v1/rollouts", {}, policy) is None
+
+
+def test_a_sessions_calls_and_its_windows_rollouts_have_one_owner() -> None:
+    """Issue 29, finding 5: calls of an organic session are routed by its key, a restart rebuilds its open window
+    by the window's rollout id; both must name the same process, or the window is rebuilt by a process its calls
+    never reach (before: 164 of 200 sessions with 4 processes)."""
+    policy = RoutingPolicy(organic_sessions=True)
+    for processes in (2, 3, 4):
+        wrong = []
+        for n in range(200):
+            key = f"user-{n}"
+            by_key = route_of("/v1/chat/completions", {"x-session-id": key}, policy)
+            assert by_key is not None and by_key.kind == "session"
+            for window_start_us in (1_700_000_000_000_000, 1_800_000_000_000_123):
+                rollout_id = rollout_id_for(key, window_start_us)
+                by_path = route_of(f"/rollouts/{rollout_id}/attempts/a1/v1/chat/completions", {}, policy)
+                assert by_path is not None
+                if not owner(by_key, processes) == owner_of(rollout_id, processes) == owner(by_path, processes):
+                    wrong.append((key, window_start_us))
+        assert wrong == [], f"{len(wrong)} of 400 windows owned elsewhere than their calls with {processes} processes"
+    # Other rollout ids keep their own tag, spread over the processes.
+    assert len({owner_of(f"rollout-{n}", 4) for n in range(100)}) == 4
 
 
 def _free_port() -> int:
