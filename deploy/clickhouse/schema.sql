@@ -652,6 +652,12 @@ ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS resume_decision_id
 
 ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS resume_reason String DEFAULT '' AFTER resume_decision_id;
 
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS ranks Int64 DEFAULT 1 AFTER resume_reason;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS sample_ranks Array(Int64) DEFAULT [] AFTER ranks;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS rank_tokens Array(Int64) DEFAULT [] AFTER sample_ranks;
+
 CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
         FROM tokentrail.attempt_starts FINAL
         UNION ALL

@@ -22,6 +22,12 @@ class ProcessorSettings(BaseModel):
     # What one rollout's open attempts may hold (bytes): an event past it is dead-lettered, so the state
     # and the rollout emitted from it always fit a Kafka record. 0: three quarters of kafka.max_message_bytes.
     max_rollout_bytes: int = 0
+    # What any other table may hold for one key (a rollout's joined feedback, a call's or session's rollout
+    # ids and waiting feedback, a group slot, a baseline key), in bytes and in things held (issue 29,
+    # processors/stream/state_budget.py): an input past either is dead-lettered (StateOverflow), so no
+    # changelog entry outgrows what Kafka takes. 0 bytes: a quarter of kafka.max_message_bytes.
+    max_key_state_bytes: int = Field(default=0, ge=0)
+    max_key_state_items: int = Field(default=1000, ge=0)
     # Static group membership (Kafka group.instance.id), unique per running worker; "{hostname}" is
     # replaced by the host name (a StatefulSet pod's name, a container's id). Empty: dynamic membership.
     instance_id: str = ""

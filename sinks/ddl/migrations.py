@@ -52,6 +52,14 @@ TRAINER_STEP_RESUME: tuple[str, ...] = (
     "resume_reason String DEFAULT '' AFTER resume_decision_id",
 )
 
+# Migration 0016: TrainerStep v4 (issue 32), the torch.distributed ranks of a global step; old rows read as one
+# process (the Avro defaults).
+TRAINER_STEP_RANKS: tuple[str, ...] = (
+    "ranks Int64 DEFAULT 1 AFTER resume_reason",
+    "sample_ranks Array(Int64) DEFAULT [] AFTER ranks",
+    "rank_tokens Array(Int64) DEFAULT [] AFTER sample_ranks",
+)
+
 
 @dataclass(frozen=True)
 class Migration:
@@ -152,6 +160,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         "trainer_steps: the trainer's resume from the last good version after a release rollback "
         "(TrainerStep v3, issue 22)",
         lambda db: [f"ALTER TABLE {db}.trainer_steps ADD COLUMN IF NOT EXISTS {c}" for c in TRAINER_STEP_RESUME],
+    ),
+    Migration(
+        "0016_trainer_steps_ranks",
+        "trainer_steps: the torch.distributed ranks of a global step, each sample's rank and each rank's "
+        "tokens (TrainerStep v4, issue 32)",
+        lambda db: [f"ALTER TABLE {db}.trainer_steps ADD COLUMN IF NOT EXISTS {c}" for c in TRAINER_STEP_RANKS],
     ),
 )
 

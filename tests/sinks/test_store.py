@@ -126,6 +126,7 @@ def test_migrating_calls_stored_as_packed_bytes(
             "0006_samples_token_references", "0007_calls_shared_prompts", "0008_calls_request_response_copies",
             "0009_scripted_outputs", "0010_release_decisions", "0011_feedback", "0012_baselines",
             "0013_trainer_steps_off_policy", "0014_version_spans_and_release", "0015_trainer_steps_resume",
+            "0016_trainer_steps_ranks",
         ]
         for statement in MIGRATIONS[3].statements(client.database):  # a repeated, interrupted migration
             client.command(statement)
