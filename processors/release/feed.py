@@ -7,7 +7,9 @@ Feed it every record in the order it was read; it returns the ReleaseDecision re
   reward can; a reward read before its rollout's calls, as when the two topics are read together after a
   restart, waits for them in a bounded buffer); each is also a call observation (status,
   ``timings.total_ms``). Scripted calls (outputs the engine was given, not sampled) are not observations
-  of the policy and are skipped.
+  of the policy and are skipped. Nor are calls the client aborted (``error.type`` ``client_disconnected``):
+  their latency and status are the client's doing, so a caller aborting streams on one arm cannot make that
+  version look failing; they are counted apart, per version (``client_aborts``).
 - Rewards: ``raw_reward``, the combined metric before group normalization (the normalized ``reward`` has
   mean zero within each group and says nothing about versions), of the rollout's version. A reward
   filtered for a score error has no meaningful value and is skipped. Rewards of one source are compared:
@@ -38,6 +40,7 @@ from typing import Any
 from processors.release.arms import ArmStats, CallObservation, RewardObservation
 from processors.release.controller import CONTROLLER, ReleaseState, decide, fold_call, fold_reward
 from processors.release.events import DecisionLog, decision_record
+from schemas.call_errors import CLIENT_DISCONNECTED
 from schemas.release_traffic import Traffic, traffic_after
 
 Record = dict[str, Any]
@@ -84,6 +87,7 @@ class ReleaseFeed:
         self.pending: dict[str, str] = {}  # model -> event id of our decision not read back yet
         self.skipped: Counter[str] = Counter()  # inputs that are not observations, by reason
         self.counts: Counter[str] = Counter()  # calls, rewards and decisions folded
+        self.client_aborts: Counter[tuple[str, int]] = Counter()  # (model, version) -> calls the client aborted
         self.pinned: Counter[tuple[str, str, str]] = Counter()  # (model, pin label, "calls" | "rewards")
         self.arm_disagreements: Counter[tuple[str, str]] = Counter()  # (model, arm on the record)
         self.traffic_at: dict[tuple[str, int], Traffic] = {}  # (model, decision sequence) -> traffic after it
@@ -124,7 +128,9 @@ class ReleaseFeed:
         out: list[Record] = []
         state = self.states.get(model)
         self._check_arm(model, release, version)
-        if state is not None:
+        if _client_aborted(record):
+            self.client_aborts[(model, version)] += 1
+        elif state is not None:
             latency_ms = max(float(timings["total_ms"]), 0.0)
             observation = CallObservation(version, record["status"] == "OK", latency_ms, pinned=pin is not None)
             try:
@@ -222,3 +228,8 @@ class ReleaseFeed:
             if record["action"] == "start":
                 starts[record["model"]] = record["created_at_us"]
         return {m: t for m, t in starts.items() if self.states[m].candidate_version is not None}
+
+
+def _client_aborted(record: Record) -> bool:
+    error = record.get("error")
+    return record["status"] == "ERROR" and bool(error) and error.get("type") == CLIENT_DISCONNECTED

@@ -220,6 +220,8 @@ def _progress(feed: ReleaseFeed) -> str:
     skipped = sum(feed.skipped.values())
     pinned = sum(n for (_model, _label, kind), n in feed.pinned.items() if kind == "calls")
     checks = f", {pinned} pinned calls left out" if pinned else ""
+    if feed.client_aborts:
+        checks += f", {sum(feed.client_aborts.values())} calls the client aborted left out (not errors)"
     if feed.arm_disagreements:
         checks += (f", {sum(feed.arm_disagreements.values())} calls whose release arm disagrees with the decision "
                    "log (counted by the version that produced them)")

@@ -31,12 +31,14 @@ from producers.gateway.body import read_json, read_model, validate
 from producers.gateway.chat import CallOutcome, InternalCall, SamplingSpec
 from producers.gateway.context import GatewayContext
 from producers.gateway.env_api import EnvApi
-from producers.gateway.errors import GatewayError, Protocol
+from producers.gateway.errors import GatewayError, Protocol, internal_error
 from producers.gateway.feedback_api import FeedbackApi
 from producers.gateway.heap import serving_heap
 from producers.gateway.identity import (
     CallIdentity,
     check_any_key,
+    is_admin,
+    presented_key,
     resolve_named,
     resolve_unattributed,
     session_id_of,
@@ -49,6 +51,7 @@ from producers.gateway.models_openai import ChatCompletionRequest, CompletionReq
 from producers.gateway.models_responses import ResponsesRequest
 from producers.gateway.ports import TextEvent, TextSide
 from producers.gateway.recovery import KafkaRecoverySource, RecoveryReport, recover
+from producers.gateway.release_routed import public_release_status
 from producers.gateway.service import CallService, ErrorBody, PreparedCall, ResponseBuilder
 from producers.gateway.sessions import DEFAULT_KEY_SOURCES, OrganicSessions, session_key
 from producers.gateway.settings import GatewayStackSettings
@@ -94,6 +97,8 @@ class GatewayOptions:
     organic_sessions: bool = False
     session_idle_s: float = 900.0
     session_key_sources: tuple[str, ...] = DEFAULT_KEY_SOURCES
+    # Who may send a release traffic label (identity.traffic_label_of; settings.py traffic_label_key).
+    traffic_label_key: str = ""
 
     @classmethod
     def from_settings(cls, settings: GatewayStackSettings) -> GatewayOptions:
@@ -104,7 +109,7 @@ class GatewayOptions:
                    registry_max_bytes=g.registry_max_bytes, attempt_idle_timeout_s=g.attempt_idle_timeout_s,
                    key_secret=g.key_secret, key_secret_dir=g.spool_dir,
                    organic_sessions=g.organic_sessions, session_idle_s=g.session_idle_s,
-                   session_key_sources=tuple(g.session_key_sources))
+                   session_key_sources=tuple(g.session_key_sources), traffic_label_key=g.traffic_label_key)
 
     def make_registry(self) -> AttemptRegistry:
         secret = resolve_secret(self.key_secret, self.admin_key, self.key_secret_dir)
@@ -223,6 +228,10 @@ class Gateway:
         release = getattr(self.upstream, "release_status", None)  # set when the gateway follows a release
         if release is not None:
             body["release"] = release()
+            if self.options.admin_key and not is_admin(presented_key(request.headers), self.options.admin_key):
+                # The release id salts the routing hash and the plan says which labels pin what: with them a
+                # caller could pick session ids that land on the candidate. /health is open; they are the admin's.
+                body["release"] = public_release_status(body["release"])
         if hasattr(self.publisher, "stats"):
             stats = self.publisher.stats()
             body["sink"] = {"spool_depth": stats.spool_depth, "kafka_reachable": stats.kafka_reachable,
@@ -327,10 +336,13 @@ class Gateway:
     async def _admit(self, request: Request, route: ModelRoute) -> tuple[Any, PreparedCall] | Response:
         """Identity, body, model and conversion checks, then render and index the call: the request
         model and the prepared call, or the refusal as an error response in the route's protocol."""
-        started, received = time.perf_counter(), records.now_us()
+        received = records.now_us()
         try:
             named = self._named(request)
             raw = await read_json(request, self.options.max_body_bytes)
+            # Timings run from the body's end: a client that trickles its body must not make the policy that
+            # serves it look slow (the release controller compares total_ms between versions).
+            started = time.perf_counter()
             self.service.check_structure(raw)  # a body too long for the context costs no validation
             req = validate(route.model, raw)
             self.service.check_model(req.model)
@@ -381,7 +393,8 @@ class Gateway:
                                             dict(request.headers), raw)
         return self.service.prepare(identity, call, received_at_us=received, started=started,
                                     request_json=request_json, adapter_version=adapter_version,
-                                    tool_call_prefix=tool_prefix, traffic_label=traffic_label_of(request.headers))
+                                    tool_call_prefix=tool_prefix, traffic_label=traffic_label_of(
+                                        request.headers, self.options.admin_key, self.options.traffic_label_key))
 
     def _refuse(self, exc: GatewayError, protocol: Protocol, call_protocol: str) -> Response:
         self.metrics.refused.labels(call_protocol, str(exc.status)).inc()
@@ -428,8 +441,7 @@ class Gateway:
             except GatewayError as exc:
                 frames = fmt.error(exc)
             except Exception as exc:  # never leave the stream hanging
-                log.exception("stream of call %s failed", prep.call_id)
-                frames = fmt.error(GatewayError(500, f"internal error: {exc!r}", "internal"))
+                frames = fmt.error(internal_error(f"in the stream of call {prep.call_id}", log, exc))
             for frame in frames:
                 queue.put_nowait(frame)
             queue.put_nowait(None)
@@ -619,8 +631,7 @@ def create_app(settings: GatewayStackSettings, upstream: Upstream, publisher: An
         return OrjsonResponse(error.body(_error_protocol(request.url.path)), status_code=exc.status_code)
 
     async def crash(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s", request.url.path, exc_info=exc)
-        error = GatewayError(500, f"internal error: {exc!r}", "internal")
+        error = internal_error(f"on {request.method} {request.url.path}", log, exc)
         return OrjsonResponse(error.body(_error_protocol(request.url.path)), status_code=500)
 
     app = GatewayApp(routes=gateway.routes(), lifespan=lifespan, model_calls=gateway.model_calls(),

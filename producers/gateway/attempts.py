@@ -147,11 +147,15 @@ class AttemptState:
     def key(self) -> tuple[str, str]:
         return (self.rollout_id, self.attempt_id)
 
-    def begin_call(self) -> int:
-        # Finished while this call's body was still arriving: an index now would be past the finish's count.
+    def check_open(self, what: str = "calls") -> None:
+        """Refuse (409) what arrives after the finish: finished while a request's body was still arriving, an
+        index taken now would be past the counts the AttemptFinished states (call_count, event_count)."""
         if self.finished:
             raise conflict(f"attempt {self.attempt_id} of rollout {self.rollout_id} was finished while "
-                           "this call arrived; no more calls are accepted", code="attempt_finished")
+                           f"this request arrived; no more {what} are accepted", code="attempt_finished")
+
+    def begin_call(self) -> int:
+        self.check_open("calls")
         index = self.next_call_index
         self.next_call_index += 1
         self.in_flight += 1

@@ -210,6 +210,7 @@ class EnvApi:
             for event in events:
                 self._check_call_reference(state, event)
             # Every record built and encoded first: one that cannot be stored refuses the batch whole.
+            state.check_open("events")  # the body was awaited: the attempt may have finished meanwhile
             start = state.next_event_index
             built = []
             for index, event in enumerate(events, start):  # indices in request order

@@ -6,6 +6,8 @@ its own JSON shape (OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", "
 
 from __future__ import annotations
 
+import logging
+import secrets
 from typing import Any, Literal
 
 Protocol = Literal["openai", "anthropic", "env"]
@@ -54,6 +56,15 @@ class GatewayError(Exception):
             return self.openai_body()
         # Environment API: OpenAI-like shape with the neutral kind, so scripts can switch on it.
         return {"error": {"type": self.kind, "message": self.message, "code": self.code}}
+
+
+def internal_error(what: str, log: logging.Logger, exc: BaseException) -> GatewayError:
+    """A 500 that says nothing of the exception (its text may hold paths, addresses, a request's content or a
+    secret): the log has it, with the traceback, under the reference the caller is given."""
+    reference = secrets.token_hex(6)
+    log.error("internal error %s (reference %s)", what, reference, exc_info=exc)
+    return GatewayError(500, f"internal error {what}; the gateway's log has the details under reference "
+                             f"{reference}", "internal", code="internal_error")
 
 
 def bad_request(message: str, *, param: str | None = None, code: str | None = None) -> GatewayError:

@@ -22,7 +22,7 @@ from producers.gateway.body import read_model
 from producers.gateway.context import GatewayContext
 from producers.gateway.errors import GatewayError, bad_request
 from producers.gateway.identity import is_admin, presented_key
-from producers.gateway.records import now_us
+from producers.gateway.records import now_us, redact
 from schemas.feedback import FeedbackError, FeedbackValue, build_feedback
 from schemas.topics import FEEDBACK_TOPIC
 
@@ -99,7 +99,9 @@ def feedback_record(body: FeedbackBody, arrived_at_us: int) -> dict[str, Any]:
     target_kind, target_id = body.target.kind_and_id()
     value = FeedbackValue(binary=body.binary, rating=body.rating, rating_min=body.rating_scale[0],
                           rating_max=body.rating_scale[1], outcome=body.outcome, edit_distance=body.edit_distance,
-                          task_success=body.task_success, details=body.details, text=body.text)
+                          task_success=body.task_success, text=body.text,
+                          # Stored and joined into rewards: credentials in it go the way of a request's (by name).
+                          details=None if body.details is None else redact(body.details))
     try:
         return build_feedback(source=body.source, target_kind=target_kind, target_id=target_id, kind=body.kind,
                               value=value, event_time_us=event_time_us, created_at_us=arrived_at_us,

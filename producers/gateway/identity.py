@@ -27,6 +27,8 @@ SESSION_HEADERS = ("x-claude-code-session-id", "x-session-id", "session-id", "x-
 ROLLOUT_HEADER = "x-rollout-id"
 # Evaluation traffic names the release pin it wants (``tokentrail release pin --label L``).
 TRAFFIC_LABEL_HEADER = "x-tokentrail-traffic-label"
+# The key that allows a caller to send that label (gateway.traffic_label_key), besides the admin key.
+LABEL_KEY_HEADER = "x-tokentrail-label-key"
 ATTEMPT_HEADER = "x-attempt-id"
 
 
@@ -52,10 +54,22 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
     return headers.get("x-api-key") or None
 
 
-def traffic_label_of(headers: Mapping[str, str]) -> str | None:
-    """The release traffic label a request carries (a pin's label routes it to the pinned version)."""
-    value = headers.get(TRAFFIC_LABEL_HEADER, "").strip()
-    return value[:200] or None
+def traffic_label_of(headers: Mapping[str, str], admin_key: str = "", label_key: str = "") -> str | None:
+    """The release traffic label a request carries (a pin's label routes it to the pinned version), refused
+    (403) from a caller not allowed to pin: a pinned call leaves the release comparison and picks its version,
+    so anyone able to send it could steer which policy serves them. Allowed: the admin key, or ``label_key``
+    in ``x-tokentrail-label-key``; everyone when neither key is set (a gateway without authentication)."""
+    value = headers.get(TRAFFIC_LABEL_HEADER, "").strip()[:200]
+    if not value or not (admin_key or label_key):
+        return value or None
+    if is_admin(presented_key(headers), admin_key):
+        return value
+    offered = headers.get(LABEL_KEY_HEADER)
+    if label_key and offered is not None and keys_equal(offered, label_key):
+        return value
+    raise GatewayError(403, f"{TRAFFIC_LABEL_HEADER} is only honoured with the admin key or the traffic label key "
+                            f"({LABEL_KEY_HEADER}); send the call without it to be routed as any other",
+                       "permission", code="traffic_label_forbidden")
 
 
 def session_id_of(headers: Mapping[str, str]) -> str | None:

@@ -19,7 +19,7 @@ import socket
 from collections import Counter
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import orjson
 
@@ -176,13 +176,19 @@ class StickyRouter:
 
     async def _forward(self, target: int, scope: Scope, body: bytes, send: Send) -> None:
         self.forwarded += 1
-        url = self.peer_urls[target] + scope["path"]
+        # The path as the client sent it (``raw_path``, still percent-encoded): the decoded one would be decoded
+        # again by the peer (a ``%25`` in an id becoming ``%``) and cut at a decoded ``?`` or ``#``.
+        raw_path = scope.get("raw_path") or quote(scope["path"]).encode()
+        url = self.peer_urls[target] + raw_path.decode("latin-1")
         if scope.get("query_string"):
             url += "?" + scope["query_string"].decode("latin-1")
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP]
         headers.append((FORWARDED_HEADER, b"1"))
+        # The client's Host too: the peer builds the base URLs it answers with from it, and the peer's own
+        # address is a private port the client cannot reach.
+        host = next((v for k, v in scope["headers"] if k.lower() == b"host"), None)
         try:
-            response = await self.pool.request(scope["method"], url, body, headers)
+            response = await self.pool.request(scope["method"], url, body, headers, host=host)
         except TransportError as exc:
             message = orjson.dumps({"error": {"message": f"the gateway process that owns this session "
                                               f"({target}) did not answer: {exc}", "type": "unavailable",

@@ -63,6 +63,15 @@ def assignment(traffic: Traffic, session_key: str, label: str | None = None) -> 
     return version, ReleaseAssignment(traffic.release_id, decided, "candidate" if on_candidate else "serving")
 
 
+# What /health shows of the release to a caller without the admin key: that the gateway follows the
+# decisions, not the plan (release id, fraction, pins) nor the follower's raw error text.
+_PUBLIC_RELEASE_FIELDS = ("model", "caught_up", "decisions_read")
+
+
+def public_release_status(status: dict[str, Any]) -> dict[str, Any]:
+    return {name: status[name] for name in _PUBLIC_RELEASE_FIELDS if name in status}
+
+
 def _labelled(result: Any, release: ReleaseAssignment | None) -> Any:
     if release is None or not isinstance(result, GenerateResult):
         return result

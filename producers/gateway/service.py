@@ -4,7 +4,7 @@ The harness's response is built from the same outcome that goes into the record,
 only after the publisher has the record (Kafka ack or fsynced spool). Failed upstream calls are recorded
 too (status ERROR), so an attempt's call indices have no holes. For a streamed call the recorded
 response is the equivalent non-streamed body. Timings: ``queue_ms`` is the upstream's queue wait;
-``first_token_ms`` and ``total_ms`` run from the request's arrival at the gateway.
+``first_token_ms`` and ``total_ms`` run from the end of the request body (``received_at_us``: its start).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from producers.gateway import records
 from producers.gateway.attempts import DeliveredCall, SampledOutput
 from producers.gateway.chat import CallOutcome, InternalCall, ToolCallOut, tool_call_id
 from producers.gateway.context import GatewayContext
-from producers.gateway.errors import GatewayError, bad_request
+from producers.gateway.errors import GatewayError, bad_request, internal_error
 from producers.gateway.generation import Generated, PromptSink, run_generation
 from producers.gateway.identity import CallIdentity
 from producers.gateway.ports import Rendered, TextSide
@@ -40,6 +40,7 @@ from producers.upstreams.base import (
     Upstream,
     UpstreamError,
 )
+from schemas.call_errors import CLIENT_DISCONNECTED
 from schemas.ids import call_id as make_call_id
 from schemas.prompt_delta import encode_prompt
 from schemas.tokens import IDS_DTYPE, NO_IDS
@@ -62,7 +63,7 @@ class PreparedCall:
     call_index: int
     call_id: str
     received_at_us: int
-    started: float  # perf_counter when the request arrived
+    started: float  # perf_counter when the request's body had arrived (received_at_us: when it began to)
     request_json: str
     adapter_version: str
     tool_call_prefix: str
@@ -232,8 +233,7 @@ class CallService:
             await self._record_failure(_ran(prep, partial), error, error_body(error), partial)
             raise error from exc
         except Exception as exc:  # a bug or a crash upstream: still recorded, then a 500
-            log.exception("call %s failed", prep.call_id)
-            error = GatewayError(500, f"internal error while generating: {exc!r}", "internal")
+            error = internal_error(f"while generating call {prep.call_id}", log, exc)
             await self._record_failure(_ran(prep, partial), error, error_body(error), partial)
             raise error from exc
 
@@ -241,7 +241,7 @@ class CallService:
         outcome = self._outcome(prep, generated)
         if generated.aborted:
             error = GatewayError(499, "the client closed the connection before the response was complete",
-                                 "internal", code="client_disconnected")
+                                 "internal", code=CLIENT_DISCONNECTED)
             await self._record_failure(prep, error, error_body(error), generated, finish_reason="abort")
             raise error
         response = respond(outcome)

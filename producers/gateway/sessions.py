@@ -44,10 +44,11 @@ from producers.gateway.body import read_json, validate
 from producers.gateway.env_api import EnvApi, Finish
 from producers.gateway.errors import GatewayError, not_found
 from producers.gateway.identity import SESSION_HEADERS, is_admin, presented_key
+from producers.gateway.keys import ORGANIC_ROLLOUT_PREFIX
 
 log = logging.getLogger("tokentrail.gateway")
 
-ROLLOUT_PREFIX = "session-"
+ROLLOUT_PREFIX = ORGANIC_ROLLOUT_PREFIX  # keys.owner_key reads the key part back out of the rollout id
 MAX_KEY_CHARS = 200
 SWEEP_INTERVAL_S = 1.0
 

@@ -94,6 +94,10 @@ class GatewaySettings(BaseModel):
     # The release track is release_model, empty: model.name.
     follow_releases: bool = False
     release_model: str = ""
+    # Who may route a call to a pinned version with x-tokentrail-traffic-label (evaluation traffic): the
+    # admin key, or this key in x-tokentrail-label-key (TOKENTRAIL_GATEWAY__TRAFFIC_LABEL_KEY). With neither
+    # key set (no authentication at all) every caller may; otherwise a label from anyone else is refused.
+    traffic_label_key: str = ""
     # The embedded engine keeps the weights of at most this many versions in memory (LRU), more only when
     # the release serves more at once.
     max_resident_versions: int = Field(default=4, ge=1)

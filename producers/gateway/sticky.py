@@ -13,13 +13,16 @@ sessions.py), and gives a ``Route``: its kind and a 32-bit route tag (``keys.rou
 | path ``/v1/sessions/{key}/end`` | session | the session key |
 | ``X-Rollout-Id`` header | rollout | the rollout id |
 | a minted attempt key (``tt-<tag>.<mac>``, keys.py) | api_key | the rollout id (carried in the key) |
-| a model call's organic session key (``gateway.session_key_sources``; organic sessions on) | session | the key |
+| a model call's organic session key (``gateway.session_key_sources``; organic sessions on) | session | the key's part |
 | a model call's harness session header (``X-Session-Id`` and the like) | harness_session | the header's value |
 
 A harness session header and an organic session key taken from it share a tag (both are the header's value),
-so turning organic sessions on or off keeps a session where it was. Anything else (no session at all,
-/health, /v1/models, feedback, a start without an id) has no route and is served where it lands. A process
-that starts a rollout without an id given mints one it owns (``mint_owned_rollout_id``).
+so turning organic sessions on or off keeps a session where it was. A session key is tagged by its key part
+(``sessions.key_part``), which begins every rollout id of its windows and is what ``keys.route_tag`` hashes for
+such an id: the process a session's calls reach owns its windows' rollouts, and rebuilds them after a restart.
+Anything else (no session at all, /health, /v1/models, feedback, a start without an id) has no route and is
+served where it lands. A process that starts a rollout without an id given mints one it owns
+(``mint_owned_rollout_id``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 
 from producers.gateway.identity import presented_key, session_id_of
 from producers.gateway.keys import API_KEY_PREFIX, route_tag, route_tag_of_key
-from producers.gateway.sessions import DEFAULT_KEY_SOURCES, MAX_KEY_CHARS, session_key
+from producers.gateway.sessions import DEFAULT_KEY_SOURCES, MAX_KEY_CHARS, key_part, session_key
 
 ROLLOUT_HEADER = b"x-rollout-id"
 # Set on a request one process passes to another, which then serves it whatever it hashes to.
@@ -43,8 +46,6 @@ MODEL_PATHS: dict[str, str] = {"/v1/chat/completions": "openai", "/v1/completion
                                "/v1/responses": "openai", "/v1/messages": "anthropic",
                                "/v1/messages/count_tokens": "anthropic"}
 BODY_SOURCES = frozenset({"openai.user", "anthropic.metadata.user_id"})
-# A session key's tag is the tag of this prefix + the key, so it never equals a rollout id's by design.
-_SESSION_NS = "session\x00"
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,9 @@ def owner_of(rollout_id: str, processes: int) -> int:
 
 
 def session_tag(key: str) -> str:
-    return route_tag(_SESSION_NS + key[:MAX_KEY_CHARS])
+    """The tag of a session key: that of its windows' rollout ids (keys.owner_key), so the process its calls
+    reach is the one that owns, and after a restart rebuilds, its open window."""
+    return route_tag(key_part(key[:MAX_KEY_CHARS]))
 
 
 def rollout_in_path(path: str) -> str | None:

@@ -186,9 +186,10 @@ class Http1Pool:
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
 
     async def request(self, method: str, url: str, body: bytes = b"",
-                      headers: Sequence[tuple[bytes, bytes]] = ()) -> Response:
+                      headers: Sequence[tuple[bytes, bytes]] = (), host: bytes | None = None) -> Response:
         """Send a request; returns once the answer's status and headers are in (its body may not be).
-        ``headers``: more header lines for this request (not host or content-length, which are set here)."""
+        ``headers``: more header lines for this request (not host or content-length, which are set here);
+        ``host``: the Host line, when it is not the server's address (a proxy passing on its client's)."""
         parts = urlsplit(url)
         if parts.scheme != "http" or parts.hostname is None:
             raise ConnectFailed(f"only plain http:// servers are supported, not {url!r}")
@@ -196,8 +197,8 @@ class Http1Pool:
         path = parts.path or "/"
         if parts.query:
             path += "?" + parts.query
-        head = (f"{method} {path} HTTP/1.1\r\nhost: {key}\r\n{self._headers}"
-                f"content-length: {len(body)}\r\n").encode()
+        head = (f"{method} {path} HTTP/1.1\r\nhost: ".encode() + (host or key.encode()) +
+                f"\r\n{self._headers}content-length: {len(body)}\r\n".encode())
         if headers:
             head += b"".join(name + b": " + value + b"\r\n" for name, value in headers)
         head += b"\r\n"

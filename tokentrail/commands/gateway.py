@@ -142,9 +142,14 @@ def _upstream(settings: Settings) -> object | None:
 
 def _supervise(args: argparse.Namespace, settings: Settings) -> int:
     """``--processes N``: start N workers (this command with ``--worker-index``) and keep them running."""
+    from producers.gateway.keys import KeySecretError, resolve_secret
     from producers.gateway.supervisor import Supervisor
 
     g = settings.gateway
+    try:  # once here: a secret every worker would refuse must not become N workers restarted forever
+        resolve_secret(g.key_secret, g.admin_key, g.spool_dir)
+    except (KeySecretError, OSError) as exc:
+        raise CliError(str(exc)) from exc
     if settings.weight_sync.in_gateway and g.upstream.strip() != "embedded":
         raise CliError("weight_sync.in_gateway runs one weight sync per gateway process, and several would "
                        "pause and reload the same vLLM servers each on their own: with --processes above 1 run "

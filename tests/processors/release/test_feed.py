@@ -9,6 +9,7 @@ from processors.release.events import Record, decision_record
 from processors.release.feed import ReleaseFeed
 from processors.release.plan import load_plan
 from schemas.builders import make_call
+from schemas.call_errors import CLIENT_DISCONNECTED
 
 PLAN = load_plan({"ramp": [0.2, 0.5], "guard_rails": {"min_samples_per_arm": 30, "min_samples_per_stage": 30,
                                                       "min_calls_per_arm": 30}})
@@ -245,3 +246,26 @@ def test_the_arm_on_the_record_is_checked_against_the_decision_log() -> None:
     feed.on_call(_rollout(20, 4, 1.0, release=_release(start, "serving", sequence=1))[0])
     feed.on_call(_rollout(21, 5, 1.0, release=_release(start, "candidate", sequence=0))[0])  # routed before it
     assert feed.arm_disagreements == {(MODEL, "candidate"): 2}
+
+
+def test_calls_the_client_aborted_are_counted_apart_never_as_the_versions_errors() -> None:
+    """A caller that aborts streams on candidate sessions (issue 29, finding 7) cannot force a rollback: its
+    aborted calls are no observation of the policy; an upstream error on the candidate still is one."""
+    feed = ReleaseFeed()
+    feed.on_decision(_start())
+    written = _feed(feed, _traffic(80, 0.5, 0.5, seed=3))  # good traffic before (a ramp)
+    for decision in written:
+        feed.on_decision(decision)  # read back
+    for i in range(200):
+        aborted, _ = _rollout(1000 + i, 5, 0.0, status="ERROR", total_ms=60_000.0)
+        aborted["error"] = {"type": CLIENT_DISCONNECTED, "message": "gone", "status_code": 499}
+        written += feed.on_call(aborted)
+    assert [d["action"] for d in written] == ["ramp"]
+    assert feed.client_aborts == {(MODEL, 5): 200}
+    state = feed.states[MODEL]
+    assert state.candidate.calls == 40 and state.candidate.errors == 0 and state.candidate_version == 5
+    failed, _ = _rollout(2000, 5, 0.0, status="ERROR")  # the policy's own error: observed as one
+    feed.on_call(failed)
+    assert feed.states[MODEL].candidate.errors == 1
+    _feed(feed, _traffic(4, 0.5, 0.5, seed=4, offset=3000))  # good traffic after
+    assert feed.states[MODEL].candidate.calls == 43

@@ -206,3 +206,42 @@ def test_sdk_finishes_failed_attempts(start_gateway, topics: dict[str, str], tok
     assert env[-1][0] == "AttemptFinished" and finished["status"] == "FAILURE"
     assert (finished["call_count"], finished["event_count"]) == (0, 1)
     assert "environment crashed" in finished["final_artifacts_json"]
+
+
+SECRET_IN_EXCEPTION = "password=hunter2 at /srv/secrets/key.pem"
+
+
+class CrashingEngine(SlowEngine):
+    """The real embedded engine with a bug: a request for exactly 3 tokens raises an exception whose text holds
+    what no client may see."""
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
+        if request.sampling.max_tokens == 3:
+            raise RuntimeError(SECRET_IN_EXCEPTION)
+        async for item in self.engine.generate_stream(request):
+            yield item
+
+
+def test_a_500_says_nothing_of_the_exception(start_gateway, topics: dict[str, str], model_dir,
+                                            tokentrail_settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 29, finding 10: a 500 (whole or mid-stream) gives the caller a reference into the gateway's log,
+    never ``repr(exc)``; the record says the same; the calls before and after are served and recorded."""
+    crashing = CrashingEngine(EmbeddedEngine(model_dir), per_token_s=0.0)
+    messages = [{"role": "user", "content": "hi"}]
+    with start_gateway(upstream=crashing) as gw, Rollout(gw.url) as rollout:
+        client = rollout.openai_client(max_retries=0)
+        assert client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2).choices  # before
+        with pytest.raises(openai.InternalServerError) as whole:
+            client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)
+        with pytest.raises(openai.APIError) as streamed:
+            for _ in client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3, stream=True):
+                pass
+        assert client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2).choices  # after
+        calls = [r for _, r in read_records(tokentrail_settings, topics["calls_topic"], 4,
+                                            where={"rollout_id": rollout.rollout_id})]
+    for error in (whole.value, streamed.value):
+        assert "hunter2" not in str(error.body) and "RuntimeError" not in str(error.body)
+        assert "reference" in error.message
+    assert [c["status"] for c in sorted(calls, key=lambda c: c["call_index"])] == ["OK", "ERROR", "ERROR", "OK"]
+    assert not [c for c in calls if "hunter2" in (c["response_json"] + str(c["error"]))]
+    assert "hunter2" in caplog.text  # the operator still has it, with the reference

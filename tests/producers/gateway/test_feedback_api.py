@@ -59,7 +59,8 @@ def test_bad_feedback_is_refused_and_good_feedback_reaches_kafka(
             send_feedback(gw.url, {"rollout_id": rollout.rollout_id}, "TEXT", text="nice")
         assert no_key.value.status == 401
         second = send_feedback(gw.url, {"rollout_id": rollout.rollout_id}, "OUTCOME", admin_key=ADMIN,
-                               outcome="edited", edit_distance=0.25, details={"lines_kept": 30}, source=source,
+                               outcome="edited", edit_distance=0.25, source=source,
+                               details={"lines_kept": 30, "reviewer": {"github_token": "ghp_secret"}},
                                id="review-1", event_time=time.time() - 5)
 
     [(_, call)] = read_records(tokentrail_settings, topics["calls_topic"], 1)
@@ -71,6 +72,8 @@ def test_bad_feedback_is_refused_and_good_feedback_reaches_kafka(
     assert up["kind"] == "BINARY" and up["binary"] is True
     review = stored[second["event_id"]]
     assert (review["target_kind"], review["target_id"], review["call_id"]) == ("ROLLOUT", rollout.rollout_id, None)
-    assert (review["outcome"], review["edit_distance"], review["details_json"]) == ("EDITED", 0.25,
-                                                                                   '{"lines_kept":30}')
+    assert (review["outcome"], review["edit_distance"]) == ("EDITED", 0.25)
+    # details are redacted as request bodies are (issue 29, finding 10): by the field's name
+    assert review["details_json"] == '{"lines_kept":30,"reviewer":{"github_token":"[redacted]"}}'
+
     assert review["source_feedback_id"] == "review-1" and review["event_time_us"] < review["created_at_us"]

@@ -11,12 +11,14 @@ import asyncio
 import socket
 from collections import Counter
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 import uvicorn
 
 from producers.gateway.peers import StickyRouter
-from producers.gateway.sticky import RoutingPolicy, mint_owned_rollout_id, owner_of, route_of
+from producers.gateway.sessions import rollout_id_for
+from producers.gateway.sticky import RoutingPolicy, mint_owned_rollout_id, owner, owner_of, route_of
 from producers.upstreams.http1 import Http1Pool
 
 
@@ -33,6 +35,28 @@ def test_ownership_is_stable_spread_and_minted_ids_are_owned() -> None:
     assert by_path == route_of("/v1/chat/completions", {"x-rollout-id": "r1"}, policy)
     assert route_of("/v1/chat/completions", {"authorization": "Bearer x"}, policy) is None
     assert route_of("/v1/rollouts", {}, policy) is None
+
+
+def test_a_sessions_calls_and_its_windows_rollouts_have_one_owner() -> None:
+    """Issue 29, finding 5: calls of an organic session are routed by its key, a restart rebuilds its open window
+    by the window's rollout id; both must name the same process, or the window is rebuilt by a process its calls
+    never reach (before: 164 of 200 sessions with 4 processes)."""
+    policy = RoutingPolicy(organic_sessions=True)
+    for processes in (2, 3, 4):
+        wrong = []
+        for n in range(200):
+            key = f"user-{n}"
+            by_key = route_of("/v1/chat/completions", {"x-session-id": key}, policy)
+            assert by_key is not None and by_key.kind == "session"
+            for window_start_us in (1_700_000_000_000_000, 1_800_000_000_000_123):
+                rollout_id = rollout_id_for(key, window_start_us)
+                by_path = route_of(f"/rollouts/{rollout_id}/attempts/a1/v1/chat/completions", {}, policy)
+                assert by_path is not None
+                if not owner(by_key, processes) == owner_of(rollout_id, processes) == owner(by_path, processes):
+                    wrong.append((key, window_start_us))
+        assert wrong == [], f"{len(wrong)} of 400 windows owned elsewhere than their calls with {processes} processes"
+    # Other rollout ids keep their own tag, spread over the processes.
+    assert len({owner_of(f"rollout-{n}", 4) for n in range(100)}) == 4
 
 
 def _free_port() -> int:
@@ -53,7 +77,9 @@ def _echo(process: int) -> Any:
             if not message.get("more_body"):
                 break
         answer = orjson.dumps({"process": process, "path": scope["path"], "body": body.decode(),
-                               "header": dict(scope["headers"]).get(b"x-test", b"").decode()})
+                               "header": dict(scope["headers"]).get(b"x-test", b"").decode(),
+                               "raw_path": scope["raw_path"].decode(),
+                               "host": dict(scope["headers"])[b"host"].decode()})
         await send({"type": "http.response.start", "status": 201, "headers": [(b"content-type", b"text/plain")]})
         if scope["query_string"] == b"stream":
             for piece in (b"data: one\n\n", b"data: two\n\n", answer):
@@ -86,9 +112,20 @@ async def _two_processes() -> None:
         status, text = response.status_code, await response.read()
         assert status == 201 and text.startswith(b"data: one\n\ndata: two\n\n")
         answer = orjson.loads(text[len(b"data: one\n\ndata: two\n\n"):])
-        assert answer == {"process": 1, "path": f"/rollouts/{owned_by_1}/attempts/a/v1/chat/completions",
-                          "body": '{"x": 1}', "header": "kept"}
+        path = f"/rollouts/{owned_by_1}/attempts/a/v1/chat/completions"
+        assert answer == {"process": 1, "path": path, "body": '{"x": 1}', "header": "kept", "raw_path": path,
+                          "host": f"127.0.0.1:{ports[0]}"}  # the client's Host, not the peer's private address
         assert routers[0].forwarded == 1
+        # Passed on as sent (issue 29, finding 9): percent-encoding decoded once, by the owner, and the Host kept.
+        odd = "r%25 x?#"
+        owned_odd = next(f"{odd}{n}" for n in range(100) if owner_of(f"{odd}{n}", 2) == 1)
+        encoded = quote(owned_odd, safe="")
+        response = await client.request("POST", f"{peers[0]}/v1/rollouts/{encoded}/attempts/a/events", b"{}",
+                                        host=b"gateway.example:8443")
+        answer = orjson.loads(await response.read())
+        assert answer["process"] == 1 and answer["path"] == f"/v1/rollouts/{owned_odd}/attempts/a/events"
+        assert answer["raw_path"] == f"/v1/rollouts/{encoded}/attempts/a/events"
+        assert answer["host"] == "gateway.example:8443" and routers[0].forwarded == 2
         # Owned here: served here. Named by header: routed by it.
         status, text = await client.post(f"{peers[1]}/v1/rollouts/{owned_by_1}/attempts/a/finish", b"{}")
         assert orjson.loads(text)["process"] == 1 and routers[1].forwarded == 0
