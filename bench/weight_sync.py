@@ -13,7 +13,11 @@ under the weights of the version it was recorded with (a transformers forward pa
 prompt, temperature 1, so vLLM's processed logprobs are the model's). ``version_mismatches`` counts
 calls where it does not.
 
-    python -m bench.weight_sync [--updates 20] [--concurrency 3] [--server URL]
+    python -m bench.weight_sync [--updates 20] [--concurrency 3] [--call-tokens 8] [--server URL]
+
+``--call-tokens N``: every call samples exactly N tokens (``ignore_eos``: the reference model would end
+most answers within about 30), so the bench shows how an update's latency depends on the length of the
+calls running when it lands. The server's ``--max-model-len`` must hold the prompt plus N.
 
 Settings: the flags, or BENCH_WEIGHT_SYNC_<FLAG> environment variables (e.g. BENCH_WEIGHT_SYNC_UPDATES).
 Last line: one JSON object with sync_p50_s, sync_p99_s, paused_s_per_update, failed_requests, and more.
@@ -52,12 +56,22 @@ PROMPT = [5, 17, 33, 41, 12, 9, 100, 200, 7, 3]
 LOGPROB_ATOL = 1e-3
 
 
+class LongCalls(VLLMUpstream):
+    """Calls that sample exactly ``max_tokens`` tokens: ``ignore_eos`` in either endpoint's body (the
+    reference model ends most answers with EOS within about 30 tokens)."""
+
+    async def token_body(self, request: GenerateRequest, stream: bool) -> tuple[dict[str, Any], bytes]:
+        body, sent = await super().token_body(request, stream)
+        body.get("sampling_params", body)["ignore_eos"] = True
+        return body, sent
+
+
 class BenchSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BENCH_WEIGHT_SYNC_")
 
     updates: int = 20
     concurrency: int = 3
-    max_tokens: int = 8
+    call_tokens: int = 8  # output tokens per call, exactly (ignore_eos)
     gap_s: float = 0.5  # between one version being served and the next publish
     interval_s: float = 0.05  # how often the sync looks at the store
     server: str = ""  # a running dev-mode vLLM; empty: start one
@@ -163,7 +177,7 @@ async def run(settings: BenchSettings, url: str, model_dir: Path, name: str) -> 
     expected = {0: next_token_logprobs(reference, base)} | {v: next_token_logprobs(reference, w)
                                                              for v, w in weights.items()}
     store = PolicyStore(Path(tempfile.mkdtemp(prefix="bench-weight-sync-")))
-    upstream = gate_upstream(VLLMUpstream([url], model=name, logprobs_mode="processed_logprobs"), store,
+    upstream = gate_upstream(LongCalls([url], model=name, logprobs_mode="processed_logprobs"), store,
                              base_dir=model_dir, interval_s=settings.interval_s)
     assert upstream.sync is not None
     sync = upstream.sync
@@ -176,7 +190,7 @@ async def run(settings: BenchSettings, url: str, model_dir: Path, name: str) -> 
         whole = index % 2 == 0  # half the calls streamed, half whole, as the gateway asks
         while not stop.is_set():
             try:
-                calls.append(await call_once(upstream, settings.max_tokens, whole))
+                calls.append(await call_once(upstream, settings.call_tokens, whole))
             except Exception as exc:  # a failed request is a figure, not the end of the bench
                 failures.append(f"{type(exc).__name__}: {exc}")
 
@@ -217,6 +231,7 @@ async def run(settings: BenchSettings, url: str, model_dir: Path, name: str) -> 
     paused = [max(r.paused_s.values()) for r in reports]
     return {
         "updates": len(latencies),
+        "call_tokens": settings.call_tokens,
         "sync_p50_s": float(np.percentile(latencies, 50)),
         "sync_p99_s": float(np.percentile(latencies, 99)),
         "sync_max_s": float(max(latencies)),
@@ -241,14 +256,15 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--updates", type=int, default=defaults.updates, help="policy versions to publish")
     parser.add_argument("--concurrency", type=int, default=defaults.concurrency, help="calls kept running")
-    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="tokens per call")
+    parser.add_argument("--call-tokens", "--max-tokens", type=int, default=defaults.call_tokens,
+                        help="output tokens per call, exactly (ignore_eos); e.g. 8, 512, 4096")
     parser.add_argument("--gap", type=float, default=defaults.gap_s, help="seconds between updates")
     parser.add_argument("--interval", type=float, default=defaults.interval_s,
                         help="seconds between the sync's looks at the store")
     parser.add_argument("--server", default=defaults.server,
                         help="a running vLLM started with VLLM_SERVER_DEV_MODE=1 (default: start one)")
     args = parser.parse_args(argv)
-    settings = BenchSettings(updates=args.updates, concurrency=args.concurrency, max_tokens=args.max_tokens,
+    settings = BenchSettings(updates=args.updates, concurrency=args.concurrency, call_tokens=args.call_tokens,
                              gap_s=args.gap, interval_s=args.interval, server=args.server)
     from models.reference.build import build_model
     from tokentrail.settings import get_settings
