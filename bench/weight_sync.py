@@ -228,7 +228,7 @@ async def run(settings: BenchSettings, url: str, model_dir: Path, name: str) -> 
     stop = asyncio.Event()
 
     async def worker(index: int) -> None:
-        whole = index % 2 == 0  # half the calls streamed, half whole, as the gateway asks
+        whole = index % 2 == 1  # half the calls streamed (the first worker: its tokens are timed), half whole
         while not stop.is_set():
             marker = Call(time.monotonic(), 0.0, -1, -1, 0.0, [], [])
             live.append(marker)
