@@ -80,6 +80,10 @@ class BenchSettings(BaseSettings):
     concurrency: int = 3
     call_tokens: int = 8  # output tokens per call, exactly (ignore_eos)
     mode: Literal["keep", "wait"] = "keep"  # the sync's pause mode
+    # >0: one more caller making short streamed calls of this many tokens beside the long ones; the first token
+    # of a version is then known without waiting for the long calls to end
+    probe_tokens: int = 0
+    drain_s: float = 900.0  # at the end, how long running calls may take to finish before they are cut
     transfer: Literal["delta", "full"] = "delta"
     gap_s: float = 0.5  # between one version being served and the next publish
     interval_s: float = 0.05  # how often the sync looks at the store
@@ -227,13 +231,12 @@ async def run(settings: BenchSettings, url: str, model_dir: Path, name: str) -> 
     failures: list[str] = []
     stop = asyncio.Event()
 
-    async def worker(index: int) -> None:
-        whole = index % 2 == 1  # half the calls streamed (the first worker: its tokens are timed), half whole
+    async def worker(index: int, tokens: int, whole: bool) -> None:
         while not stop.is_set():
-            marker = Call(time.monotonic(), 0.0, -1, -1, 0.0, [], [])
+            marker = Call(time.monotonic(), 0.0, -1 if tokens == settings.call_tokens else -2, -1, 0.0, [], [])
             live.append(marker)
             try:
-                calls.append(await call_once(upstream, settings.call_tokens, whole))
+                calls.append(await call_once(upstream, tokens, whole))
             except Exception as exc:  # a failed request is a figure, not the end of the bench
                 failures.append(f"{type(exc).__name__}: {exc}")
             finally:
@@ -242,16 +245,22 @@ async def run(settings: BenchSettings, url: str, model_dir: Path, name: str) -> 
     async def served_at(version: int, timeout_s: float = 900.0) -> float:
         """When the first token sampled by ``version`` reached a caller; known once a call that has one
         ended, and final once every call running at that moment has ended too (one of them may hold an
-        earlier one)."""
+        earlier one). With probe calls the long calls still running are not waited for: the figure is then
+        an upper bound (a long call may have had a token of the version a little earlier)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             firsts = [t for c in calls if (t := c.first_token_at(version)) is not None]
-            if firsts and not [c for c in live if c.started <= min(firsts)]:
+            waited = [c for c in live if c.started <= min(firsts, default=0.0)
+                      and not (settings.probe_tokens and c.version == -1)]
+            if firsts and not waited:
                 return min(firsts)
             await asyncio.sleep(0.01)
         raise SystemExit(f"no token sampled by version {version} reached a caller within {timeout_s:.0f} s")
 
-    workers = [asyncio.create_task(worker(i)) for i in range(settings.concurrency)]
+    # half the calls streamed (the first worker's: its tokens are timed), half whole; probes always streamed
+    workers = [asyncio.create_task(worker(i, settings.call_tokens, i % 2 == 1)) for i in range(settings.concurrency)]
+    if settings.probe_tokens:
+        workers.append(asyncio.create_task(worker(-1, settings.probe_tokens, False)))
     latencies: list[float] = []
     try:
         await served_at(0)
@@ -268,7 +277,12 @@ async def run(settings: BenchSettings, url: str, model_dir: Path, name: str) -> 
                   f"{len(calls)} calls, {len(failures)} failed", flush=True)
     finally:
         stop.set()
-        await asyncio.gather(*workers)
+        # calls still running after drain_s are cut (not failures: counted apart); a long call's completion
+        # across in-flight updates is what tests/.../test_in_flight_update_live.py proves
+        _, pending = await asyncio.wait(workers, timeout=settings.drain_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         await upstream.close()
     async with httpx.AsyncClient() as client:
         label = (await client.get(url + "/weight_info", timeout=30)).json()["weight_version"]
@@ -293,6 +307,9 @@ async def run(settings: BenchSettings, url: str, model_dir: Path, name: str) -> 
         "bytes_fraction": float(np.mean(moved)) / full_bytes,
         "loads": sorted({load for r in reports for load in r.loads.values()}),
         "calls_spanning_versions": sum(len({v for v, _, _ in c.spans}) > 1 for c in calls),
+        "probe_tokens": settings.probe_tokens,
+        "calls_cut_at_end": len(pending),
+        "long_calls_completed": sum(len(c.token_times) == settings.call_tokens for c in calls),
         "sync_report_mean_s": float(np.mean([r.total_s for r in reports])),
         "paused_s_per_update": float(np.mean(paused)),
         "paused_max_s": float(max(paused)),
@@ -320,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="pause mode: keep (update in flight) or wait (running calls finish first)")
     parser.add_argument("--transfer", choices=["delta", "full"], default=defaults.transfer,
                         help="load the published delta (changed weight groups) or the full checkpoint")
+    parser.add_argument("--probe-tokens", type=int, default=defaults.probe_tokens,
+                        help="one more caller with short streamed calls of this many tokens (0: none)")
+    parser.add_argument("--drain", type=float, default=defaults.drain_s,
+                        help="seconds running calls may take to finish at the end before they are cut")
     parser.add_argument("--gap", type=float, default=defaults.gap_s, help="seconds between updates")
     parser.add_argument("--interval", type=float, default=defaults.interval_s,
                         help="seconds between the sync's looks at the store")
@@ -327,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a running vLLM started with VLLM_SERVER_DEV_MODE=1 (default: start one)")
     args = parser.parse_args(argv)
     settings = BenchSettings(updates=args.updates, concurrency=args.concurrency, call_tokens=args.call_tokens,
-                             mode=args.mode, transfer=args.transfer,
+                             mode=args.mode, transfer=args.transfer, probe_tokens=args.probe_tokens,
+                             drain_s=args.drain,
                              gap_s=args.gap, interval_s=args.interval, server=args.server)
     from models.reference.build import build_model
     from tokentrail.settings import get_settings
