@@ -175,7 +175,12 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=30)
 
 
-async def final_result(upstream: GatedUpstream, request: GenerateRequest,
+async def final_result(upstream: GatedUpstream, request: GenerateRequest, whole: bool) -> GenerateResult:
+    """The call's final result, streamed or (``whole``) asked for in one answer."""
+    return (await timed_result(upstream, request, whole))[0]
+
+
+async def timed_result(upstream: GatedUpstream, request: GenerateRequest,
                        whole: bool) -> tuple[GenerateResult, list[float]]:
     """The call's final result, streamed or (``whole``) asked for in one answer, and when each output token
     reached the caller."""
@@ -201,7 +206,7 @@ async def call_once(upstream: GatedUpstream, max_tokens: int, whole: bool) -> Ca
     request = GenerateRequest(prompt_ids=PROMPT, sampling=Sampling(temperature=1.0, max_tokens=max_tokens),
                               request_id=uuid.uuid4().hex, rollout_id=uuid.uuid4().hex)
     started = time.monotonic()
-    result, times = await final_result(upstream, request, whole)
+    result, times = await timed_result(upstream, request, whole)
     assert result.output_ids, "no result"
     reported = result.extra.get("weight_versions")
     spans = ([(label_version(s.version), s.start, s.end) for s in spans_from_text(reported)]
