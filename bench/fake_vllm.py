@@ -33,12 +33,13 @@ from typing import Any
 
 import orjson
 
-from producers.gateway.peers import read_body
+from producers.gateway.body import read_asgi_limited
 
 VERSION = "0.32.0"
 FINGERPRINT = f"vllm-{VERSION}-bench"
 LOGPROB = -0.5  # every sampled token's logprob (the figure is not what is measured)
 CHARS_PER_TOKEN = 3.0  # chat prompts: ids per character of message text
+MAX_BODY_BYTES = 1 << 30  # a stand-in for vLLM: it takes what the gateway sends
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -83,7 +84,7 @@ class FakeVLLM:
             if method == "GET":
                 await _send(send, 200, self._get(path))
                 return
-            body = orjson.loads(await read_body(receive))
+            body = orjson.loads(await read_asgi_limited(receive, None, MAX_BODY_BYTES))
             self.counts[path] = self.counts.get(path, 0) + 1
             if path == "/v1/completions":
                 await self._completions(body, send)

@@ -84,6 +84,10 @@ async def _histogram_sums(client: httpx.AsyncClient, url: str) -> dict[str, floa
     return sums
 
 
+def _count(before: dict[str, float], after: dict[str, float], histogram: str) -> int:
+    return round(after[f"{histogram}_count"] - before[f"{histogram}_count"])
+
+
 def _mean_ms(before: dict[str, float], after: dict[str, float], histogram: str) -> float:
     calls = after[f"{histogram}_count"] - before[f"{histogram}_count"]
     return (after[f"{histogram}_sum"] - before[f"{histogram}_sum"]) / max(calls, 1) * 1000
@@ -393,7 +397,8 @@ def _comparison_figures(args: argparse.Namespace, work: Workloads, m: Measured) 
     }
 
 
-def _secondary_figures(args: argparse.Namespace, figures: dict[str, Any], m: Measured) -> dict[str, Any]:
+def _secondary_figures(args: argparse.Namespace, figures: dict[str, Any], m: Measured, work: Workloads
+                       ) -> dict[str, Any]:
     """Several processes, memory, the extra workloads, the in-process line and the gateway's own timings."""
     out: dict[str, Any] = {}
     if "multi" in m.c64:
@@ -423,7 +428,12 @@ def _secondary_figures(args: argparse.Namespace, figures: dict[str, Any], m: Mea
         out |= {"render_cpu_ms_per_call": _mean_ms(m.gateway_before, m.gateway_after,
                                                    "tokentrail_gateway_render_seconds"),
                 "delivery_wait_ms_c1": _mean_ms(m.gateway_before, m.gateway_after,
-                                                "tokentrail_gateway_delivery_seconds")}
+                                                "tokentrail_gateway_delivery_seconds"),
+                # How many calls each mean is over (0: the figure measured nothing, whatever it reads); the
+                # main phase's rollouts are started before their calls, and their starts are delivered too.
+                "c1_calls": _calls(work.timed), "c1_rollouts": len(work.timed),
+                "render_calls": _count(m.gateway_before, m.gateway_after, "tokentrail_gateway_render_seconds"),
+                "delivery_calls": _count(m.gateway_before, m.gateway_after, "tokentrail_gateway_delivery_seconds")}
     return out
 
 
@@ -470,7 +480,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             stop(servers.procs)
         on_kafka = _records_on_kafka(settings.kafka, admin, calls_topic, f"bench-{tag}")
     figures = _comparison_figures(args, work, measured)
-    return figures | _secondary_figures(args, figures, measured) | _delivery_figures(
+    return figures | _secondary_figures(args, figures, measured, work) | _delivery_figures(
         args, measured, servers, on_kafka, _gateway_calls(servers, work))
 
 

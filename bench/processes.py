@@ -36,16 +36,42 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+SCHEDSTAT = Path("/proc/self/schedstat").exists()
+
+
 def cpu_seconds(pid: int) -> float:
-    """user + system CPU of a process and its descendants (all threads), from /proc."""
-    total = 0
+    """CPU time of a process and its descendants (all live threads), from /proc.
+
+    Per-thread scheduler time (``task/*/schedstat``, nanoseconds) where the kernel keeps it: the clock-tick
+    counters of ``stat`` move in 10 ms steps, so a few ~1 ms calls read 0 there (issue 29). Without
+    schedstat, ``stat``'s ticks. One source for every reading, so differences compare like with like."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
     for p in _descendants(pid):
+        if SCHEDSTAT:
+            total += _thread_ns(p) / 1e9
+            continue
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _thread_ns(pid: int) -> int:
+    """Nanoseconds on the CPU of every live thread of ``pid`` (0 without schedstat)."""
+    total = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0
+    for task in tasks:
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
 
 
 def rss_mib(pid: int) -> float:

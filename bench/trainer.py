@@ -5,7 +5,10 @@ are decoded with the codec, checked and collated (padded and packed); tokens per
 every token of every sample. Training: one optimizer step of the trainer's learner on the demo
 model (built and cached under settings.model.dir) over a batch of samples of that model's vocab.
 
-    python -m bench.trainer [--records 400] [--topic] [--step-samples 8]
+    python -m bench.trainer [--records 400] [--topic] [--step-samples 8] [--ranks 2]
+
+With ``--ranks N`` the same global step is also timed on N gloo ranks (forked processes, DDP, each with
+``--threads`` threads): tokens/s in all and per rank, against the one-process step.
 
 Last line: one JSON object with collate_tokens_per_s and train_step_s (and the detail figures).
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -77,7 +81,8 @@ def decode_and_collate(blobs: list[bytes], layout: str, batch_size: int) -> int:
     return tokens
 
 
-def train_step_seconds(step_samples: int, seq_len: int, repeat: int, threads: int = 0) -> dict[str, Any]:
+def train_step_seconds(step_samples: int, seq_len: int, repeat: int, threads: int = 0,
+                       ranks: int = 1) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -96,13 +101,25 @@ def train_step_seconds(step_samples: int, seq_len: int, repeat: int, threads: in
         sample_from_record(sample_record([random_sequence(rng, vocab, seq_len // 2, seq_len // 2, f"r{i}")]))
         for i in range(step_samples)
     ]
+    tokens = step_samples * seq_len
+    figures: dict[str, Any] = {}
+    if ranks > 1:  # first: the ranks are forked before this process runs any step
+        from bench.trainer_ranks import ranked_step
+
+        ranked = ranked_step(ranks, model_dir, samples, repeat, threads or torch.get_num_threads())
+        figures.update({"ranks": ranks, "ranks_step_s": ranked["seconds"],
+                        "ranks_tokens_per_s": tokens / ranked["seconds"],
+                        "ranks_tokens_per_s_per_rank": tokens / ranked["seconds"] / ranks,
+                        "ranks_rank_tokens": ranked["rank_tokens"]})
     learner = Learner(model, LearnerConfig(micro_batch_tokens=None))
     learner.step(samples)  # warm-up: allocator, optimizer state
     seconds = best_time(lambda: learner.step(samples), repeat=repeat)
-    tokens = step_samples * seq_len
-    return {"train_step_s": seconds, "train_step_tokens": tokens, "train_tokens_per_s": tokens / seconds,
-            "model_parameters": sum(p.numel() for p in model.parameters()),
-            "torch_threads": torch.get_num_threads()}
+    figures = {"train_step_s": seconds, "train_step_tokens": tokens, "train_tokens_per_s": tokens / seconds,
+               "model_parameters": sum(p.numel() for p in model.parameters()),
+               "torch_threads": torch.get_num_threads(), **figures}
+    if ranks > 1:
+        figures["ranks_speedup_vs_1"] = seconds / figures["ranks_step_s"]
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-samples", type=int, default=8, help="samples in the timed training step")
     parser.add_argument("--step-seq-len", type=int, default=256, help="tokens per training-step sample")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--ranks", type=int, default=1,
+                        help="also time the step on N gloo ranks (DDP, forked processes) against one process")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads for the training step (0: torch's default); on a shared "
                              "2-core host one thread is several times faster than two")
@@ -133,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     figures["collate_tokens_per_s"] = min(figures["collate_padded_tokens_per_s"],  # type: ignore[type-var]
                                           figures["collate_packed_tokens_per_s"])
     print(f"training step: {args.step_samples} samples x {args.step_seq_len} tokens on the demo model")
-    figures.update(train_step_seconds(args.step_samples, args.step_seq_len, args.repeat, args.threads))
+    figures.update(train_step_seconds(args.step_samples, args.step_seq_len, args.repeat, args.threads, args.ranks))
+    figures["loadavg_1m"] = float(Path("/proc/loadavg").read_text().split()[0])
     # How much of a step the input pipeline would cost if it ran inline (it is far below 1).
     collate_s = figures["train_step_tokens"] / figures["collate_tokens_per_s"]  # type: ignore[operator]
     figures["collate_fraction_of_step"] = collate_s / figures["train_step_s"]  # type: ignore[operator]

@@ -34,6 +34,7 @@ from demo.release import run_release_demo
 from demo.services import Service, http_ok, log_dir, wait_until
 from demo.steps import bring_up, run_cli, step
 from demo.vllm import DemoVLLM, stored_version_evidence
+from sinks.settings import ClickHouseSettings
 from tokentrail.settings import REPO_ROOT, Settings, get_settings
 
 STATE_DIRS = ("kafka", "clickhouse", "policies", "spool", "processors", "logs")
@@ -128,8 +129,10 @@ def run_demo(args: argparse.Namespace) -> int:
         Service("trainer", ["train", "--batch-size", str(args.train_batch), "--steps-per-version", "1",
                             *(["--lr", str(args.lr)] if args.lr is not None else []), "--threads", "1",
                             # The engine decides the default mismatch correction (TIS behind vLLM).
-                            "--upstream", args.upstream,
-                            "--flush-partial", *release_guard.TRAINER_ARGS], logs / "trainer.log"),
+                            "--upstream", args.upstream, "--flush-partial", *release_guard.TRAINER_ARGS,
+                            # Several ranks: torchrun (gloo) on this host, rank 0 reads and publishes.
+                            *(["--nproc", str(args.trainer_ranks), "--max-restarts", "1"] if args.trainer_ranks > 1
+                              else [])], logs / "trainer.log"),
         controller,
     ]
     step(4, total, f"services: {', '.join(s.name for s in services)} (logs in {logs})")
@@ -188,6 +191,9 @@ def run_demo(args: argparse.Namespace) -> int:
     guard = release_guard.guard_summary(controller.log_path)
     print(f"  {release_guard.guard_line(guard)}", flush=True)
     extra: dict[str, object] = {"upstream": args.upstream, **guard}
+    trained = trained_exactly_once(settings.clickhouse)
+    print(f"  samples trained exactly once (TrainerStep sample ids against the samples table): {trained}", flush=True)
+    extra.update(trained)
     off_policy = tracker.off_policy() if tracker is not None else {}
     print(f"  engine/trainer logprob mismatch and staleness: {off_policy}", flush=True)
     extra.update(off_policy)
@@ -200,7 +206,27 @@ def run_demo(args: argparse.Namespace) -> int:
         extra.update(evidence, failed_rollouts=failed_rollouts, vllm_final_weight_label=served_label,
                      newest_recorded_version=max(tracker_summary, default=0))
         versions_wrong = bool(evidence["version_mismatches"] or evidence["calls_without_vllm_version"])
-    return _summarize(tracker_summary, audit.returncode, report_path, extra) or int(versions_wrong)
+    exactly_once_failed = bool(trained["samples_trained_twice"] or trained["samples_lost"])
+    return _summarize(tracker_summary, audit.returncode, report_path, extra) or int(versions_wrong) \
+        or int(exactly_once_failed)
+
+
+def trained_exactly_once(clickhouse: ClickHouseSettings) -> dict[str, object]:
+    """From ClickHouse (after the sink's catch-up): the ranks the trainer ran on, how many samples it trained,
+    how many twice, how many no step accounts for (``trainer_consumer.step_audit``)."""
+    from sinks.client import connect
+    from trainer_consumer.step_audit import exactly_once
+
+    client = connect(clickhouse)
+    try:
+        steps = client.query("SELECT event_id, sample_ids, stale_dropped_ids, filtered_json, ranks, sample_ranks "
+                             "FROM trainer_steps FINAL").named_results()
+        samples = [r[0] for r in client.query("SELECT event_id FROM samples FINAL").result_rows]
+    finally:
+        client.close()
+    figures = exactly_once(steps, samples).figures()
+    return {k: figures[k] for k in ("ranks", "samples_trained", "samples_trained_twice", "samples_lost",
+                                    "samples_filtered_by_count", "rank_samples")}
 
 
 def _gateway_delivery(gateway_url: str) -> str:
@@ -258,6 +284,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", type=int, default=None,
                    help="groups in flight at once (default 2; 4 with --upstream vllm)")
     p.add_argument("--train-batch", type=int, default=16, help="samples per optimizer step (default 16)")
+    p.add_argument("--trainer-ranks", type=int, default=1,
+                   help="train on N torch.distributed ranks (tokentrail train --nproc N, gloo on CPU); the last "
+                        "line reports samples trained, trained twice and lost from the TrainerStep events")
     p.add_argument("--lr", type=float, default=None,
                    help="trainer learning rate (default: the trainer setting, 2e-4)")
     p.add_argument("--seed", type=int, default=0, help="first task seed (default 0)")

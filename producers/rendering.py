@@ -158,6 +158,9 @@ class ChatRenderer:
         self.eos_token_id = int(self.tokenizer.eos_token_id)
         self.stop_token_ids: tuple[int, ...] = (self.eos_token_id,)
         self.vocab_size = len(self.tokenizer)
+        # An upper bound on the bytes one token stands for (the UTF-8 length of its longest vocabulary string,
+        # which never undercounts: byte-level and SentencePiece markers take more bytes than they mean).
+        self.max_token_bytes = max(len(token.encode()) for token in self.tokenizer.get_vocab())
         # Prompts are cut for reuse at the added tokens the template emits (turn markers and the like).
         anchors = [t.content for t in self.tokenizer.added_tokens_decoder.values() if t.content in template]
         self.token_cache = PrefixTokenCache(self._backend, anchors, max_bytes=caches.token_cache_bytes,
@@ -389,8 +392,12 @@ class ChatRenderer:
             {"role": "assistant", "content": sentinels[k]} if k in pending else m
             for k, m in enumerate(messages)
         ]
-        skeleton = self.render_text(masked, tools, template_kwargs=template_kwargs)
         order = sorted(pending)
+        try:
+            skeleton = self.render_text(masked, tools, template_kwargs=template_kwargs)
+        except RenderError as exc:  # e.g. a template that needs the tool call before a tool message
+            reason = f"the template cannot render the history with these messages masked ({exc}); no splice"
+            return [], [PrefixBreak(None, order[0], reason)]
         fixed = _split_on(skeleton, [sentinels[k] for k in order])
         if fixed is None or not text.startswith(fixed[0]):
             reason = "the template renders other messages differently when these change; no splice"

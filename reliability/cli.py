@@ -27,7 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-FAULTS = ("broker", "worker", "twice", "scale", "cluster", "chaos", "restart", "poison", "baselines")
+FAULTS = ("broker", "worker", "twice", "scale", "cluster", "chaos", "restart", "poison", "baselines", "rank",
+          "feedback", "costly")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,7 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "twice (fault d), scale (fault f: 2 gateways, 3 workers, one killed), cluster (fault g: "
                         "3 brokers, leader killed -9), chaos (fault h: rebalance chaos), restart (fault i: gateway "
                         "restarted mid-session), poison (faults j+k: poison record, disk-full spool; needs root), "
-                        "baselines (fault l: the baseline agents' worker killed -9)")
+                        "baselines (fault l: the baseline agents' worker killed -9), rank (fault p: one of 2 trainer "
+                        "ranks killed -9 mid-step under torchrun --max-restarts), feedback (fault m: "
+                        "hostile feedback), costly (fault o: requests built for the most CPU per byte)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where spools, private broker data, chDB and logs go (default: a temp dir)")
 
@@ -54,9 +57,12 @@ def run(args: argparse.Namespace) -> int:
     from reliability import (
         baseline_kills,
         cluster_fault,
+        costly_requests_fault,
         faults,
         gateway_restart,
+        hostile_feedback_fault,
         poison_and_disk,
+        rank_kill,
         rebalance_chaos,
         scale_out,
     )
@@ -96,7 +102,12 @@ def run(args: argparse.Namespace) -> int:
                  settings, workdir / "poison-disk", poison_and_disk.QUICK if args.quick else poison_and_disk.FULL,
                  progress)),
              ("baselines", lambda: [baseline_kills.baseline_worker_kills(settings, workdir / "baseline-kills",
-                                                                         progress)])]
+                                                                         progress)]),
+             ("rank", lambda: [rank_kill.rank_kill_fault(settings, workdir / "rank-kill", progress)]),
+             ("feedback", lambda: [hostile_feedback_fault.hostile_feedback_fault(
+                 settings, workdir / "hostile-feedback", progress)]),
+             ("costly", lambda: [costly_requests_fault.costly_requests_fault(settings, workdir / "costly-requests",
+                                                                             progress)])]
     for name, step in steps:
         if name in args.skip:
             continue

@@ -81,6 +81,24 @@ PANELS: tuple[Panel, ...] = (
         "       max(staleness) AS max_staleness\n"
         "FROM v_staleness WHERE $__timeFilter(time) GROUP BY time ORDER BY time",
     ),
+    # ---- issue 30: freshness, from the records' event times and the Kafka times the sink stored
+    Panel(
+        "Freshness: finished trajectory -> sample on Kafka (ms)",
+        "SELECT $__timeInterval(time) AS time, quantile(0.5)(ready_to_sample_ms) AS p50_ms,\n"
+        "       quantile(0.99)(ready_to_sample_ms) AS p99_ms, max(ready_to_sample_ms) AS max_ms,\n"
+        "       quantile(0.99)(finish_to_sample_ms) AS own_finish_p99_ms\n"
+        "FROM v_sample_latency WHERE $__timeFilter(time) GROUP BY time ORDER BY time",
+        description="From a group's last rollout finishing to its samples on tokentrail.samples (own finish: from "
+        "each rollout's finish, so it adds the wait for its group's later members). v_sample_latency.",
+    ),
+    Panel(
+        "Freshness: sample age at training (seconds, policy versions)",
+        "SELECT $__timeInterval(time) AS time, quantile(0.5)(age_s) AS p50_s, quantile(0.99)(age_s) AS p99_s,\n"
+        "       avg(age_versions) AS mean_versions, max(age_versions) AS max_versions\n"
+        "FROM v_sample_age WHERE $__timeFilter(time) GROUP BY time ORDER BY time",
+        description="When a training step used a sample: seconds since its group closed, versions behind "
+        "(v_sample_age).",
+    ),
     Panel(
         "Tokens per second",
         "SELECT $__timeInterval(time) AS time, sum(output_tokens) / $__interval_s AS sampled_tokens_per_s,\n"

@@ -1,6 +1,7 @@
 """`tokentrail report`: one self-contained HTML file (plots embedded as base64 PNG) for people without
 Grafana: reward against policy version, groups, incomplete rollouts, prefix merges, staleness,
-throughput, feedback (coverage, delay per kind, late and unmatched), and the audit checks.
+freshness (trajectory -> sample, sample age at training), throughput, feedback (coverage, delay per
+kind, late and unmatched), and the audit checks.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sinks.audit import run_audit
 from sinks.audit_result import CheckResult
 from sinks.feedback_report import FeedbackSummary, feedback_summary
 from sinks.feedback_store import IS_FEEDBACK_REWARD
+from sinks.freshness import freshness_section
 from sinks.release_report import release_section
 from sinks.store import table_counts
 
@@ -224,6 +226,7 @@ def build_report(client: Client, title: str = "tokentrail report", audit: bool =
         ("Feedback", _feedback_section(feedback_summary(client), _feedback_reward_by_version(client))),
         ("Release: versions in traffic, reward per version, decisions", release_section(client, _png, _table)),
         ("Staleness", _plot_staleness(client)),
+        ("Freshness: trajectory -> sample, sample age at training", freshness_section(client, _table)),
         (
             "Throughput",
             _plot_series(

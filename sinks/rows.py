@@ -272,6 +272,9 @@ class Source:
     topic: str
     partition: int
     offset: int
+    # The Kafka record timestamp (ms; -1: none): when the record was produced, or appended on a
+    # LogAppendTime topic. Freshness views time each stage by it (issue 30).
+    timestamp_ms: int = -1
 
 
 def to_row(name: str, record: Record, source: Source | None = None) -> tuple[str, Row]:
@@ -286,13 +289,15 @@ def to_row(name: str, record: Record, source: Source | None = None) -> tuple[str
         raise RowError(f"{name} record lacks field {exc}") from exc
     row["content_hash"] = content_hash(name, record)
     if source is not None:
-        row.update(src_topic=source.topic, src_partition=source.partition, src_offset=source.offset)
+        row.update(src_topic=source.topic, src_partition=source.partition, src_offset=source.offset,
+                   src_time_ms=source.timestamp_ms)
     return table, row
 
 
 # ---- row -> record -------------------------------------------------------------------------------
 
-METADATA_COLUMNS = frozenset({"content_hash", "src_topic", "src_partition", "src_offset", "ingested_at", "event_time"})
+METADATA_COLUMNS = frozenset({"content_hash", "src_topic", "src_partition", "src_offset", "src_time_ms", "ingested_at",
+                              "event_time"})
 
 
 def _schema_fields(name: str) -> list[str]:

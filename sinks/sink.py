@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from schemas.codec import Codec, DecodeError
 from schemas.ids import event_id
@@ -99,6 +107,12 @@ class _Pending:
     count: int = 0
     nbytes: int = 0
     since: float = field(default_factory=time.monotonic)
+
+
+def kafka_time_ms(msg: Message) -> int:
+    """The record's Kafka timestamp in ms, -1 where it has none."""
+    kind, ms = msg.timestamp()
+    return int(ms) if kind != TIMESTAMP_NOT_AVAILABLE and ms >= 0 else -1
 
 
 def dedup_token(table: str, ranges: dict[tuple[str, int], list[int]]) -> str:
@@ -272,7 +286,7 @@ class ClickHouseSink:
             name, record = self.codec.decode(
                 value, expect=self.topic_map.get(topic), topic=topic, partition=partition, offset=offset
             )
-            table, row = to_row(name, record, Source(topic, partition, offset))
+            table, row = to_row(name, record, Source(topic, partition, offset, kafka_time_ms(msg)))
             if table == "calls":
                 row = self.request_bodies.encode(row)
                 # Stored in this batch or an earlier one, before any sample of this batch (see flush).
@@ -300,7 +314,7 @@ class ClickHouseSink:
             self.pending.dead_letters.append((msg.key(), self.codec.encode("DeadLetter", record)))
         self.stats.dead_letters += 1
         self.log(f"sink: dead letter {msg.topic()}[{msg.partition()}]@{msg.offset()}: {error_type}: {reason}")
-        return to_row("DeadLetter", record, Source(msg.topic(), msg.partition(), msg.offset()))
+        return to_row("DeadLetter", record, Source(msg.topic(), msg.partition(), msg.offset(), kafka_time_ms(msg)))
 
     # ---- flush: dead letters acknowledged, rows inserted, then offsets committed ---------------------
 

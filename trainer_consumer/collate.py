@@ -11,6 +11,7 @@ Per row (or per packed sequence) the batch names the sample and the rollouts it 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -102,6 +103,17 @@ class TokenBatch:
     def sample_ids(self) -> list[str]:
         return list(dict.fromkeys(self.row_sample_ids))
 
+    def to(self, device: torch.device) -> TokenBatch:
+        """The batch with its model inputs and per-token data on ``device`` (itself when already there)."""
+        if self.input_ids.device == device:
+            return self
+        move = lambda t: t.to(device) if t is not None else None  # noqa: E731
+        return dataclasses.replace(
+            self, input_ids=move(self.input_ids), position_ids=move(self.position_ids),
+            attention_mask=move(self.attention_mask), loss_mask=move(self.loss_mask),
+            rollout_logprobs=move(self.rollout_logprobs), advantages=move(self.advantages),
+            weights=move(self.weights))
+
     def flat_tokens(self, values: torch.Tensor) -> torch.Tensor:
         """Per-token ``values`` of this batch's shape, in the flat (sample, token) order."""
         if self.layout == "packed":
@@ -114,10 +126,11 @@ class TokenBatch:
         shape (``fill`` on padding)."""
         if flat.shape[0] != self.num_tokens:
             raise ValueError(f"{flat.shape[0]} values for a batch of {self.num_tokens} tokens")
+        flat = flat.to(self.input_ids.device)
         if self.layout == "packed":
             return flat.unsqueeze(0)
         assert self.attention_mask is not None
-        out = torch.full(self.attention_mask.shape, fill, dtype=flat.dtype)
+        out = torch.full(self.attention_mask.shape, fill, dtype=flat.dtype, device=flat.device)
         out[self.attention_mask.bool()] = flat
         return out
 

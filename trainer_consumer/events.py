@@ -39,10 +39,10 @@ NOT_A_RESUME: dict[str, Any] = {"resumed_from_version": -1, "rolled_back_version
 def trainer_step_record(run_id: str, step: int, version_before: int, version_after: int,
                         batch: Batch[Any], result: StepResult | None,
                         created_at_us: int | None = None,
-                        off_policy: OffPolicySettings = OffPolicySettings()) -> dict[str, Any]:
+                        off_policy: OffPolicySettings = OffPolicySettings(), ranks: int = 1) -> dict[str, Any]:
     """The event for one optimizer step, or (``result`` None) for a batch that was entirely filtered:
     then ``step`` is the last completed step, nothing was trained and the record exists so the
-    filtered samples are accounted for when their offsets are committed."""
+    filtered samples are accounted for when their offsets are committed. ``ranks``: the group's size."""
     sample_ids = batch.sample_ids if result is not None else []
     stats = result.stats if result is not None else None
     mismatch = result.mismatch if result is not None else None
@@ -74,6 +74,10 @@ def trainer_step_record(run_id: str, step: int, version_before: int, version_aft
         "stale_masked_tokens": batch.stale_masked_tokens,
         # ---- end issue 19
         **NOT_A_RESUME,
+        # ---- issue 32: the ranks of a global step, and which rank trained which sample
+        "ranks": result.ranks if result is not None else ranks,
+        "sample_ranks": [result.sample_ranks.get(i, 0) for i in sample_ids] if result is not None else [],
+        "rank_tokens": list(result.rank_tokens or (result.tokens,)) if result is not None else [],
         "created_at_us": created_at_us if created_at_us is not None else time.time_ns() // 1000,
     }
 

@@ -5,9 +5,10 @@ No Kafka, no files: the learner owns a model and its optimizer and turns samples
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,11 @@ class StepResult:
     micro_batches: int
     seconds: float
     mismatch: MismatchStats = field(default_factory=MismatchStats)
+    # Several ranks (trainer_consumer/rank_learner.py): how many took the step, each rank's tokens, and the
+    # rank that trained each sample. One process: 1, (), {} (every sample on rank 0).
+    ranks: int = 1
+    rank_tokens: tuple[int, ...] = ()
+    sample_ranks: Mapping[str, int] = field(default_factory=dict)
 
 
 class Learner:
@@ -53,32 +59,52 @@ class Learner:
             [p for p in model.parameters() if p.requires_grad],
             lr=cfg.learning_rate, betas=cfg.betas, weight_decay=cfg.weight_decay,
         )
+        # What the forward passes go through (a DDP wrapper on several ranks) and where batches go.
+        self.forward_model: Any = model
+        self.device = next(model.parameters()).device
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    def weights_replaced(self) -> None:
+        """Told when the weights and optimizer state were replaced outside a step (a rollback's resume);
+        several ranks bring every replica to them before the next step."""
+
+    def micro_batch_context(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """Around each micro-batch's forward and backward; on several ranks the gradients are summed
+        across ranks in the last one's backward only."""
+        return contextlib.nullcontext()
 
     def accumulate_gradients(self, samples: Sequence[TrainSample], behaviour: BehaviourLogprobs | None = None,
-                             mismatch: MismatchStats | None = None) -> tuple[LossStats, int]:
+                             mismatch: MismatchStats | None = None,
+                             denominator: float | None = None) -> tuple[LossStats, int]:
         """Zeroes the gradients, then backwards every micro-batch's share of the step loss.
 
         ``behaviour`` gives the trainer's logprobs under each sample's behaviour weights (for the
-        importance correction and, into ``mismatch``, the engine/trainer comparison). Returns the
-        summed stats and the number of micro-batches."""
+        importance correction and, into ``mismatch``, the engine/trainer comparison). ``denominator``:
+        the whole step's (all ranks' samples); None computes it from ``samples``. Returns the summed
+        stats and the number of micro-batches."""
         if not samples:
             raise ValueError("a step needs at least one sample")
-        denominator = loss_denominator(samples, self.cfg.loss.normalization)
+        if denominator is None:
+            denominator = loss_denominator(samples, self.cfg.loss.normalization)
         if denominator <= 0:
             raise ValueError("the step's samples carry no loss weight (denominator 0)")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         stats = LossStats()
         micro = split_micro_batches(samples, self.cfg.micro_batch_tokens)
-        for part in micro:
-            batch = collate(part, self.cfg.layout, pad_id=self.pad_id)
-            logp = token_logprobs(self.model, batch)
-            old = self._behaviour_tensor(part, batch, logp, behaviour)
-            if old is not None and mismatch is not None:
-                compared = batch.loss_mask & torch.isfinite(old)
-                mismatch.add(mismatch_stats(old, batch.rollout_logprobs, compared, self.cfg.mismatch_bound))
-            loss, part_stats = policy_loss(logp, batch, denominator, self.cfg.loss, old)
-            loss.backward()
+        for i, part in enumerate(micro):
+            with self.micro_batch_context(last=i == len(micro) - 1):
+                batch = collate(part, self.cfg.layout, pad_id=self.pad_id).to(self.device)
+                logp = token_logprobs(self.forward_model, batch)
+                old = self._behaviour_tensor(part, batch, logp, behaviour)
+                if old is not None and mismatch is not None:
+                    compared = batch.loss_mask & torch.isfinite(old)
+                    mismatch.add(mismatch_stats(old, batch.rollout_logprobs, compared, self.cfg.mismatch_bound))
+                loss, part_stats = policy_loss(logp, batch, denominator, self.cfg.loss, old)
+                loss.backward()
             stats.add(part_stats)
         return stats, len(micro)
 
@@ -94,11 +120,12 @@ class Learner:
         return torch.where(batch.from_flat(reuse, fill=False), logp.detach(),
                            batch.from_flat(values, fill=float("nan")))
 
-    def step(self, samples: Sequence[TrainSample], behaviour: BehaviourLogprobs | None = None) -> StepResult:
+    def step(self, samples: Sequence[TrainSample], behaviour: BehaviourLogprobs | None = None,
+             denominator: float | None = None) -> StepResult:
         started = time.perf_counter()
         mismatch = MismatchStats(bound=self.cfg.mismatch_bound)
         try:
-            stats, micro = self.accumulate_gradients(samples, behaviour, mismatch)
+            stats, micro = self.accumulate_gradients(samples, behaviour, mismatch, denominator)
             params = [p for p in self.model.parameters() if p.grad is not None]
             if self.cfg.max_grad_norm is not None:
                 norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))

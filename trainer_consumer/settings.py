@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from models.settings import ModelSettings
 from schemas.kafka.config import KafkaSettings
@@ -51,3 +52,14 @@ def resolve_importance_sampling(setting: str, upstream: str) -> Literal["none", 
     if setting not in ("none", "tis", "mis"):
         raise ValueError(f"unknown importance_sampling {setting!r}")
     return setting  # type: ignore[return-value]
+
+
+class TrainerRunSettings(BaseSettings):
+    """The sections a trainer rank runs from, read from the same ``TOKENTRAIL_*`` environment as the shell's
+    settings: what ``python -m trainer_consumer`` (started by torchrun, below the shell) uses."""
+
+    model_config = SettingsConfigDict(env_prefix="TOKENTRAIL_", env_nested_delimiter="__", extra="ignore")
+
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)

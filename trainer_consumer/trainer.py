@@ -31,12 +31,17 @@ from trainer_consumer.behaviour import BehaviourLogprobs, BehaviourScorer, behav
 from trainer_consumer.events import OffPolicySettings, trainer_resume_record, trainer_step_record
 from trainer_consumer.learner import Learner, LearnerConfig, StepResult
 from trainer_consumer.losses import loss_denominator
+from trainer_consumer.rank_learner import RankLearner
+from trainer_consumer.ranks import RankGroup
 from trainer_consumer.rollback_resume import RELEASE_SEQUENCE, Resume, RollbackResumer
 
 if TYPE_CHECKING:
     from trainer_consumer.settings import TrainerStackSettings
 
 Progress = Callable[[str], None]
+
+# Policy metadata key: the TrainerStep event of the step that published the version (re-emitted on restart).
+STEP_EVENT = "step_event"
 
 
 class BatchSource(Protocol):
@@ -122,6 +127,7 @@ class TrainingLoop:
     def process(self, batch: Batch[Any], summary: RunSummary) -> dict[str, Any]:
         """Trains on one batch (if anything in it survived the filters), then records and commits."""
         result: StepResult | None = None
+        self._created_at_us: int | None = None
         if self.resumer is not None and self.publisher is not None:
             self._resume_if_rolled_back(summary)
         if batch.samples and loss_denominator(batch.samples, self.learner.cfg.loss.normalization) <= 0:
@@ -138,17 +144,19 @@ class TrainingLoop:
         if result is not None:
             self.state.step += 1
             if self.state.step % self.steps_per_version == 0 and self.publisher is not None:
+                # The step's event travels with the weights: a crash between publishing and emitting it
+                # re-emits it on restart (same event id), so a trained step never goes unrecorded.
+                record = self._record(before, before + 1, batch, result)
                 self.publisher.publish(self.learner.model, before + 1, {
                     "run_id": self.run_id, "step": self.state.step,
-                    "consumed": self.source.checkpoint(batch),
+                    "consumed": self.source.checkpoint(batch), STEP_EVENT: record,
                     **(self.resumer.metadata() if self.resumer is not None else {})})
                 self.state.version = before + 1
                 summary.versions_published.append(self.state.version)
                 self.unpublished = False
             else:
                 self.unpublished = True
-        record = trainer_step_record(self.run_id, self.state.step, before, self.state.version, batch, result,
-                                     off_policy=self.off_policy)
+        record = self._record(before, self.state.version, batch, result)
         self.steps.emit_step(record)
         self.source.commit(batch)
         summary.events.append(record)
@@ -158,6 +166,15 @@ class TrainingLoop:
             summary.samples += result.samples
             summary.tokens += result.tokens
         self.progress(_progress_line(record, result, batch))
+        return record
+
+    def _record(self, before: int, after: int, batch: Batch[Any], result: StepResult | None) -> dict[str, Any]:
+        record = trainer_step_record(self.run_id, self.state.step, before, after, batch, result,
+                                     off_policy=self.off_policy, ranks=self.learner.world_size)
+        if self._created_at_us is None:
+            self._created_at_us = int(record["created_at_us"])
+        else:  # the same step's record before and after publishing is one record
+            record["created_at_us"] = self._created_at_us
         return record
 
     def _resume_if_rolled_back(self, summary: RunSummary) -> None:
@@ -175,6 +192,7 @@ class TrainingLoop:
                                    {"run_id": self.run_id, "step": self.state.step, **metadata})
             self.state.version = version
             summary.versions_published.append(version)
+            self.learner.weights_replaced()
             return version
 
         assert self.resumer is not None
@@ -228,6 +246,23 @@ def _progress_line(record: dict[str, Any], result: StepResult | None, batch: Bat
 # ---------------------------------------------------------------- wiring: Kafka + policy store
 
 
+def learner_config(settings: TrainerStackSettings, options: TrainOptions) -> LearnerConfig:
+    """The options' learner, else one from the trainer settings (every rank builds the same)."""
+    from trainer_consumer.losses import LossConfig
+    from trainer_consumer.settings import resolve_importance_sampling
+
+    ts = settings.trainer
+    return options.learner or LearnerConfig(
+        learning_rate=ts.learning_rate, mismatch_bound=ts.mismatch_bound,
+        loss=LossConfig(importance_sampling=resolve_importance_sampling(ts.importance_sampling, options.upstream),
+                        importance_cap=ts.importance_cap))
+
+
+def consumed_metadata(policy: Any) -> dict[str, Any]:
+    """What this run stored with the weights it starts from ({} for the base model or another run's)."""
+    return policy.metadata if policy.step else {}
+
+
 @dataclass(frozen=True)
 class TrainOptions:
     """What ``tokentrail train`` (or the demo job) asks for; None fields come from settings."""
@@ -258,16 +293,19 @@ class TrainOptions:
 
 
 def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOptions(),
-                 progress: Progress = _quiet) -> RunSummary:
-    """Consume samples, train, publish policy versions and emit TrainerStep events, in-process."""
+                 progress: Progress = _quiet, group: RankGroup | None = None) -> RunSummary:
+    """Consume samples, train, publish policy versions and emit TrainerStep events, in-process.
+
+    With a ``group`` of several ranks this is rank 0's part: the only reader of the samples topic, it
+    hands every global step's samples out to the ranks (``rank_learner.RankLearner``), and alone
+    publishes, emits and commits once every rank has finished the step; the other ranks run
+    ``rank_training.follow_steps``."""
     from models.policy_store import PolicyStore
     from schemas import topics
     from schemas.kafka import config as kafka_config
     from trainer_consumer.batching import BatchBuilder
     from trainer_consumer.dataset import SampleStream
-    from trainer_consumer.losses import LossConfig
     from trainer_consumer.policy import StorePublisher, load_policy, state_dict_loader
-    from trainer_consumer.settings import resolve_importance_sampling
     from trainer_consumer.step_publisher import StepPublisher
 
     if options.torch_threads:
@@ -277,10 +315,7 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
     ts = settings.trainer
     group_id = options.group_id or ts.group_id
     run_id = options.run_id or group_id
-    learner_cfg = options.learner or LearnerConfig(
-        learning_rate=ts.learning_rate, mismatch_bound=ts.mismatch_bound,
-        loss=LossConfig(importance_sampling=resolve_importance_sampling(ts.importance_sampling, options.upstream),
-                        importance_cap=ts.importance_cap))
+    learner_cfg = learner_config(settings, options)
     filter_cfg = options.filters or FilterConfig.from_settings(ts)
     store = PolicyStore(options.checkpoint_dir or ts.checkpoint_dir)
     model_dir = options.model_dir or settings.model.dir
@@ -292,6 +327,10 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
     steps = StepPublisher(kafka_config.producer_config(settings.kafka),
                           options.steps_topic or topics.TRAINER_STEPS_TOPIC,
                           options.dead_letter_topic or topics.DEAD_LETTER_TOPIC)
+    if STEP_EVENT in consumed_metadata(policy):
+        # The step that published these weights: re-emitted (the same event id) in case a crash came between
+        # publishing and emitting; sinks keep one.
+        steps.emit_step(policy.metadata[STEP_EVENT])
     if filter_cfg.vocab_size is None:
         vocab = int(policy.model.get_input_embeddings().num_embeddings)
         filter_cfg = dataclasses.replace(filter_cfg, vocab_size=vocab)
@@ -318,13 +357,17 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
         follower.caught_up.wait(30.0)  # a rollback written while the trainer was down applies before its first step
         resumer = RollbackResumer(follower.applied, state_dict_loader(model_dir, store),
                                   handled_sequence=int(policy.metadata.get(RELEASE_SEQUENCE, -1)), progress=progress)
-    loop = TrainingLoop(Learner(policy.model, learner_cfg, pad_id=policy.pad_id), stream, steps,
+    learner = (RankLearner(policy.model, learner_cfg, group, pad_id=policy.pad_id) if group is not None
+               else Learner(policy.model, learner_cfg, pad_id=policy.pad_id))
+    loop = TrainingLoop(learner, stream, steps,
                         StorePublisher(store), run_id,
                         steps_per_version=options.steps_per_version or ts.steps_per_version,
                         state=state, progress=progress, scorer=scorer, off_policy=off_policy, resumer=resumer)
     try:
         return loop.run(options.max_steps, options.until_idle, options.idle_timeout_s, options.flush_partial)
     finally:
+        if isinstance(learner, RankLearner):
+            learner.stop_followers()
         stream.close()
         steps.close()
         if follower is not None:

@@ -652,6 +652,42 @@ ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS resume_decision_id
 
 ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS resume_reason String DEFAULT '' AFTER resume_decision_id;
 
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS ranks Int64 DEFAULT 1 AFTER resume_reason;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS sample_ranks Array(Int64) DEFAULT [] AFTER ranks;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS rank_tokens Array(Int64) DEFAULT [] AFTER sample_ranks;
+
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
+
+ALTER TABLE tokentrail.attempt_starts ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
+
+ALTER TABLE tokentrail.env_steps ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
+
+ALTER TABLE tokentrail.attempt_finishes ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
+
+ALTER TABLE tokentrail.rollouts ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
+
+ALTER TABLE tokentrail.groups ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
+
+ALTER TABLE tokentrail.scores ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
+
+ALTER TABLE tokentrail.rewards ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
+
+ALTER TABLE tokentrail.credits ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
+
+ALTER TABLE tokentrail.samples ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
+
+ALTER TABLE tokentrail.trainer_steps ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
+
+ALTER TABLE tokentrail.dead_letters ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
+
+ALTER TABLE tokentrail.feedback ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
+
+ALTER TABLE tokentrail.release_decisions ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
+
+ALTER TABLE tokentrail.baselines ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
+
 CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
         FROM tokentrail.attempt_starts FINAL
         UNION ALL
@@ -716,3 +752,26 @@ CREATE OR REPLACE VIEW tokentrail.v_tokens_per_second AS SELECT toStartOfMinute(
                countIf(status = 'ERROR') AS errors
         FROM tokentrail.calls FINAL
         GROUP BY time;
+
+CREATE OR REPLACE VIEW tokentrail.v_sample_latency AS SELECT s.time AS time, s.sample_id AS sample_id, r.rollout_id AS rollout_id,
+               r.finished_us AS finished_at_us, s.ready_us AS group_ready_at_us,
+               (r.on_kafka_ms * 1000 - r.finished_us) / 1000 AS finish_to_rollout_ms,
+               (s.on_kafka_ms * 1000 - s.ready_us) / 1000 AS ready_to_sample_ms,
+               (s.on_kafka_ms * 1000 - r.finished_us) / 1000 AS finish_to_sample_ms
+        FROM (SELECT event_time AS time, event_id AS sample_id, created_at_us AS ready_us,
+                     src_time_ms AS on_kafka_ms, rid
+              FROM tokentrail.samples FINAL ARRAY JOIN rollout_ids AS rid WHERE src_time_ms >= 0) AS s
+        INNER JOIN (SELECT rollout_id, created_at_us AS finished_us, src_time_ms AS on_kafka_ms
+                    FROM tokentrail.rollouts FINAL WHERE status = 'COMPLETE' AND counted AND src_time_ms >= 0) AS r
+            ON s.rid = r.rollout_id;
+
+CREATE OR REPLACE VIEW tokentrail.v_sample_age AS SELECT t.time AS time, t.run_id AS run_id, t.step AS step, t.sample_id AS sample_id,
+               t.trainer_version AS trainer_version, s.version_first AS sample_version_first,
+               t.trainer_version - s.version_first AS age_versions,
+               (t.step_us - s.ready_us) / 1e6 AS age_s
+        FROM (SELECT event_time AS time, run_id, step, policy_version_before AS trainer_version,
+                     created_at_us AS step_us, sample_id
+              FROM tokentrail.trainer_steps FINAL ARRAY JOIN sample_ids AS sample_id) AS t
+        INNER JOIN (SELECT event_id AS sample_id, policy_version_first AS version_first, created_at_us AS ready_us
+                    FROM tokentrail.samples FINAL) AS s
+            ON t.sample_id = s.sample_id;

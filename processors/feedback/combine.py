@@ -14,8 +14,15 @@ from processors.feedback.config import FeedbackRewardConfig
 Record = dict[str, Any]
 
 
+def counted_time_us(feedback: Record) -> int:
+    """When a feedback counts: its event time, but never after it was made (``created_at_us``, the arrival
+    time its publisher stamps). A time claimed ahead of that would let its poster close windows early and
+    win ``latest`` / ``first_terminal`` (issue 29); the event id still hashes the time as claimed."""
+    return min(feedback["event_time_us"], feedback["created_at_us"])
+
+
 def event_order(feedback: Record) -> tuple[int, str]:
-    return feedback["event_time_us"], feedback["event_id"]
+    return counted_time_us(feedback), feedback["event_id"]
 
 
 def feedback_value(feedback: Record, cfg: FeedbackRewardConfig) -> float | None:

@@ -2,7 +2,8 @@
 
 Pure and deterministic: no clock, no Kafka. Time is event time. The watermark is the largest event time
 seen (a rollout's close time, a feedback's event time, or a ``tick``) minus ``watermark_lag_s``; it
-never goes back. Each input is handled in three steps, always in this order:
+never goes back. A feedback's time is its event time capped at its creation (``combine.counted_time_us``):
+no feedback counts as happening after it was made. Each input is handled in three steps, always in this order:
 
 1. match: a rollout meets every pending feedback that names it (its rollout id, a call id of it, or a
    session id of it); a feedback meets every known rollout it names. Against an open rollout, feedback
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from processors.dead_letters import dead_letter
-from processors.feedback.combine import combine, event_order
+from processors.feedback.combine import combine, counted_time_us, event_order
 from processors.feedback.config import FeedbackRewardConfig
 from schemas.ids import event_id
 
@@ -197,12 +198,12 @@ class FeedbackJoin:
                                            "call (a response id this gateway did not return?)")]
         out: list[Output] = []
         if fid not in self.pending:  # else a re-delivery of feedback still waiting
-            pending = _Pending(feedback, feedback["event_time_us"] + self.cfg.match_wait_us)
+            pending = _Pending(feedback, counted_time_us(feedback) + self.cfg.match_wait_us)
             self.pending[fid] = pending
             self.pending_by_target.setdefault(key, set()).add(fid)
             for rid in sorted(self.rollouts_by_target.get(key, ())):
                 out += self._match(pending, rid)
-        return out + self._advance(feedback["event_time_us"])
+        return out + self._advance(counted_time_us(feedback))
 
     def tick(self, now_us: int) -> list[Output]:
         """Advance event time without an input (an idle partition; the end of a replay)."""
@@ -216,7 +217,7 @@ class FeedbackJoin:
         if rollout_event_id in self.closed:
             return [LateFeedback(feedback["event_id"], rollout_event_id, "after_close")]
         window = self.open[rollout_event_id]
-        if feedback["event_time_us"] > window.ref.closed_at_us + self.cfg.wait_us(feedback["kind"]):
+        if counted_time_us(feedback) > window.ref.closed_at_us + self.cfg.wait_us(feedback["kind"]):
             return [LateFeedback(feedback["event_id"], rollout_event_id, "outside_window")]
         window.admitted[feedback["event_id"]] = feedback
         return []

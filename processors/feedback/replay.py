@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from processors.feedback.combine import counted_time_us
 from processors.feedback.config import FeedbackRewardConfig
 from processors.feedback.join import FeedbackJoin, FeedbackReward, RolloutRef, reward_record, target_key
 from schemas.ids import event_id
@@ -29,7 +30,7 @@ def event_time_rewards(rollouts: Iterable[RolloutRef], feedback: Iterable[Record
     rewards = []
     for ref in rollouts:
         admitted = {f["event_id"]: f for key in ref.target_keys() for f in by_target.get(key, ())
-                    if f["event_time_us"] <= ref.closed_at_us + cfg.wait_us(f["kind"])}
+                    if counted_time_us(f) <= ref.closed_at_us + cfg.wait_us(f["kind"])}
         rewards.append(join.reward_of(ref, list(admitted.values())))
     return rewards
 

@@ -39,3 +39,13 @@ def check_feedback(record: Record) -> None:
     if record["event_id"] != rebuilt["event_id"]:
         raise InvalidEvent(f"{what}: its event id is not the hash of its content ({rebuilt['event_id']}); "
                            "build it with schemas.feedback.build_feedback")
+
+
+def check_not_ahead(record: Record, arrived_us: int, max_skew_us: int) -> None:
+    """Raise InvalidEvent when the feedback says it was made (``created_at_us``) further than ``max_skew_us``
+    after it reached Kafka (``arrived_us``, the record's timestamp): a publisher's clock cannot be that far
+    ahead, and a time from the future would steer the join (its event time counts at most its creation)."""
+    ahead_us = int(record["created_at_us"]) - arrived_us
+    if ahead_us > max_skew_us:
+        raise InvalidEvent(f"feedback {record.get('event_id')!r}: created_at_us is {ahead_us / 1e6:,.0f} s after "
+                           f"the record reached Kafka (at most {max_skew_us / 1e6:g} s of clock skew is taken)")

@@ -62,9 +62,11 @@ from processors.stream.assembler_agent import AssemblerAgent
 from processors.stream.baselines.wiring import BaselineParts
 from processors.stream.commits import COMMIT_EVERY_S, InputOffsets
 from processors.stream.feedback.wiring import FeedbackParts
+from processors.stream.fetch import install_fetch_wait
 from processors.stream.grouper_agent import GrouperAgent, Router
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import RAW_TOPIC, Outputs
+from processors.stream.state_budget import StateOverflow, bind
 from processors.stream.tables import RAW_TABLE
 from processors.stream.watchdog import StalledError, Watchdog
 from processors.stream.worker_config import StreamConfig
@@ -111,6 +113,7 @@ class ProcessorsApp:
             stream_buffer_maxsize=256,
             consumer_group_instance_id=cfg.instance_id,
         )
+        install_fetch_wait(self.app, proc.fetch_max_wait_ms)  # before anything reaches the transport
         n_partitions = kafka.partitions
         table_topic = {"max.message.bytes": str(max_bytes), "compression.type": kafka.compression}
         self.assembly = self.app.Table("assembly", **RAW_TABLE, partitions=n_partitions,
@@ -148,6 +151,10 @@ class ProcessorsApp:
         if self.baselines is not None:
             inputs |= self.baselines.inputs
             busy.update(self.baselines.busy)
+        # Every table's entries are bounded per key (state_budget.py): the assembly by max_rollout_bytes and
+        # members by the rollout each holds, both within what Kafka takes; the rest by the key-state budget.
+        for table in self.app.tables.values():
+            bind(table, cfg.record_budget if table is self.assembly or table is self.members else cfg.state_budget)
         self.offsets = InputOffsets(self.app, inputs, self.health, self.stats)
         self.watchdog = Watchdog(self.app, self.offsets, self.health, self.stats, cfg.stall_timeout_s, busy)
 
@@ -184,8 +191,17 @@ class ProcessorsApp:
         return self.health.crashed
 
     def _stream_of(self, handle: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
-        """An agent: the input in offset order (``InputOffsets``), each message handled under the guard."""
-        guarded = self.health.guarded(handle)
+        """An agent: the input in offset order (``InputOffsets``), each message handled under the guard; an
+        input whose state write passed its table's budget (state_budget.py) is dead-lettered, not a crash."""
+        outputs, stage = self.outputs, handle.__name__.lstrip("_")
+
+        async def bounded(message: Any) -> None:
+            try:
+                await handle(message)
+            except StateOverflow as exc:
+                await outputs.dead_letter(stage, message, exc)
+
+        guarded = self.health.guarded(bounded)
         offsets = self.offsets
 
         async def agent(stream: Any) -> None:

@@ -4,6 +4,11 @@ Timeouts (attempt expiry, group windows) compare event timestamps with "now". Pu
 expire replayed or back-filled data at once; pure event time would never expire the last attempt of
 a quiet partition. This clock is the newest event time of the partition plus the wall time elapsed
 since it was seen, and never runs backwards.
+
+No event moves it further than ``MAX_FUTURE_SKEW_S`` ahead of the wall clock (issue 29): one record dated a
+century ahead would otherwise close every window of its partition at once, for good, since the newest time
+is kept in every entry's header and seeds the clock again after a restart; a seed is capped the same way.
+Replayed and back-filled data (times in the past) are untouched.
 """
 
 from __future__ import annotations
@@ -11,14 +16,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+MAX_FUTURE_SKEW_S = 300.0  # as far ahead of the wall clock as the gateway lets an event time be
+
 
 class PartitionClocks:
-    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 max_future_skew_s: float = MAX_FUTURE_SKEW_S) -> None:
         self._monotonic = monotonic
+        self._wall = wall
+        self._max_future_us = round(max_future_skew_s * 1e6)
         self._anchors: dict[int, tuple[int, float]] = {}  # partition -> (event time us, monotonic s)
 
     def observe(self, partition: int, event_us: int) -> None:
-        """An event with time ``event_us`` was processed on ``partition``."""
+        """An event with time ``event_us`` was processed on ``partition`` (counted at most the skew ahead)."""
+        event_us = min(int(event_us), round(self._wall() * 1e6) + self._max_future_us)
         current = self.now_us(partition)
         if current is None or event_us > current:
             self._anchors[partition] = (int(event_us), self._monotonic())

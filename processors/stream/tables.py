@@ -13,12 +13,15 @@ import faust
 
 from processors.stream.clock import PartitionClocks
 from processors.stream.entries import read_head
+from processors.stream.state_budget import admit
 
 RAW_TABLE: dict[str, Any] = {"key_type": bytes, "value_type": bytes}
 
 
 async def put(table: Any, partition: int, key: bytes, value: bytes) -> None:
-    """Write a table entry and wait for its changelog write (explicit partition: timers write too)."""
+    """Write a table entry and wait for its changelog write (explicit partition: timers write too).
+    An entry past the table's budget is refused (StateOverflow) before anything is written."""
+    admit(table, key, value)
     table.data[key] = value
     # The memory store drops keys of partitions this worker no longer owns after each recovery,
     # but knows the partition only of keys it restored itself: tell it about ours.

@@ -15,6 +15,7 @@ from processors.feedback.config import FeedbackRewardConfig, load_feedback_confi
 from processors.grouper import GroupingConfig
 from processors.pipeline import StageConfigs
 from processors.stream.settings import ProcessorSettings
+from processors.stream.state_budget import StateBudget
 from processors.stream.topics import StreamTopics
 from processors.verifiers.base import Verifier, load_verifiers, load_verifiers_file
 from schemas.kafka.config import KafkaSettings
@@ -64,6 +65,17 @@ class StreamConfig:
     def max_rollout_bytes(self) -> int:
         """The byte cap of one rollout's open state (room left for the rollout record's own fields)."""
         return self.processors.max_rollout_bytes or self.kafka.max_message_bytes * 3 // 4
+
+    @property
+    def state_budget(self) -> StateBudget:
+        """The bound of one key's entry in the tables other than the assembly (state_budget.py)."""
+        return StateBudget(self.processors.max_key_state_bytes or self.kafka.max_message_bytes // 4,
+                           self.processors.max_key_state_items)
+
+    @property
+    def record_budget(self) -> StateBudget:
+        """The last bound of any entry: what the changelog topic takes as one record (key, header, slack)."""
+        return StateBudget(self.kafka.max_message_bytes - 512, 0)
 
     @classmethod
     def resolve(cls, kafka: KafkaSettings, processors: ProcessorSettings, *, topic_prefix: str = "",

@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from producers.gateway import anthropic_adapter, openai_adapter, records, responses_adapter
 from producers.gateway.attempts import DEFAULT_MAX_BYTES, AttemptRegistry
-from producers.gateway.body import read_model
+from producers.gateway.body import read_json, read_model, validate
 from producers.gateway.chat import CallOutcome, InternalCall, SamplingSpec
 from producers.gateway.context import GatewayContext
 from producers.gateway.env_api import EnvApi
@@ -330,7 +330,9 @@ class Gateway:
         started, received = time.perf_counter(), records.now_us()
         try:
             named = self._named(request)
-            req, raw = await read_model(request, route.model, self.options.max_body_bytes)
+            raw = await read_json(request, self.options.max_body_bytes)
+            self.service.check_structure(raw)  # a body too long for the context costs no validation
+            req = validate(route.model, raw)
             self.service.check_model(req.model)
             call = route.to_internal(req, self.options.max_tokens_limit)
             # An organic session's first call starts its attempt here (its start on Kafka first); nothing

@@ -5,6 +5,7 @@ Every failure becomes a GatewayError the route renders in its own protocol's err
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -29,6 +30,26 @@ async def read_limited(request: Request, max_bytes: int) -> bytes:
             raise _too_large(size, max_bytes)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def read_asgi_limited(receive: Callable[[], Awaitable[dict[str, Any]]], declared: str | None,
+                            max_bytes: int) -> bytes:
+    """The same limit for an ASGI middleware (the process router reads bodies before any route does):
+    a declared length over ``max_bytes`` is refused before one byte is read, a streamed one as soon as it
+    passes, so a hostile body costs at most ``max_bytes`` of memory however large it says or is."""
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(int(declared), max_bytes)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(size, max_bytes)
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
 
 
 def _too_large(size: int, max_bytes: int) -> GatewayError:

@@ -23,8 +23,11 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from producers.gateway.body import read_asgi_limited
+from producers.gateway.errors import GatewayError, Protocol
 from producers.gateway.sticky import (
     FORWARDED_HEADER,
+    MODEL_PATHS,
     START_PATH,
     Route,
     RoutingPolicy,
@@ -43,6 +46,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 WORKER_HEADER = b"x-tokentrail-worker"
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024  # gateway.max_body_bytes' default
 # Set per connection or by the sending server; never relayed.
 _HOP_BY_HOP = frozenset({b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding",
                          b"date", b"server", b"upgrade", b"te", b"trailer"})
@@ -50,8 +54,10 @@ _HOP_BY_HOP = frozenset({b"host", b"content-length", b"connection", b"keep-alive
 class StickyRouter:
     """ASGI middleware: serve here what this process owns, pass the rest to the owner (see the module)."""
 
-    def __init__(self, app: App, process: int, peer_urls: list[str], policy: RoutingPolicy | None = None) -> None:
+    def __init__(self, app: App, process: int, peer_urls: list[str], policy: RoutingPolicy | None = None,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.app, self.process, self.peer_urls = app, process, peer_urls
+        self.max_body_bytes = max_body_bytes  # the app's own limit, applied before a body is buffered here
         self.policy = policy or RoutingPolicy()
         self.processes = len(peer_urls)
         self.peer_port = urlsplit(peer_urls[process]).port
@@ -70,6 +76,12 @@ class StickyRouter:
         if self.processes == 1 or self._forwarded_here(scope):
             await self.app(scope, receive, self._stamped(send))
             return
+        try:
+            await self._route(scope, receive, send)
+        except GatewayError as exc:  # a body over the limit: refused before more of it is read
+            await _refuse(exc, scope["path"], send)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         if path == START_PATH and scope["method"] == "POST":
             await self._start(scope, receive, send)
@@ -77,15 +89,21 @@ class StickyRouter:
         headers = header_map(scope["headers"])
         body: bytes | None = None
         if wants_body(path, headers, self.policy):  # an organic session keyed by a field of the body
-            body = await read_body(receive)
+            body = await self._read_body(scope, receive)
             route = route_of(path, headers, self.policy, _json_object(body))
         else:
             route = route_of(path, headers, self.policy)
         target = self._owner(route)
         if target != self.process:
-            await self._forward(target, scope, body if body is not None else await read_body(receive), send)
+            if body is None:
+                body = await self._read_body(scope, receive)
+            await self._forward(target, scope, body, send)
             return
         await self.app(scope, receive if body is None else _replay(body, receive), self._stamped(send))
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        return await read_asgi_limited(receive, header_map(scope["headers"]).get("content-length"),
+                                       self.max_body_bytes)
 
     def _owner(self, route: Route | None) -> int:
         if route is None:
@@ -138,7 +156,7 @@ class StickyRouter:
 
     async def _start(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A rollout's start: by its given id's owner, else here under an id this process owns."""
-        body = await read_body(receive)
+        body = await self._read_body(scope, receive)
         try:
             start = orjson.loads(body) if body else {}
         except orjson.JSONDecodeError:
@@ -183,14 +201,15 @@ class StickyRouter:
             response.release()
 
 
-async def read_body(receive: Receive) -> bytes:
-    """The whole body of an ASGI request, read from ``receive``."""
-    parts = []
-    while True:
-        message = await receive()
-        parts.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(parts)
+async def _refuse(exc: GatewayError, path: str, send: Send) -> None:
+    """``exc`` as the route's protocol renders it (Anthropic for /v1/messages, the environment API's shape
+    for /v1/rollouts and /v1/sessions, OpenAI's otherwise); the connection closes, the rest unread."""
+    protocol: Protocol = ("anthropic" if "/v1/messages" in path
+                          else "openai" if any(path.endswith(p) for p in MODEL_PATHS) else "env")
+    body = orjson.dumps(exc.body(protocol))
+    await send({"type": "http.response.start", "status": exc.status,
+                "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

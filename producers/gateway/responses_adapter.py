@@ -85,7 +85,7 @@ def _add_to_turn(turn: Message, item: Any, where: str, tools: ToolSet) -> None:
     elif isinstance(item, MessageItem):
         turn["content"] = _text(item.content, f"{where}.content")
     else:
-        name = call_name(item.name, item.namespace, tools.targets)
+        name = call_name(item.name, item.namespace, tools)
         function = (custom_call_of(name, item.input) if isinstance(item, CustomToolCallItem)
                     else function_call_of(name, item.arguments))
         turn.setdefault("tool_calls", []).append({"id": item.call_id, "type": "function", "function": function})
@@ -143,7 +143,7 @@ def _tools(req: ResponsesRequest, tools: ToolSet) -> list[dict[str, Any]] | None
             raise bad_request(f"tool_choice type {choice.get('type')!r} is not supported; use none, auto, "
                               "required, a function or a custom tool", param="tool_choice")
         named = choice.get("name")
-        if not any(named in (name, target.name) for name, target in tools.targets.items()):
+        if named not in tools.targets and named not in tools.by_bare_name:
             raise bad_request(f"tool_choice names tool {named!r}, which is not among the tools", param="tool_choice")
     if not tools.functions or choice == "none":
         return None

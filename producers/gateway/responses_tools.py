@@ -47,6 +47,9 @@ class ToolSet:
     targets: dict[str, ToolTarget] = field(default_factory=dict)  # rendered name -> target
     omitted: list[dict[str, Any]] = field(default_factory=list)  # hosted tools left out, as sent
     unenforced_formats: list[str] = field(default_factory=list)  # rendered names of grammar-format tools
+    # bare tool name -> its one rendered name, or None when several namespaces declare it: built as tools are
+    # added, so resolving a call item is one lookup (a scan per item was quadratic in a hostile request)
+    by_bare_name: dict[str, str | None] = field(default_factory=dict)
 
 
 def rendered_name(name: str, namespace: str | None) -> str:
@@ -72,6 +75,7 @@ def _add(tools: ToolSet, tool: Any, namespace: str | None, where: str) -> None:
     name = rendered_name(tool.name, namespace)
     if name in tools.targets:
         raise bad_request(f"tool name {name!r} is declared twice", param=f"{where}.name")
+    tools.by_bare_name[tool.name] = None if tool.name in tools.by_bare_name else name
     if isinstance(tool, FunctionTool):
         tools.functions.append(_function(name, tool.description, tool.parameters))
         tools.targets[name] = ToolTarget("function", tool.name, namespace)
@@ -114,14 +118,13 @@ def tool_set(declared: list[tuple[Any, str]]) -> ToolSet:
 
 # ------------------------------------------------------------------------------ calls in the conversation
 
-def call_name(name: str, namespace: str | None, targets: dict[str, ToolTarget]) -> str:
+def call_name(name: str, namespace: str | None, tools: ToolSet) -> str:
     """The rendered name of a call item sent back: joined with its namespace; a call sent without one whose
     name is not a top-level tool but exactly one namespaced tool's (Codex drops the namespace ``functions``
-    on its own calls) renders as that tool, so the model sees the name it was given."""
-    if namespace or name in targets:
+    on its own calls) renders as that tool, so the model sees the name it was given. One dict lookup each."""
+    if namespace or name in tools.targets:
         return rendered_name(name, namespace)
-    matches = [flat for flat, target in targets.items() if target.name == name]
-    return matches[0] if len(matches) == 1 else name
+    return tools.by_bare_name.get(name) or name
 
 
 def function_call_of(name: str, arguments: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from producers.gateway.errors import GatewayError, bad_request
 from producers.gateway.generation import Generated, PromptSink, run_generation
 from producers.gateway.identity import CallIdentity
 from producers.gateway.ports import Rendered, TextSide
+from producers.gateway.prompt_bound import min_prompt_tokens, min_prompt_tokens_raw
 from producers.gateway.release_routed import session_key
 from producers.rendering import RenderError, check_template_kwargs
 from producers.upstreams.base import (
@@ -131,6 +132,8 @@ class CallService:
                 request_json: str, adapter_version: str, tool_call_prefix: str,
                 traffic_label: str | None = None) -> PreparedCall:
         """Render and assign the call its index. From here on the call is recorded whatever happens."""
+        if not (self.prefix_mode == "upstream" and call.messages is not None):
+            self._fit_structure(min_prompt_tokens(call))  # before rendering: refused cheaply when it cannot fit at all
         cpu_before = time.thread_time()  # rendering runs on this thread: its CPU is the render's
         try:
             rendered = self.render(identity, call)
@@ -150,11 +153,25 @@ class CallService:
         forced = None
         if identity.state.script:  # taken with the index, so the n-th call gets the n-th completion
             text = identity.state.script.popleft()
-            forced = (*self.text.encode_text(text), self.text.stop_token_ids[0])
+            ids = self.text.encode_text(text)  # ends in the stop the script names (gpt-oss: <|call|>), else EOS
+            forced = (*ids,) if ids and ids[-1] in self.text.stop_token_ids else (*ids, self.text.stop_token_ids[0])
         return PreparedCall(identity, call, rendered, index,
                             make_call_id(identity.rollout_id, identity.attempt_id, index), received_at_us,
                             started, request_json, adapter_version, tool_call_prefix, passthrough, forced,
                             traffic_label)
+
+    def check_structure(self, body: dict[str, Any]) -> None:
+        """Refuse a request body whose structure alone is longer than the context, before validating it."""
+        if self.prefix_mode != "upstream":
+            self._fit_structure(min_prompt_tokens_raw(body, getattr(self.text, "max_token_bytes", 0)))
+
+    def _fit_structure(self, floor: int) -> None:
+        """Refuse a conversation whose structure alone is longer than the context (prompt_bound.py)."""
+        context = getattr(self.upstream, "max_model_len", None)
+        if context and floor >= int(context):
+            raise GatewayError(400, f"This model's maximum context length is {context} tokens; the prompt has at "
+                               f"least {floor} (one per message, tool call and tool), which leaves no room for "
+                               "output", "invalid_request", param="messages", code="context_length_exceeded")
 
     def _fit_output(self, call: InternalCall, prompt_len: int) -> None:
         """Cut the output budget to what the model's context leaves after the prompt; refuse (in the
@@ -230,7 +247,7 @@ class CallService:
         response = respond(outcome)
         meta = await self._meta(generated)
         record = self._record(prep, generated, meta, error=None, response=response,
-                              finish_reason=outcome.finish_reason)
+                              finish_reason=outcome.finish_reason, parse_errors=outcome.parse_errors)
         if await self.ctx.deliver(self.ctx.calls_topic, prep.identity.rollout_id, "CallRecord", record):
             delivered = _delivered(prep, generated)
             sampled = None
@@ -243,10 +260,10 @@ class CallService:
 
     def _outcome(self, prep: PreparedCall, generated: Generated) -> CallOutcome:
         if prep.call.messages is None:  # a text completion: no parsing
-            content, reasoning, calls = generated.text, None, []
+            content, reasoning, calls, errors = generated.text, None, [], ()
         else:
             parsed = self.text.parse(generated.text)
-            content, reasoning = parsed.content, parsed.reasoning
+            content, reasoning, errors = parsed.content, parsed.reasoning, parsed.errors
             calls = [ToolCallOut(tool_call_id(prep.tool_call_prefix, prep.call_id, i), c.name, c.arguments)
                      for i, c in enumerate(parsed.tool_calls)]
         finish = generated.finish_reason if generated.finish_reason in ("stop", "length") else "stop"
@@ -254,7 +271,7 @@ class CallService:
                            created=prep.received_at_us // 1_000_000, prompt_ids=prep.rendered.prompt_ids,
                            output_ids=generated.output_ids, output_logprobs=generated.output_logprobs,
                            text=generated.text, content=content, reasoning=reasoning, tool_calls=calls,
-                           finish_reason=finish, stop_string=generated.stop_string)
+                           finish_reason=finish, stop_string=generated.stop_string, parse_errors=tuple(errors))
 
     async def _meta(self, generated: Generated) -> dict[str, Any]:
         res = generated.result
@@ -277,7 +294,8 @@ class CallService:
                 "logprob_kind": str(getattr(self.upstream, "logprob_kind", "RAW"))}
 
     def _record(self, prep: PreparedCall, generated: Generated, meta: dict[str, Any],
-                error: GatewayError | None, response: dict[str, Any], finish_reason: str) -> dict[str, Any]:
+                error: GatewayError | None, response: dict[str, Any], finish_reason: str,
+                parse_errors: tuple[str, ...] = ()) -> dict[str, Any]:
         state, s = prep.identity.state, prep.call.sampling
         prompt = prep.rendered.array()
         base_id, base_seq = state.best_base(prompt)
@@ -297,6 +315,8 @@ class CallService:
             extra["ignored_by_upstream"] = s.ignored
         if meta.get("details"):
             extra["engine_details"] = meta["details"]
+        if parse_errors:  # the output's tool-call markup did not parse: answered as content
+            extra["parse_errors"] = list(parse_errors)
         return records.call_record(
             call_id=prep.call_id, rollout_id=prep.identity.rollout_id, attempt_id=prep.identity.attempt_id,
             call_index=prep.call_index, session_id=prep.identity.session_id, protocol=prep.call.protocol,

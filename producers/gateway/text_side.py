@@ -30,6 +30,7 @@ class ModelTextSide:
         self.chat_template_fingerprint = renderer.chat_template_fingerprint
         self.parser_version = PARSER_VERSION
         self.vocab_size = renderer.vocab_size
+        self.max_token_bytes = renderer.max_token_bytes
         self.stop_token_ids = tuple(renderer.stop_token_ids)
         self._stop = frozenset(self.stop_token_ids)
 
@@ -76,7 +77,7 @@ class ModelTextSide:
     def parse(self, text: str) -> ParsedText:
         parsed = parse_output(text)
         return ParsedText(parsed.content or "", parsed.reasoning,
-                          [ParsedToolCall(c.name, c.arguments) for c in parsed.tool_calls])
+                          [ParsedToolCall(c.name, c.arguments) for c in parsed.tool_calls], parsed.errors)
 
     def stream_parser(self) -> _HermesStream:
         return _HermesStream()

@@ -51,7 +51,7 @@ def build_worker_app(settings: GatewayStackSettings, index: int, peer_ports: lis
         recovery = dataclasses.replace(recovery, owns=lambda rollout_id: owner_of(rollout_id, processes) == index)
     app = build_app(own, options=options, recovery=recovery, topics=topics, **build_kwargs)
     peers = [f"http://{PEER_HOST}:{port}" for port in peer_ports]
-    return StickyRouter(app, index, peers, routing_policy(settings))
+    return StickyRouter(app, index, peers, routing_policy(settings), settings.gateway.max_body_bytes)
 
 
 def serve_worker(router: StickyRouter, host: str, port: int, *, log_level: str = "info") -> None:

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sinks.ddl.packed import CALL_PACKED, CALL_STORED
-from sinks.ddl.tables import BASELINES_TABLE, FEEDBACK_TABLE, LC, RELEASE_DECISIONS_TABLE, TABLES
+from sinks.ddl.tables import BASELINES_TABLE, FEEDBACK_TABLE, LC, RELEASE_DECISIONS_TABLE, TABLE_NAMES, TABLES
+from sinks.freshness import SRC_TIME_COLUMN
 
 # TrainerStep v2 (issue 19); defaults match the Avro defaults, so rows stored before read as v1 events.
 TRAINER_STEP_OFF_POLICY: tuple[str, ...] = (
@@ -50,6 +51,14 @@ TRAINER_STEP_RESUME: tuple[str, ...] = (
     "resume_release_id String DEFAULT '' AFTER rolled_back_version",
     "resume_decision_id String DEFAULT '' AFTER resume_release_id",
     "resume_reason String DEFAULT '' AFTER resume_decision_id",
+)
+
+# Migration 0016: TrainerStep v4 (issue 32), the torch.distributed ranks of a global step; old rows read as one
+# process (the Avro defaults).
+TRAINER_STEP_RANKS: tuple[str, ...] = (
+    "ranks Int64 DEFAULT 1 AFTER resume_reason",
+    "sample_ranks Array(Int64) DEFAULT [] AFTER ranks",
+    "rank_tokens Array(Int64) DEFAULT [] AFTER sample_ranks",
 )
 
 
@@ -152,6 +161,17 @@ MIGRATIONS: tuple[Migration, ...] = (
         "trainer_steps: the trainer's resume from the last good version after a release rollback "
         "(TrainerStep v3, issue 22)",
         lambda db: [f"ALTER TABLE {db}.trainer_steps ADD COLUMN IF NOT EXISTS {c}" for c in TRAINER_STEP_RESUME],
+    ),
+    Migration(
+        "0016_trainer_steps_ranks",
+        "trainer_steps: the torch.distributed ranks of a global step, each sample's rank and each rank's "
+        "tokens (TrainerStep v4, issue 32)",
+        lambda db: [f"ALTER TABLE {db}.trainer_steps ADD COLUMN IF NOT EXISTS {c}" for c in TRAINER_STEP_RANKS],
+    ),
+    Migration(
+        "0017_src_time",
+        "every table: the Kafka record timestamp the sink read (freshness, issue 30)",
+        lambda db: [f"ALTER TABLE {db}.{table} ADD COLUMN IF NOT EXISTS {SRC_TIME_COLUMN}" for table in TABLE_NAMES],
     ),
 )
 

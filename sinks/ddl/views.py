@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sinks.freshness import VIEWS as FRESHNESS_VIEWS
+
 # Helper views. Every view reads FINAL, so a person or a dashboard never sees a duplicate.
 VIEWS: dict[str, str] = {
     # All environment evidence of an attempt, whatever its kind.
@@ -77,6 +79,7 @@ VIEWS: dict[str, str] = {
         FROM {db}.calls FINAL
         GROUP BY time""",
 }
+VIEWS.update(FRESHNESS_VIEWS)  # trajectory -> sample latency, sample age at training (issue 30)
 
 
 def view_sql(db: str, name: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -70,7 +71,9 @@ def test_sink_stores_every_topic_dead_letters_and_deduplicates(
         (topic_of["CallRecord"], b"k2", codec.encode("CallRecord", groups[0].of("CallRecord")[0])[:40]),
         (topic_of["CallRecord"], b"k3", codec.encode("Score", score)),  # wrong type for the topic
     ]
+    produced_from_ms = time.time() * 1000
     produce(settings, messages + bad)
+    produced_by_ms = time.time() * 1000
 
     group_id = f"test-sink-{uuid.uuid4().hex[:8]}"
     options = SinkOptions(group_id=group_id, idle_s=3.0, batch_rows=50, progress_every_s=0)
@@ -81,6 +84,10 @@ def test_sink_stores_every_topic_dead_letters_and_deduplicates(
     counts = table_counts(ch)
     assert {t: counts[t] for t in expected} == dict(expected)
     assert counts["dead_letters"] == 3 and stats.dead_letters == 3
+    # Every row keeps its record's Kafka time (migration 0017): here the producer's, set while producing.
+    for table in ("calls", "rollouts", "samples"):
+        low, high = ch.query(f"SELECT min(src_time_ms), max(src_time_ms) FROM {table}").result_rows[0]
+        assert produced_from_ms - 1 <= low <= high <= produced_by_ms + 1, (table, low, high)
     assert stats.batches > 1  # small batches: several insert+commit rounds
     reasons = dict(ch.query("SELECT key, concat(error_type, ': ', reason) FROM dead_letters FINAL").result_rows)
     assert reasons["k1"].startswith("CorruptRecord")

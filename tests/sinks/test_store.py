@@ -14,6 +14,7 @@ from schemas.tokens import pack_mask
 from sinks import dashboards
 from sinks.client import ClickHouseConfigError, connect, parse_dsn
 from sinks.ddl import CALL_STORED_TOKEN_COLUMNS, MIGRATIONS, TABLE_NAMES, VIEWS, migrate, runner, schema_sql
+from sinks.freshness import VIEWS as FRESHNESS_VIEWS
 from sinks.rows import TABLE_OF, to_row
 from sinks.sample_refs import REF_COLUMNS
 from sinks.store import (
@@ -106,8 +107,10 @@ def test_migrating_calls_stored_as_packed_bytes(
     try:
         with monkeypatch.context() as m:
             m.setattr(runner, "MIGRATIONS", MIGRATIONS[:2])  # what migrate() applies
-            # The views of that time: v_stale_dropped reads trainer_steps columns from 0013.
-            m.setattr(runner, "VIEWS", {k: v for k, v in VIEWS.items() if k != "v_stale_dropped"})
+            # The views of that time: v_stale_dropped reads trainer_steps columns from 0013, the freshness
+            # views the Kafka times from 0017.
+            m.setattr(runner, "VIEWS", {k: v for k, v in VIEWS.items()
+                                        if k != "v_stale_dropped" and k not in FRESHNESS_VIEWS})
             assert migrate(client) == ["0001_tables", "0002_rollouts_final_output_text"]
         g = synthetic_group(GroupSpec(rollouts=2, turns=4, bodies="chat", tools=1))
         # Written before CallRecord.scripted, version_spans and release existed: read back with their defaults.
@@ -126,6 +129,7 @@ def test_migrating_calls_stored_as_packed_bytes(
             "0006_samples_token_references", "0007_calls_shared_prompts", "0008_calls_request_response_copies",
             "0009_scripted_outputs", "0010_release_decisions", "0011_feedback", "0012_baselines",
             "0013_trainer_steps_off_policy", "0014_version_spans_and_release", "0015_trainer_steps_resume",
+            "0016_trainer_steps_ranks", "0017_src_time",
         ]
         for statement in MIGRATIONS[3].statements(client.database):  # a repeated, interrupted migration
             client.command(statement)

@@ -64,7 +64,10 @@ def test_publishes_every_n_steps_and_records_filtered_only_batches(tmp_path) -> 
 
     assert summary.steps == 3 and summary.stopped == "idle"
     assert summary.versions_published == [6] and store.latest_version() == 6
-    assert store.info(6).metadata == {"run_id": "run-x", "step": 2, "consumed": 5}
+    meta = store.info(6).metadata
+    # The step that published the version travels with it (re-emitted on restart), the same record as emitted.
+    assert meta.pop("step_event") == sink.records[1]
+    assert meta == {"run_id": "run-x", "step": 2, "consumed": 5}
     assert [(r["step"], r["policy_version_before"], r["policy_version_after"]) for r in sink.records] == [
         (1, 5, 5), (2, 5, 6), (3, 6, 6), (3, 6, 6)]
     last = sink.records[-1]

@@ -13,7 +13,7 @@ secure (docs/operations.md, "Security"):
 - Kafka is replicated: compose runs at least ``default.replication.factor`` (>= 3) brokers, and
   ``TOKENTRAIL_KAFKA__MIN_INSYNC_REPLICAS`` is at least 2 and below the replication factor.
 
-Run: ``python -m tokentrail.deploy_check``; exit code 1 with the problems listed.
+Run: ``python -m tokentrail.commands.deploy_check``; exit code 1 with the problems listed.
 """
 
 from __future__ import annotations

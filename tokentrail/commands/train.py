@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from tokentrail.errors import CliError
@@ -45,6 +46,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--threads", type=int, default=None,
                      help="torch threads (default: all cores; 1 is faster on a host shared with the "
                           "gateway and processors)")
+    run.add_argument("--nproc", type=int, default=1,
+                     help="ranks (torch.distributed, DDP; gloo on CPU, NCCL on GPUs) launched with torchrun on "
+                          "this host; rank 0 reads the samples and every global step is split over the ranks "
+                          "(docs/bring-your-own-trainer.md)")
+    run.add_argument("--max-restarts", type=int, default=0,
+                     help="with --nproc: restarts of the whole group after a rank dies (torchrun)")
     run.add_argument("--follow-releases", action="store_true",
                      help="follow the release decisions of settings release.model (else model.name): a rollback "
                           "resumes training from the last good version (docs/release.md)")
@@ -91,10 +98,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from trainer_consumer.trainer import TrainOptions, run_training
 
     for name in ("max_steps", "batch_size", "steps_per_version", "max_batch_tokens", "max_sample_tokens",
-                 "threads"):
+                 "threads", "nproc"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise CliError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.max_restarts < 0:
+        raise CliError("--max-restarts must be >= 0")
     if args.idle_timeout <= 0:
         raise CliError("--idle-timeout must be > 0")
     if args.max_staleness is not None and args.max_staleness < 0:
@@ -143,6 +152,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
         torch_threads=args.threads,
         release_model=(settings.release.model or settings.model.name) if args.follow_releases else None,
     )
+    if args.nproc > 1:
+        from trainer_consumer.rank_launch import launch_ranks
+
+        return launch_ranks(options, args.nproc, args.max_restarts)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one rank of a group torchrun started (-m tokentrail.cli train)
+        from trainer_consumer.rank_training import run_ranks_main
+
+        return run_ranks_main(settings, options)
     summary = run_training(settings, options, progress=lambda line: print(line, flush=True))
     filtered = ", ".join(f"{k}: {v}" for k, v in sorted(summary.filtered.items())) or "none"
     published = ", ".join(map(str, summary.versions_published)) or "none"

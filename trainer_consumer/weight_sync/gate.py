@@ -19,16 +19,30 @@ class VersionGate:
         self.version = version
         self._open = is_open
         self._running = 0
+        self._held = 0  # calls waiting at the closed gate
         self._changed = asyncio.Condition()
 
     @property
     def running(self) -> int:
         return self._running
 
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    @property
+    def held(self) -> int:
+        """Calls waiting for the gate to open (what an update holds back, for health and tests)."""
+        return self._held
+
     @asynccontextmanager
     async def lease(self) -> AsyncIterator[int]:
         async with self._changed:
-            await self._changed.wait_for(lambda: self._open)
+            self._held += 1
+            try:
+                await self._changed.wait_for(lambda: self._open)
+            finally:
+                self._held -= 1
             self._running += 1
             version = self.version
         try:

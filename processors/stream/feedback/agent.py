@@ -30,11 +30,12 @@ from processors.feedback.join import (
     UnmatchedFeedback,
     reward_record,
 )
-from processors.stream import tables
+from processors.stream import state_budget, tables
 from processors.stream.entries import due_entries, pack_entry, read_body
-from processors.stream.feedback.messages import Source, read_message
+from processors.stream.feedback.messages import Source, overflow_of, read_message
 from processors.stream.feedback.stage import FeedbackStage
 from processors.stream.outputs import BAD_INPUT, Encoded
+from processors.stream.state_budget import StateOverflow
 
 Record = dict[str, Any]
 STAGE = "feedback_join"
@@ -56,6 +57,10 @@ class _State:
         self.held = {fid: v for fid, v in self.held.items() if fid in live}
         self.used = {rid: ids for rid, ids in self.used.items() if rid in self.join.closed}
         return orjson.dumps({"join": self.join.snapshot(), "held": self.held, "used": self.used})
+
+    def items(self) -> int:
+        """What the entry holds, for its budget: the feedback held and the rollout attempts known."""
+        return len(self.held) + len(self.join.open) + len(self.join.closed)
 
 
 class FeedbackJoinAgent(FeedbackStage):
@@ -88,9 +93,16 @@ class FeedbackJoinAgent(FeedbackStage):
             else:
                 await self.outputs.dead_letter(STAGE, message, f"a {incoming['type']} message on {message.topic}")
                 return
+            out = self._encode(produced, state, rollout_id)
+            entry = self._entry(message.partition, state)
+            try:  # the rollout's entry within its budget, checked before anything of this input is sent
+                state_budget.admit(self.table, message.key, entry or b"", state.items())
+            except StateOverflow as exc:
+                await self.outputs.dead_letter(STAGE, message, overflow_of(incoming, exc))
+                return
             self.clock.observe(message.partition, event_us)
-            await self.outputs.send(self._encode(produced, state, rollout_id))
-            await self._store(message.partition, message.key, state)
+            await self.outputs.send(out)
+            await self._write(message.partition, message.key, entry)
 
     def _encode(self, produced: list[Output], state: _State, rollout_id: str) -> list[Encoded]:
         out: list[Encoded] = []
@@ -115,13 +127,22 @@ class FeedbackJoinAgent(FeedbackStage):
                                                   Source.of(source)))
         return out
 
-    async def _store(self, partition: int, key: bytes, state: _State) -> None:
+    @staticmethod
+    def _entry(partition: int, state: _State) -> bytes | None:
+        """The table entry of ``state``; None when it holds nothing more (the key is deleted)."""
         due = state.join.next_due_us()
         if due is None:
+            return None
+        return pack_entry(partition, due, state.join.max_event_us or 0, state.to_bytes())
+
+    async def _write(self, partition: int, key: bytes, entry: bytes | None) -> None:
+        if entry is None:
             await tables.delete(self.table, partition, key)
-            return
-        event_us = state.join.max_event_us or 0
-        await tables.put(self.table, partition, key, pack_entry(partition, due, event_us, state.to_bytes()))
+        else:
+            await tables.put(self.table, partition, key, entry)
+
+    async def _store(self, partition: int, key: bytes, state: _State) -> None:
+        await self._write(partition, key, self._entry(partition, state))
 
     async def tick(self) -> None:
         """The timer: tick every due join with its partition's stream time (windows close, waits end)."""

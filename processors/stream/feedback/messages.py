@@ -20,6 +20,7 @@ import orjson
 
 from processors.errors import InvalidEvent
 from processors.feedback.join import RolloutRef, ref_from_data, ref_to_data, target_key
+from processors.stream.state_budget import StateOverflow
 
 Record = dict[str, Any]
 
@@ -75,3 +76,10 @@ def read_message(value: bytes, topic: str) -> Record:
     elif message["type"] == "feedback":
         message["source"] = Source.of(message["source"])
     return message
+
+
+def overflow_of(incoming: Record, exc: StateOverflow) -> StateOverflow:
+    """``exc`` naming the feedback refused (its dead letter is found by the feedback's id), if it was one."""
+    if incoming.get("type") == "feedback":
+        return StateOverflow(f"feedback {incoming['feedback']['event_id']}: {exc}")
+    return exc

@@ -20,13 +20,14 @@ import orjson
 
 from processors.feedback.config import FeedbackRewardConfig
 from processors.feedback.join import UnmatchedFeedback, unmatched_reason
-from processors.stream import tables
+from processors.stream import state_budget, tables
 from processors.stream.entries import due_entries, pack_entry, read_body
 from processors.stream.feedback.letters import FeedbackLetters
-from processors.stream.feedback.messages import Source, feedback_message, read_message
+from processors.stream.feedback.messages import Source, feedback_message, overflow_of, read_message
 from processors.stream.feedback.stage import FeedbackStage
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import BAD_INPUT, Encoded, Outputs
+from processors.stream.state_budget import StateOverflow
 from processors.stream.topics import StreamTopics
 
 Record = dict[str, Any]
@@ -79,15 +80,24 @@ class FeedbackResolver(FeedbackStage):
                 await self.outputs.dead_letter(STAGE, message, f"a {incoming['type']} message on {message.topic}")
                 return
             entry["seen_us"] = max(entry["seen_us"], event_us)
+            packed = self._entry(message.partition, entry)
+            try:  # the target's entry within its budget, checked before anything of this input is sent
+                state_budget.admit(self.table, message.key, packed, len(entry["rollouts"]) + len(entry["waiting"]))
+            except StateOverflow as exc:
+                await self.outputs.dead_letter(STAGE, message, overflow_of(incoming, exc))
+                return
             self.clock.observe(message.partition, event_us)
             await self.outputs.send(out)
-            await self._store(message.partition, message.key, entry)
+            await tables.put(self.table, message.partition, message.key, packed)
 
-    async def _store(self, partition: int, key: bytes, entry: Record) -> None:
+    def _entry(self, partition: int, entry: Record) -> bytes:
         lag = self.cfg.lag_us
         due = min([w["expires_us"] + lag + 1 for w in entry["waiting"]]
                   + [entry["seen_us"] + self.keep_index_us + lag + 1])
-        await tables.put(self.table, partition, key, pack_entry(partition, due, entry["seen_us"], orjson.dumps(entry)))
+        return pack_entry(partition, due, entry["seen_us"], orjson.dumps(entry))
+
+    async def _store(self, partition: int, key: bytes, entry: Record) -> None:
+        await tables.put(self.table, partition, key, self._entry(partition, entry))
 
     async def tick(self) -> None:
         """The timer: feedback that waited out ``match_wait_s`` stops waiting (unmatched if it never

@@ -17,7 +17,8 @@ from collections import Counter
 from typing import Any
 
 from processors.feedback.join import UnmatchedFeedback, rollout_ref
-from processors.feedback.validate import check_feedback
+from processors.feedback.validate import check_feedback, check_not_ahead
+from processors.stream.clock import MAX_FUTURE_SKEW_S
 from processors.stream.feedback.letters import FeedbackLetters
 from processors.stream.feedback.messages import (
     Source,
@@ -66,6 +67,7 @@ class FeedbackRouter:
             _, feedback = self.codec.decode(message.value, expect="Feedback", topic=message.topic,
                                             partition=message.partition, offset=message.offset)
             check_feedback(feedback)
+            check_not_ahead(feedback, round(message.timestamp * 1e6), round(MAX_FUTURE_SKEW_S * 1e6))
         except BAD_INPUT as exc:
             await self.outputs.dead_letter(STAGE, message, exc)
             return

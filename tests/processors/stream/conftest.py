@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from schemas.kafka_config import admin_config
+from schemas.kafka.config import admin_config
 from testkit.kafka_read import delete_topics_by_prefix
 from tokentrail.settings import Settings
 

@@ -17,6 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from processors.grouper import GroupingConfig
 from processors.pipeline import StageConfigs
+from processors.stream.commits import COMMIT_EVERY_S
 from processors.stream.topics import OUTPUT_SPECS, StreamTopics, ensure_stream_topics
 from processors.stream.worker import EXIT_STALLED
 from processors.stream.worker_config import load_grouping
@@ -53,6 +54,7 @@ class StreamRig:
         self.codec = get_codec()
         self._producer = Producer(producer_config(self.settings.kafka))
         self._consumer: Consumer | None = None
+        self._probes: dict[str, Consumer] = {}  # app id -> a consumer reading that group's commits
         self.collected = Collected()
 
     # -- configuration the worker uses, for computing expectations
@@ -145,18 +147,63 @@ class StreamRig:
                 self._take(by_topic[msg.topic()], msg)
         return self.collected
 
-    def settle(self, quiet_s: float = 3.0) -> Collected:
-        """Keep collecting until nothing new arrives for ``quiet_s``."""
+    def input_topics(self) -> list[str]:
+        """The topics the worker consumes with these settings (the app's ``inputs``)."""
+        t, proc = self.topics, self.settings.processors
+        names = [t.calls, t.env, t.rollouts, t.by_group]
+        if proc.feedback_join:
+            names += [t.feedback, t.feedback_by_target, t.feedback_by_rollout]
+        if proc.baselines:
+            names += [t.rewards, t.baseline_by_rollout, t.baseline_by_key]
+        return names
+
+    def lag(self, app_id: str | None = None) -> int:
+        """Input records the worker group ``app_id`` (default: the rig's) has not committed yet, read from the
+        broker (committed offsets against each partition's end; a partition without a commit counts from
+        its start)."""
+        group = app_id or self.settings.processors.app_id
+        if group not in self._probes:  # never subscribes: reads the group's commits only
+            self._probes[group] = Consumer(consumer_config(self.settings.kafka, group))
+        probe = self._probes[group]
+        metadata = probe.list_topics(timeout=30).topics
+        partitions = [TopicPartition(name, p) for name in self.input_topics() if name in metadata
+                      for p in metadata[name].partitions]
+        lag = 0
+        for tp in probe.committed(partitions, timeout=30):
+            low, high = probe.get_watermark_offsets(tp, timeout=30)
+            lag += max(0, high - (tp.offset if tp.offset >= 0 else low))
+        return lag
+
+    def _unread(self, consumer: Consumer) -> int:
+        """Output records past what this rig has read (each output partition's end against our position)."""
+        unread = 0
+        for tp in consumer.position(consumer.assignment()):
+            low, high = consumer.get_watermark_offsets(tp, timeout=30, cached=False)
+            unread += max(0, high - (tp.offset if tp.offset >= 0 else low))
+        return unread
+
+    def settle(self, timeout_s: float = 60.0, *, app_id: str | None = None) -> Collected:
+        """Collect until the worker has committed every input record (lag 0, read from the broker) and every
+        output record up to the end of each output partition has been read, twice in a row a commit
+        interval apart (a worker between an output and its commit is not settled). Fails on time-out."""
         consumer = self._consumer_for_outputs()
         by_topic = {self.topics.output(n): n for n in OUTPUT_SPECS}
-        last = time.monotonic()
-        while time.monotonic() - last < quiet_s:
-            msgs = [m for m in consumer.consume(500, timeout=0.5) if not m.error()]
-            for msg in msgs:
-                self._take(by_topic[msg.topic()], msg)
-            if msgs:
-                last = time.monotonic()
-        return self.collected
+        deadline = time.monotonic() + timeout_s
+        settled_once = False
+        while True:
+            for msg in consumer.consume(500, timeout=0.5):
+                if not msg.error():
+                    self._take(by_topic[msg.topic()], msg)
+            if self.lag(app_id) == 0 and self._unread(consumer) == 0:
+                if settled_once:
+                    return self.collected
+                settled_once = True
+                time.sleep(COMMIT_EVERY_S)
+                continue
+            settled_once = False
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not settled after {timeout_s:g}s: input lag {self.lag(app_id)}, "
+                                     f"outputs unread {self._unread(consumer)}\n{self.log_tail(60)}")
 
     def _take(self, name: str, msg: Any) -> None:
         try:
@@ -171,8 +218,9 @@ class StreamRig:
 
     def close(self) -> None:
         self.stop_all()
-        if self._consumer is not None:
-            self._consumer.close()
+        for consumer in (self._consumer, *self._probes.values()):
+            if consumer is not None:
+                consumer.close()
 
 
 def make_rig(base: Settings, tmp_path: Path, kafka_overrides: dict[str, Any] | None = None,

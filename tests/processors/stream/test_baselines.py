@@ -99,7 +99,7 @@ def test_organic_rollouts_get_group_and_running_baselines(make_stream_rig: Calla
     got = rig.collect(lambda g: len(windows(g)) >= 3 and any(
         s["group_ids"] == [b["group_id"]] for b in windows(g).values() if b["method"] == "RUNNING"
         and b["count_before"] > 0 for s in g.unique("Sample").values()), timeout_s=120)
-    got = rig.settle(2.0)
+    got = rig.settle()
 
     feedback_rewards = [r for r in got.unique("Reward").values() if r["reward_config_id"] == feedback_cfg.id]
     assert len(feedback_rewards) == 5 and all(not r["filtered"] for r in feedback_rewards)

@@ -41,7 +41,7 @@ def test_kill_9_mid_stream_and_restart_loses_nothing_and_duplicates_only_identic
     rig.produce(batches[2])
     rig.start_worker()
     got = rig.collect(has_all(expected), timeout_s=120)
-    got = rig.settle(quiet_s=3.0)
+    got = rig.settle()
     assert_outputs_equal(got, {n: r for n, r in expected.items() if n != "DeadLetter"})
     assert not got.records["DeadLetter"]
     assert all(0 < seen < total_rollouts for seen in seen_at_kill), seen_at_kill

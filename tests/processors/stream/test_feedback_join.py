@@ -184,7 +184,7 @@ def test_worker_joins_feedback_to_rollouts_as_the_pure_join_does(make_stream_rig
         rig.produce_raw(feedback_topic, item["target_id"].encode(), rig.codec.encode("Feedback", item))
     rig.flush()
     got = rig.collect(lambda c: len(letters(c, "feedback_late")) >= 2, timeout_s=30)
-    got = rig.settle(quiet_s=3.0)
+    got = rig.settle()
     after_close = [d for d in letters(got, "feedback_late") if too_late["event_id"] in d["reason"]]
     assert len(after_close) == 1 and "after_close" in after_close[0]["reason"]
     assert len(letters(got, "feedback_late")) == 2  # the outside_window one and this one; none for the repeats

@@ -53,7 +53,7 @@ def test_worker_emits_exactly_what_the_core_derives_and_a_second_app_the_same_id
     rig.produce(events)
     rig.start_worker()
     got = rig.collect(has_all(expected), timeout_s=90)
-    got = rig.settle(quiet_s=2.0)
+    got = rig.settle()
     assert_outputs_equal(got, expected)
     assert not got.records["DeadLetter"]
     for name in expected:  # one worker, no crash: every event exactly once
@@ -63,10 +63,11 @@ def test_worker_emits_exactly_what_the_core_derives_and_a_second_app_the_same_id
     assert {g for r in got.records["Sample"] for g in r["group_ids"]} == {"ga", "gb"}
 
     # The same input through a second app (fresh state, own consumer group): identical event ids.
-    rig.start_worker(app_id=f"{rig.settings.processors.app_id}-again")
+    again = f"{rig.settings.processors.app_id}-again"
+    rig.start_worker(app_id=again)
     twice = rig.collect(lambda c: all(set(c.counts(n).values()) == {2} for n in expected if expected[n]),
                         timeout_s=90)
-    rig.settle(quiet_s=2.0)
+    rig.settle(app_id=again)
     assert_outputs_equal(twice, expected)
     assert all(set(twice.counts(n).values()) == {2} for n in expected if expected[n])
     assert rig.stop_all() == [0, 0]  # SIGTERM: both stop cleanly
@@ -91,7 +92,7 @@ def test_timers_expire_attempts_close_partial_groups_and_record_late_rollouts(
     rig.collect(lambda c: any(r["rollout_id"] == "gl-r0" for r in c.records["CompletedRollout"]))
     rig.produce(late)  # gl is open (its window not yet passed in stream time): gl-late-r0 is LATE
     got = rig.collect(has_all(expected), timeout_s=60)
-    got = rig.settle(quiet_s=2.0)
+    got = rig.settle()
     assert_outputs_equal(got, expected)
     incomplete = next(r for r in got.records["CompletedRollout"] if r["status"] == "INCOMPLETE")
     assert incomplete["rollout_id"] == "gp-r2" and "finish" in incomplete["missing"]
@@ -132,7 +133,7 @@ def test_bad_records_become_dead_letters_and_the_worker_carries_on(
     rig.produce([ev for ev in good if ev not in head])
     rig.start_worker()
     got = rig.collect(lambda c: has_all(expected)(c) and len(c.records["DeadLetter"]) >= len(bad))
-    got = rig.settle(quiet_s=2.0)
+    got = rig.settle()
     assert_outputs_equal(got, {n: r for n, r in expected.items() if n != "DeadLetter"})
     assert got.undecodable == [bad[-1][2]]  # the junk put on the rollouts topic, nothing else
     letters = sorted(got.records["DeadLetter"], key=lambda d: (d["source_topic"], d["offset"]))
@@ -163,7 +164,7 @@ def test_a_rollout_too_large_for_kafka_is_dead_lettered_and_the_partitions_keep_
     rig.flush()
     worker = rig.start_worker()
     got = rig.collect(lambda c: has_all(expected)(c) and len(c.records["DeadLetter"]) >= 1)
-    got = rig.settle(quiet_s=2.0)
+    got = rig.settle()
     assert worker.poll() is None, rig.log_tail()  # never crashed
     assert_outputs_equal(got, expected)
     (letter,) = got.records["DeadLetter"]
@@ -192,6 +193,6 @@ def test_two_workers_with_one_app_id_share_the_partitions(make_stream_rig: Calla
         time.sleep(0.5)
     rig.produce(events)
     got = rig.collect(has_all(expected), timeout_s=90)
-    got = rig.settle(quiet_s=2.0)
+    got = rig.settle()
     assert_outputs_equal(got, {n: r for n, r in expected.items() if n != "DeadLetter"})
     assert not got.records["DeadLetter"]

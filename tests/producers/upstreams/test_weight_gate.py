@@ -11,6 +11,7 @@ from typing import Any, cast
 from producers.upstreams.base import GenerateRequest, GenerateResult, Sampling, TokenChunk
 from producers.upstreams.vllm import VLLMUpstream
 from producers.upstreams.weight_gate import GatedUpstream
+from tests.trainer_consumer.weight_sync.test_fleet_and_gate import until
 from trainer_consumer.weight_sync import VersionGate
 
 
@@ -49,10 +50,10 @@ def test_calls_record_the_leased_version_and_updates_wait_for_them() -> None:
         upstream = GatedUpstream(cast(VLLMUpstream, inner), gate)
         request = GenerateRequest(prompt_ids=[1], sampling=Sampling(), request_id="r")
         running = asyncio.create_task(collect(upstream.generate_stream(request)))
-        await asyncio.sleep(0.01)
+        await until(lambda: gate.running == 1)  # the call holds its lease, its first token out
         update = asyncio.create_task(gate.close())
-        await asyncio.sleep(0.01)
-        waited = not update.done()  # the running call holds the update back
+        await until(lambda: not gate.is_open)  # the update closed the gate: it had its chance to end
+        waited = not update.done()  # the running call holds the update back (it waits, it is not slow)
         inner.release.set()
         first = await running
         await update

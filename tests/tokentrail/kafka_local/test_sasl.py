@@ -102,7 +102,7 @@ def test_a_faust_worker_processes_a_workload_over_sasl(sasl_settings: Settings, 
         rig.produce(events)
         rig.start_worker()
         got = rig.collect(lambda c: all(set(expected[n]) <= c.ids(n) for n in expected), timeout_s=120)
-        got = rig.settle(quiet_s=2.0)
+        got = rig.settle()
         for name, records in expected.items():
             assert got.ids(name) == set(records), name
             for record in got.records[name]:

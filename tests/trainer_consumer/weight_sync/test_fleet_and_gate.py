@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from trainer_consumer.weight_sync.fleet import ServerState, ServerStatus, initial_view, judge, parse_label
 from trainer_consumer.weight_sync.gate import VersionGate
@@ -26,6 +27,15 @@ def test_only_servers_at_the_target_are_routable() -> None:
     assert moved.servers["http://c"].status is ServerStatus.FAILED
 
 
+async def until(fact: Callable[[], bool], steps: int = 10_000) -> None:
+    """Let the other tasks run until ``fact`` holds (a count of loop turns, not a time: a wait on a fact)."""
+    for _ in range(steps):
+        if fact():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the fact never held")
+
+
 def test_gate_drains_running_calls_and_holds_new_ones_until_reopened() -> None:
     async def scenario() -> list[str]:
         gate = VersionGate(1)
@@ -40,17 +50,16 @@ def test_gate_drains_running_calls_and_holds_new_ones_until_reopened() -> None:
                 events.append(f"{name} end v{version}")
 
         first = asyncio.create_task(call("a", release_first))
-        await asyncio.sleep(0)
+        await until(lambda: gate.running == 1)
         closing = asyncio.create_task(gate.close())
-        await asyncio.sleep(0.01)
-        assert not closing.done()  # a call is running: the update must wait
+        await until(lambda: not gate.is_open)  # the update has closed the gate, and so had its chance to end
+        assert not closing.done()  # a call is running: the update waits for it (not merely slow)
         second = asyncio.create_task(call("b"))
-        await asyncio.sleep(0.01)
+        await until(lambda: gate.held == 1)  # the new call is parked at the closed gate
         release_first.set()
         await closing
         events.append("updated")
-        await asyncio.sleep(0.01)
-        assert not second.done()  # held while the gate is closed
+        assert not second.done() and gate.held == 1  # held while the gate is closed: only reopen frees it
         await gate.reopen(2)
         await asyncio.gather(first, second)
         return events
