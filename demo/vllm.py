@@ -113,7 +113,7 @@ def version_evidence(calls: Iterable[StoredCall]) -> dict[str, object]:
     ``calls``: (status, recorded policy_version, sampling extra JSON[, recorded version_spans]) of every
     stored call. vLLM's report is the ``weight_versions`` spans in the engine details; the gate's lease is
     ``gate_version`` beside them. A one-version call mismatches when vLLM names another version than it
-    recorded, or its lease differs; a call an update landed in (several versions) must record its first
+    recorded, or its lease is newer than that; a call an update landed in (several versions) must record its first
     version and, in ``version_spans``, exactly vLLM's spans. Failed calls (status ERROR) sampled nothing
     and are only counted.
     """
@@ -140,7 +140,9 @@ def version_evidence(calls: Iterable[StoredCall]) -> dict[str, object]:
             wrong = recorded != versions[0] or recorded_spans != [
                 (v, s.start, s.end) for v, s in zip(versions, spans, strict=True)]
         else:
-            wrong = any(v != recorded for v in versions) or details.get("gate_version", recorded) != recorded
+            # the lease may be older than vLLM's report (an in-flight update held the call while the weights
+            # changed: pause mode keep), never newer
+            wrong = any(v != recorded for v in versions) or details.get("gate_version", recorded) > recorded
         if wrong:
             mismatched += 1
             if len(first_mismatches) < 5:

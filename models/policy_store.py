@@ -79,8 +79,10 @@ class PolicyStore:
                           dict(meta.get("metadata", {})))
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor],
-                metadata: Mapping[str, Any] | None = None) -> PolicyInfo:
-        """Write ``state_dict`` as policy ``version`` and point ``latest`` at it (if it is newer)."""
+                metadata: Mapping[str, Any] | None = None, delta: bool = False) -> PolicyInfo:
+        """Write ``state_dict`` as policy ``version`` and point ``latest`` at it (if it is newer). ``delta``: also
+        write what changed since the latest published version (``models.policy_delta``), for engines that
+        hold that version; skipped when there is none or the change is not a delta (shapes, names)."""
         from safetensors.torch import save_file
 
         if version < 0:
@@ -96,6 +98,8 @@ class PolicyStore:
             meta = {"version": version, "sha256": digest, "created_at": time.time(),
                     "metadata": dict(metadata or {})}
             (staging / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+            if delta:
+                self._write_delta(staging, version, tensors)
             _fsync_dir_files(staging)
             target = self.path(version)
             if target.exists():
@@ -112,6 +116,16 @@ class PolicyStore:
                 shutil.rmtree(staging)
         self._advance_latest(version)
         return info
+
+    def _write_delta(self, staging: Path, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        from models.policy_delta import plan_delta, write_delta
+
+        base = self.latest_version()
+        if base is None or base >= version:
+            return
+        plan = plan_delta(self.load_state_dict(base, verify=False), tensors)
+        if plan is not None:
+            write_delta(staging, plan, tensors, base, self.info(base).sha256)
 
     def load_state_dict(self, version: int, verify: bool = True) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
@@ -172,6 +186,9 @@ def _fsync(directory: Path) -> None:
 
 def _fsync_dir_files(directory: Path) -> None:
     for path in directory.iterdir():
+        if path.is_dir():  # the version's delta (models/policy_delta.py)
+            _fsync_dir_files(path)
+            continue
         with open(path, "rb") as handle:
             os.fsync(handle.fileno())
     _fsync(directory)

@@ -57,11 +57,12 @@ def load_policy(model_dir: Path, store: PolicyStore, run_id: str, build_if_missi
 class StorePublisher:
     """Publishes the model's weights as a new version in the policy store."""
 
-    def __init__(self, store: PolicyStore) -> None:
+    def __init__(self, store: PolicyStore, delta: bool = False) -> None:
         self.store = store
+        self.delta = delta  # also publish what changed since the last version (models/policy_delta.py)
 
     def publish(self, model: Any, version: int, metadata: dict[str, Any]) -> None:
-        self.store.publish(version, model.state_dict(), metadata)
+        self.store.publish(version, model.state_dict(), metadata, delta=self.delta)
 
 
 def state_dict_loader(model_dir: Path, store: PolicyStore) -> Any:

@@ -48,14 +48,18 @@ class GatedUpstream:
     ``weight_versions`` spans), that report is the call's version and the lease is the check: the
     leased version goes into the result's ``extra["gate_version"]`` beside the spans, and a call where
     the two disagree is counted in ``checks["mismatched"]`` and logged. Under the gate they cannot
-    disagree (no call runs while weights change); the count says so on real traffic.
+    disagree (no call runs while weights change; with ``in_flight_updates`` a running call's later tokens
+    may be newer than its lease, never older); the count says so on real traffic.
 
     With ``sync``, the gateway's ``policy_dir`` start-up hook (``follow_policies``) runs the sync on the
     gateway's event loop, where the gate lives; ``close`` stops it."""
 
     def __init__(self, inner: VLLMUpstream, gate: Gate, sync: Sync | None = None,
-                 interval_s: float = 0.5) -> None:
+                 interval_s: float = 0.5, in_flight_updates: bool = False) -> None:
         self.inner = inner
+        # True under in-flight updates (pause mode "keep"): a call may run across an update, so vLLM's spans
+        # may name the leased version and then newer ones; never an older one, never going back.
+        self.in_flight_updates = in_flight_updates
         self.gate = gate
         self.sync = sync
         self.interval_s = interval_s
@@ -97,10 +101,19 @@ class GatedUpstream:
             self.checks["spanning"] += 1
         if spans and label_version(spans[0].version) is None:  # a foreign label names no policy version
             result.policy_version = leased
-        if any(label_version(s.version) != leased for s in spans):
+        if not self.spans_agree([label_version(s.version) for s in spans], leased):
             self.checks["mismatched"] += 1
             _log.warning("call %s: vLLM sampled it with weights %s, the gate leased version %d",
                          result.extra.get("vllm_id"), reported, leased)
+
+    def spans_agree(self, versions: list[int | None], leased: int) -> bool:
+        """Whether vLLM's span versions (in token order) fit the lease: all equal to it when calls never run
+        across an update; under in-flight updates, none older than it and never going back (each update can
+        only move a running call forward)."""
+        if not self.in_flight_updates:
+            return all(v == leased for v in versions)
+        known = [v for v in versions if v is not None]
+        return len(known) == len(versions) and all(v >= leased for v in known) and known == sorted(known)
 
     def generate_stream(self, request: GenerateRequest) -> _LeasedStream:
         return _LeasedStream(self.inner.generate_stream(request), self.gate, self)

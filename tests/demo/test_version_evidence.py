@@ -22,7 +22,7 @@ def test_calls_are_checked_one_by_one_against_vllm_and_the_lease() -> None:
         ("OK", 0, extra(weight_versions="default:0-8", gate_version=0)),
         ("OK", 3, extra(weight_versions="3:0-5", gate_version=3)),
         ("OK", 3, extra(weight_versions="3:0-2,4:2-5", gate_version=3)),  # two versions, no spans recorded
-        ("OK", 5, extra(weight_versions="5:0-4", gate_version=4)),  # the lease disagrees
+        ("OK", 5, extra(weight_versions="5:0-4", gate_version=6)),  # the lease is newer than the weights
         ("OK", 6, extra(weight_versions="7:0-4", gate_version=6)),  # vLLM disagrees
         ("OK", 6, extra(vllm_id="x")),  # no report from vLLM
         ("ERROR", -1, "{}"),
@@ -41,6 +41,9 @@ def test_calls_are_checked_one_by_one_against_vllm_and_the_lease() -> None:
 
 def test_agreeing_calls_have_no_mismatch() -> None:
     rows = [("OK", v, extra(weight_versions=f"{v}:0-6", gate_version=v)) for v in (1, 1, 2)]
+    # an in-flight update (pause mode keep): a call leased at 1 reached vLLM while it was paused for version 2,
+    # so version 2 sampled all of it
+    rows.append(("OK", 2, extra(weight_versions="2:0-6", gate_version=1)))
     evidence = version_evidence(rows)
     assert (evidence["version_mismatches"], evidence["versions_served_by_vllm"]) == (0, 2)
 

@@ -49,7 +49,8 @@ def _run(args: argparse.Namespace) -> int:
     store = PolicyStore(args.checkpoint_dir or settings.trainer.checkpoint_dir)
     interval = args.interval if args.interval is not None else section.interval_s
     return asyncio.run(_follow(servers, store, args.base_dir or settings.model.dir, interval, args.once,
-                               section.pause_mode, section.timeout_s))
+                               # in-flight updates only where the gateways record vLLM's own spans
+                               section.pause_mode if section.engine_versions else "wait", section.timeout_s))
 
 
 async def _follow(servers: list[str], store: PolicyStore, base_dir: Path, interval_s: float, once: bool,

@@ -53,7 +53,9 @@ def release_servers_upstream(settings: Settings, *, store: PolicyStore | None = 
     def held() -> Collection[str]:
         return holder[0].held_servers() if holder else ()
 
-    options: dict[str, Any] = {"pause_mode": section.pause_mode, "timeout_s": section.timeout_s,
+    # "wait", whatever weight_sync.pause_mode says: a call routed for a version must be sampled by that version,
+    # so no update may land in a running call here (an in-flight update would move it to the next version)
+    options: dict[str, Any] = {"pause_mode": "wait", "timeout_s": section.timeout_s,
                                "log": logging.getLogger("tokentrail.weight_sync").info, **sync_options}
     sync = WeightSync(servers, store or PolicyStore(settings.trainer.checkpoint_dir),
                       base_dir=base_dir or settings.model.dir, held=held, **options)

@@ -27,16 +27,20 @@ class GateHooks:
     calls, close the gate (running calls finish, new ones wait); after it, route only to the servers
     at the new version and reopen the gate there (calls sent now are held by the paused servers and
     sampled by the new weights). With no current server the gate stays closed: calls wait rather
-    than be served by an old policy."""
+    than be served by an old policy.
 
-    def __init__(self, gate: VersionGate, upstream: VLLMUpstream) -> None:
+    ``in_flight``: the servers pause with ``keep``, so running calls are not waited for (the gate only holds
+    new ones); vLLM's spans then say which of their tokens each version sampled."""
+
+    def __init__(self, gate: VersionGate, upstream: VLLMUpstream, in_flight: bool = False) -> None:
         self.gate = gate
         self.upstream = upstream
         self.all_servers = list(upstream.servers)
+        self.in_flight = in_flight
 
     async def before_update(self, version: int, servers: Sequence[str]) -> None:
         if set(servers) & set(self.upstream.servers):
-            await self.gate.close()
+            await (self.gate.hold() if self.in_flight else self.gate.close())
 
     async def after_update(self, view: FleetView) -> None:
         routable = [s for s in self.all_servers if s in set(view.routable())]
@@ -47,13 +51,23 @@ class GateHooks:
 
 
 def gate_upstream(upstream: VLLMUpstream, store: PolicyStore, *, base_dir: Path | None = None,
-                  interval_s: float = 0.5, **sync_options: Any) -> GatedUpstream:
+                  interval_s: float = 0.5, pause_mode: str = "wait", **sync_options: Any) -> GatedUpstream:
     """The gateway's upstream gated by a weight sync of the same servers (``.sync``), which the gateway
-    runs when it is created with ``policy_dir`` = the store's root."""
+    runs when it is created with ``policy_dir`` = the store's root.
+
+    ``pause_mode="keep"`` (in-flight updates) only where the upstream reads vLLM's per-token versions
+    (``token_endpoint="generate"``): a call running across an update is then recorded with its spans.
+    Without them a call's version is its lease, which is exact only if no call runs across an update,
+    so the sync waits for running calls (``wait``) instead."""
+    if pause_mode == "keep" and upstream.token_endpoint != "generate":
+        logging.getLogger("tokentrail.weight_sync").warning(
+            "weight sync: pause mode keep needs engine versions (token_endpoint generate); using wait")
+        pause_mode = "wait"
+    in_flight = pause_mode == "keep"
     gate = VersionGate(0, is_open=False)  # until the first look at the fleet says what it serves
-    sync = WeightSync(upstream.servers, store, hooks=GateHooks(gate, upstream), base_dir=base_dir,
-                      **sync_options)
-    return GatedUpstream(upstream, gate, sync, interval_s)
+    sync = WeightSync(upstream.servers, store, hooks=GateHooks(gate, upstream, in_flight), base_dir=base_dir,
+                      pause_mode=pause_mode, **sync_options)  # type: ignore[arg-type]
+    return GatedUpstream(upstream, gate, sync, interval_s, in_flight_updates=in_flight)
 
 
 def gateway_upstream(settings: Settings) -> Any:
@@ -68,4 +82,5 @@ def gateway_upstream(settings: Settings) -> Any:
                                           token_endpoint="generate" if section.engine_versions else "completions")
     return gate_upstream(upstream, PolicyStore(settings.trainer.checkpoint_dir), base_dir=settings.model.dir,
                          interval_s=section.interval_s, pause_mode=section.pause_mode, timeout_s=section.timeout_s,
+                         transfer=section.transfer,
                          log=logging.getLogger("tokentrail.weight_sync").info)

@@ -58,6 +58,12 @@ class VersionGate:
             self._open = False
             await self._changed.wait_for(lambda: self._running == 0)
 
+    async def hold(self) -> None:
+        """Hold new calls but let the running ones go on (an in-flight update, pause mode ``keep``: the
+        engine freezes them across the update and each token's version comes from the engine's spans)."""
+        async with self._changed:
+            self._open = False
+
     async def reopen(self, version: int) -> None:
         async with self._changed:
             self.version, self._open = version, True

@@ -19,8 +19,16 @@ class WeightSyncSettings(BaseModel):
     servers: str = ""
     # How often the policy store's `latest` is read, and lagging servers retried.
     interval_s: float = 0.5
-    # "wait": running requests finish on the old weights, new ones are held; never "abort" (it fails calls).
-    pause_mode: Literal["wait", "keep"] = "wait"
+    # "keep" (in-flight updates): running requests are frozen across the update and go on under the new
+    # weights, so an update never waits for the longest call; their tokens carry vLLM's per-token versions
+    # (version_spans), which needs engine_versions; without it the gateway's gate falls back to "wait".
+    # "wait": running requests finish on the old weights first (a sync then takes as long as the longest
+    # running call); never "abort" (it fails calls).
+    pause_mode: Literal["wait", "keep"] = "keep"
+    # "delta": a version published with a delta against the version a server holds is loaded from the delta
+    # (only the changed weight groups; models/policy_delta.py), anything else from the full checkpoint;
+    # "full": always the full checkpoint.
+    transfer: Literal["delta", "full"] = "delta"
     # Per request to vLLM; a reload of a large model from disk takes a while.
     timeout_s: float = 300.0
     # Several versions on vLLM at once (docs/release-vllm.md): with in_gateway, gateway.follow_releases and a

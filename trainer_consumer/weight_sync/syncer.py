@@ -4,15 +4,19 @@ Driven by the policy store (``models.policy_store``), the trainer's publication:
 ``latest`` and, when it moves (or ``notify`` says it did), updates every server as a unit:
 
     before_update hook (a router stops sending calls and waits for its running ones)
-    every server: POST /pause?mode=wait      running requests finish, new ones are held
+    every server: POST /pause?mode=MODE      wait: running requests finish; keep: they are frozen in flight;
+                                             new ones are held either way
                   POST /collective_rpc       {"method": "reload_weights", "kwargs": {"weights_path": DIR}}
-                  POST /reset_prefix_cache   no KV computed by the old weights serves the new ones
+                  POST /reset_prefix_cache   no KV computed by the old weights serves the new ones (keep:
+                                             ?reset_running_requests=true, the frozen requests recompute)
                   POST /update_weight_version {"new_version": "N"}   GET /weight_info now says N
     after_update hook (with the new FleetView: the router records N and routes to current servers)
     every server: POST /resume
 
-So no request runs while weights change, and vLLM's own label matches its weights whenever it
-samples. A server whose update fails is resumed labelled ``incomplete-N`` (its weights may be
+So no request is scheduled while weights change, and vLLM's own label matches its weights whenever it
+samples: under ``keep`` a request running across the update has its tokens in two spans of vLLM's
+``weight_versions`` (old, new), and the update does not wait for the longest running request.
+A server whose update fails is resumed labelled ``incomplete-N`` (its weights may be
 half-loaded), marked FAILED, reported, and left out of ``FleetView.routable``; every later tick
 tries it again. Every tick also reads each server's label (GET /weight_info): a server that stopped
 answering leaves routing, and one that restarted (label ``default``, the base weights) is brought
@@ -31,13 +35,21 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import httpx
 
-from models.policy_store import PolicyStore
+from models.policy_delta import read_delta
+from models.policy_store import PolicyStore, PolicyStoreError
 from trainer_consumer.weight_sync.fleet import FleetView, ServerState, ServerStatus, initial_view, judge, parse_label
 from trainer_consumer.weight_sync.vllm_admin import AdminError, PauseMode, VLLMAdmin
+
+Transfer = Literal["delta", "full"]
+
+
+def checkpoint_bytes(weights_dir: Path) -> int:
+    """What a full reload reads: every safetensors file of the directory (vLLM's loader reads them all)."""
+    return sum(p.stat().st_size for p in weights_dir.glob("*.safetensors"))
 
 
 class SyncHooks(Protocol):
@@ -65,6 +77,9 @@ class SyncReport:
     # server -> the version it reported before this update (0: base weights, as after a restart; None:
     # unknown or unreachable): the evidence that a restarted server was synced before it took calls
     previous: dict[str, int | None] = field(default_factory=dict)
+    # server -> how its weights came: "delta" (only the changed groups), "full", or "full (why no delta)"
+    loads: dict[str, str] = field(default_factory=dict)
+    bytes_moved: dict[str, int] = field(default_factory=dict)  # server -> checkpoint bytes its loader read
 
     @property
     def ok(self) -> bool:
@@ -78,6 +93,8 @@ class _Step:
     url: str
     state: ServerState
     paused_s: float = 0.0
+    load: str = ""
+    bytes_moved: int = 0
     resumed: bool = False
     error: str = ""
     admin_errors: list[str] = field(default_factory=list)
@@ -88,12 +105,15 @@ class WeightSync:
                  timeout_s: float = 120.0, hooks: SyncHooks | None = None,
                  log: Callable[[str], None] | None = None, initial_target: int = 0,
                  base_dir: Path | None = None, client: httpx.AsyncClient | None = None,
-                 held: Callable[[], Collection[str]] | None = None) -> None:
+                 held: Callable[[], Collection[str]] | None = None, transfer: Transfer = "delta") -> None:
         if not servers:
             raise ValueError("weight sync needs at least one vLLM server")
         self.store = store
         self.base_dir = base_dir  # the model the servers start with: version 0 unless the store has one
         self.pause_mode: PauseMode = pause_mode
+        # "delta": load only what changed when a version was published with a delta against the version a
+        # server holds (else, or on any error, the full checkpoint); "full": always the full checkpoint
+        self.transfer: Transfer = transfer
         self.hooks: SyncHooks = hooks or NoHooks()
         self._log = log or (lambda line: None)
         self._client = client or httpx.AsyncClient()
@@ -150,7 +170,8 @@ class WeightSync:
             report = SyncReport(version, [u for u, s in steps.items() if not s.error],
                                 {u: s.error for u, s in steps.items() if s.error},
                                 {u: s.paused_s for u, s in steps.items()}, time.monotonic() - began, self.view,
-                                previous)
+                                previous, {u: s.load for u, s in steps.items()},
+                                {u: s.bytes_moved for u, s in steps.items()})
             self.reports.append(report)
             self._log(f"weight sync to version {version}: {len(report.updated)}/{len(urls)} servers in "
                       f"{report.total_s:.2f} s" + (f"; FAILED {report.failed}" if report.failed else ""))
@@ -199,8 +220,10 @@ class WeightSync:
             step.state = ServerState(step.url, step.state.version, ServerStatus.UNREACHABLE, str(exc))
             return
         try:
-            await admin.reload_weights(weights_dir)
-            await admin.reset_prefix_cache()
+            await self._load(step, admin, version, weights_dir)
+            in_flight = self.pause_mode == "keep"
+            if not await admin.reset_prefix_cache(preempt_running=in_flight) and in_flight:
+                raise AdminError(step.url, "/reset_prefix_cache", "the KV cache of the old weights was not reset")
             await admin.set_weight_label(str(version))
         except AdminError as exc:
             step.error = str(exc)
@@ -211,6 +234,43 @@ class WeightSync:
                 step.admin_errors.append(str(label_exc))
             return
         step.state = ServerState(step.url, version, ServerStatus.CURRENT)
+
+    async def _load(self, step: _Step, admin: VLLMAdmin, version: int, weights_dir: str) -> None:
+        """Load ``version`` into the server: its delta when one applies to what the server holds, else (or
+        when the delta load fails) the full checkpoint."""
+        why = self._delta_refused(step.state.version, version)
+        if not why:
+            delta = read_delta(Path(weights_dir))
+            assert delta is not None
+            try:
+                await admin.reload_weights(str(delta.path))
+                step.load, step.bytes_moved = "delta", delta.delta_bytes
+                return
+            except AdminError as exc:  # the full load below puts every weight right
+                why = f"delta load failed: {exc}"
+                self._log(f"weight sync: {step.url} version {version}: {why}; loading the full checkpoint")
+        await admin.reload_weights(weights_dir)
+        step.load = "full" + (f" ({why})" if self.transfer == "delta" else "")
+        step.bytes_moved = checkpoint_bytes(Path(weights_dir))
+
+    def _delta_refused(self, held: int | None, version: int) -> str:
+        """Why a server holding ``held`` cannot reach ``version`` by its delta ("" when it can)."""
+        if self.transfer != "delta":
+            return "full transfer"
+        if version == 0 or version not in self.store.versions():
+            return "no delta for this version"
+        delta = read_delta(self.store.path(version))
+        if delta is None:
+            return "published without a delta"
+        if held != delta.base_version:
+            return f"server holds version {held}, the delta is against {delta.base_version}"
+        try:
+            base_sha = self.store.info(delta.base_version).sha256
+        except PolicyStoreError:
+            return f"base version {delta.base_version} is no longer in the store"
+        if not delta.applies_to(held, base_sha):
+            return "delta checksum mismatch"
+        return ""
 
     async def _resume(self, step: _Step) -> None:
         if step.resumed:

@@ -63,9 +63,14 @@ class VLLMAdmin:
         await self._call("POST", "/collective_rpc",
                          {"method": "reload_weights", "kwargs": {"weights_path": weights_dir}})
 
-    async def reset_prefix_cache(self) -> None:
-        """KV blocks computed by the old weights must not serve prompts under the new ones."""
-        await self._call("POST", "/reset_prefix_cache")
+    async def reset_prefix_cache(self, preempt_running: bool = False) -> bool:
+        """KV blocks computed by the old weights must not serve prompts under the new ones. vLLM resets
+        nothing while a request holds blocks (``success: false``); ``preempt_running`` (an update with
+        requests frozen in flight, pause mode ``keep``) moves them back to the waiting queue first, so their
+        prompt and tokens so far are recomputed under the new weights before they sample again."""
+        path = "/reset_prefix_cache" + ("?reset_running_requests=true" if preempt_running else "")
+        answer = await self._call("POST", path)
+        return bool(answer.get("success", True)) if isinstance(answer, dict) else True
 
     async def set_weight_label(self, label: str) -> None:
         await self._call("POST", "/update_weight_version", {"new_version": label})

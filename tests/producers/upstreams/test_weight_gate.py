@@ -92,3 +92,17 @@ def test_vllms_report_is_recorded_and_checked_against_the_lease() -> None:
     assert (spanning.policy_version, checks["spanning"], checks["mismatched"]) == (3, 1, 1)
     foreign, checks = asyncio.run(one("incomplete-4:0-2", 0))  # half-loaded weights name no version
     assert (foreign.policy_version, checks["mismatched"]) == (3, 1)
+
+
+def test_under_in_flight_updates_a_call_may_move_forward_from_its_lease_never_back() -> None:
+    async def one(spans: str) -> int:
+        upstream = GatedUpstream(cast(VLLMUpstream, ReportingUpstream(spans, 3)), VersionGate(3),
+                                 in_flight_updates=True)
+        await upstream.generate(GenerateRequest(prompt_ids=[1], sampling=Sampling(), request_id="r"))
+        return upstream.checks["mismatched"]
+
+    assert asyncio.run(one("3:0-1,4:1-2")) == 0  # an update landed in the call: its later tokens are newer
+    assert asyncio.run(one("4:0-2")) == 0  # sent just before a pause, held, sampled by the new version
+    assert asyncio.run(one("2:0-2")) == 1  # older than the lease: wrong
+    assert asyncio.run(one("4:0-1,3:1-2")) == 1  # going back: wrong
+    assert asyncio.run(one("3:0-1,incomplete-4:1-2")) == 1  # half-loaded weights name no version
