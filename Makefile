@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 JARS   := deploy/kafka/lib/.fetched
 UV_VERSION := 0.13.9
 
-.PHONY: setup demo test test-quick lint bench clean-var setup-vllm setup-bench-litellm
+.PHONY: setup demo test test-quick lint bench clean-var setup-vllm setup-bench-litellm setup-trl
 
 setup: $(STAMP) $(JARS)
 
@@ -41,6 +41,18 @@ setup-bench-litellm: .venv-litellm/.installed
 	UV_SYSTEM_CERTS=1 .venv-litellm/bin/uv pip install --python .venv-litellm/bin/python -r bench/litellm-requirements.txt
 	touch $@
 
+# Hugging Face TRL in its own environment .venv-trl, pinned by deploy/trl-requirements.txt, for the TRL
+# adapter (trainer_consumer/adapters/trl_grpo.py) and its test; TRL's datasets pins conflict with the main
+# venv's. The constraints keep the main venv's torch, which uv links from its cache; a no-op once installed.
+setup-trl: .venv-trl/.installed
+
+.venv-trl/.installed: deploy/trl-requirements.txt deploy/constraints.txt
+	$(PYTHON) -m venv .venv-trl
+	.venv-trl/bin/pip install --quiet --disable-pip-version-check --no-cache-dir 'uv==$(UV_VERSION)'
+	UV_SYSTEM_CERTS=1 .venv-trl/bin/uv pip install --python .venv-trl/bin/python -c deploy/constraints.txt \
+		-r deploy/trl-requirements.txt
+	touch $@
+
 # Sets everything up, then runs the main job: Kafka, embedded ClickHouse, gateway on the embedded
 # engine, processors, sink and trainer, with an agent workload trained online; ends with the audit.
 demo: setup
@@ -48,7 +60,7 @@ demo: setup
 
 # The whole suite, as CI runs it (about 40 minutes on the CI machine); pyproject's addopts print the 30
 # slowest tests at the end (--durations=30).
-test: setup setup-harnesses
+test: setup setup-harnesses setup-trl
 	$(BIN)/pytest
 
 # The inner loop: every test but the e2e tier (demos, live vLLM, reliability faults, harness binaries,
