@@ -141,9 +141,9 @@ def _cmd(args: argparse.Namespace) -> int:
             run = FamilyRun(family, settings, topics, stack)
             print(f"{family}: gateway {run.gateway.url} on {run.model_dir}", flush=True)
             if not args.no_corpus:
-                calls, found = run_corpus(run.gateway.url, run.model, run.fmt, CONVERSATIONS, settings,
-                                          topics["calls_topic"], run.text)
-                pending.append((Cell("corpus", family), found, calls, run))
+                calls, found, failures = run_corpus(run.gateway.url, run.model, run.fmt, CONVERSATIONS, settings,
+                                                    topics["calls_topic"], run.text)
+                pending.append((Cell("corpus", family, run_failure="; ".join(failures)), found, calls, run))
                 print(f"{family}: corpus, {len(found)} calls ({time.monotonic() - started:.0f} s)", flush=True)
             for name in harnesses:
                 base = HARNESSES[name]

@@ -23,19 +23,29 @@ def intended(out: Output) -> dict[str, Any]:
     return normal_parse(out.reasoning, out.content, [{"name": c.name, "arguments": c.arguments} for c in out.calls])
 
 
-def run_conversation(url: str, model: str, conversation: Conversation, fmt: FamilyFormat) -> tuple[str, int]:
-    """Send one conversation as a scripted rollout; returns (rollout id, calls made)."""
+def run_conversation(url: str, model: str, conversation: Conversation, fmt: FamilyFormat) -> tuple[str, int, str]:
+    """Send one conversation as a scripted rollout; returns (rollout id, calls answered, the failure or '').
+    A call the gateway refuses ends the conversation there (the refusal is the failure; the calls before it
+    are still judged)."""
+    import openai
+
     from producers.sdk import Rollout
 
     script = [fmt.write(step.output) for step in conversation.steps]
     with Rollout(url, task_input={"conformance": fmt.family, "conversation": conversation.name},
                  script=script) as rollout:
         client = rollout.openai_client(max_retries=0, timeout=300)
-        for messages in requests(conversation):
-            client.chat.completions.create(model=model, messages=messages, tools=list(conversation.tools),
-                                           temperature=0)
-        rollout.finish("SUCCESS", {"conversation": conversation.name})
-        return rollout.rollout_id, len(conversation.steps)
+        answered, failure = 0, ""
+        for i, messages in enumerate(requests(conversation)):
+            try:
+                client.chat.completions.create(model=model, messages=messages, tools=list(conversation.tools),
+                                               temperature=0)
+            except openai.APIStatusError as exc:
+                failure = f"{conversation.name} call {i}: HTTP {exc.status_code}: {str(exc.message)[:300]}"
+                break
+            answered += 1
+        rollout.finish("FAILURE" if failure else "SUCCESS", {"conversation": conversation.name})
+        return rollout.rollout_id, answered, failure
 
 
 def recorded_calls(settings: Settings, topic: str, rollout_id: str, count: int,
@@ -76,16 +86,18 @@ def evidence(family: str, calls: Sequence[dict[str, Any]], text: Any,
 
 
 def run_corpus(url: str, model: str, fmt: FamilyFormat, conversations: Sequence[Conversation], settings: Settings,
-               calls_topic: str, text: Any) -> tuple[list[dict[str, Any]], list[CallEvidence]]:
-    """(the recorded calls, their evidence), every conversation's in turn."""
+               calls_topic: str, text: Any) -> tuple[list[dict[str, Any]], list[CallEvidence], list[str]]:
+    """(the recorded calls, their evidence, the failures), every conversation's in turn."""
     records: list[dict[str, Any]] = []
     found: list[CallEvidence] = []
+    failures: list[str] = []
     for conv in conversations:
         conv = adapted(conv, fmt.can)
-        rollout_id, count = run_conversation(url, model, conv, fmt)
-        calls = recorded_calls(settings, calls_topic, rollout_id, count)
+        rollout_id, count, failure = run_conversation(url, model, conv, fmt)
+        failures += [failure] if failure else []
+        calls = recorded_calls(settings, calls_topic, rollout_id, count) if count else []
         if len(calls) != count:
-            raise RuntimeError(f"{fmt.family} {conv.name}: {len(calls)} of {count} calls on {calls_topic}")
+            failures.append(f"{conv.name}: {len(calls)} of {count} calls on {calls_topic}")
         records += calls
         found += evidence(fmt.family, calls, text, [s.output for s in conv.steps])
-    return records, found
+    return records, found, failures

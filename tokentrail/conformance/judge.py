@@ -118,15 +118,32 @@ def _tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | 
 
 
 def _for_renderers(messages: Sequence[Message]) -> list[Message]:
-    """OpenAI chat messages as ``renderers`` takes them: tool-call arguments as given (a JSON string is kept as
-    the harness sent it, as the chat templates keep it), ``reasoning_content`` as its reasoning field."""
+    """OpenAI chat messages as a serving engine hands them to a renderer: ``content: null`` as empty text, and
+    tool-call arguments (a JSON string on the wire) as the object they encode, as vLLM's
+    ``/v1/chat/completions`` does before it renders (``_postprocess_messages``: the chat templates expect a
+    mapping; text that is not a JSON object becomes ``{}``). Written here from vLLM's documented behaviour,
+    not taken from the gateway, so the two preparations are compared too."""
     out = []
     for m in messages:
         message = {k: v for k, v in m.items() if v is not None or k == "content"}
         if message.get("content") is None:
             message["content"] = ""
+        if message.get("role") == "assistant" and message.get("tool_calls"):
+            message["tool_calls"] = [_object_arguments(c) for c in message["tool_calls"]]
         out.append(message)
     return out
+
+
+def _object_arguments(call: Mapping[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function") or {})
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments else {}
+        except ValueError:
+            arguments = {}
+    function["arguments"] = arguments if isinstance(arguments, dict) else {}
+    return {**call, "function": function}
 
 
 def drift_tokens(sent: Sequence[int], rerender: Sequence[int]) -> int:
