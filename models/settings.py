@@ -20,3 +20,8 @@ class ModelSettings(BaseModel):
     # its own directory, so building it never replaces the demo's model.
     harness_dir: Path = VAR_DIR / "models" / "harness-chat"
     harness_name: str = "tokentrail-harness"
+    # A model family (models/families.FAMILIES: qwen3, qwen3-coder, llama3, gpt-oss) built in ``dir`` and
+    # served with its real tokenizer, chat template and parser; "" serves the reference model of ``spec``.
+    family: str = ""
+    # Model families (`tokentrail model build --family F`, models/families): each in families_dir/F.
+    families_dir: Path = VAR_DIR / "models" / "families"

@@ -47,7 +47,15 @@ def is_built(model_dir: Path, spec: BuildSpec = DEFAULT_SPEC) -> bool:
 
 def build_model(out_dir: Path, force: bool = False, spec: BuildSpec = DEFAULT_SPEC,
                 progress: Progress = _quiet) -> Path:
-    """Build (or reuse) the reference model in ``out_dir`` and return the directory.
+    """Build (or reuse) the reference model in ``out_dir`` and return the directory."""
+    return build_atomically(out_dir, lambda: is_built(out_dir, spec),
+                            lambda staging: _build_into(staging, spec, progress),
+                            force=force, progress=progress, label=f"spec {spec.digest()}")
+
+
+def build_atomically(out_dir: Path, built: Callable[[], bool], build_into: Callable[[Path], None], *,
+                     force: bool = False, progress: Progress = _quiet, label: str = "") -> Path:
+    """Build a model directory with ``build_into(staging)`` unless ``built()`` says the one there matches.
 
     Concurrent builders serialise on a lock file next to the directory; the files appear atomically
     (built in a temporary sibling directory, then renamed into place)."""
@@ -55,12 +63,12 @@ def build_model(out_dir: Path, force: bool = False, spec: BuildSpec = DEFAULT_SP
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not force and is_built(out_dir, spec):
-            progress(f"model already built in {out_dir} (spec {spec.digest()})")
+        if not force and built():
+            progress(f"model already built in {out_dir} ({label})")
             return out_dir
         staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
         try:
-            _build_into(staging, spec, progress)
+            build_into(staging)
             for path in staging.iterdir():  # mkdtemp and some writers use 0600/0700
                 path.chmod(0o644)
             staging.chmod(0o755)

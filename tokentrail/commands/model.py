@@ -8,6 +8,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from models.families.build import build_family
+from models.families.spec import FAMILIES, family_named
 from models.reference.build import build_model
 from models.reference.fingerprint import read_manifest
 from models.reference.spec import DEFAULT_SPEC, SPECS, spec_named
@@ -28,6 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--warmup-steps", type=int, default=None,
                        help=f"format warm-up steps (0: plain random weights; default: the spec's, "
                             f"{DEFAULT_SPEC.warmup_steps} for tiny)")
+    build.add_argument("--family", choices=sorted(FAMILIES), default=None,
+                       help="build a model family instead: its real vocabulary and chat template, and a tiny "
+                            "random-weight model of its architecture (models/families; default dir: "
+                            "settings model.families_dir/FAMILY)")
     build.set_defaults(func=_cmd_build)
     info = sub.add_parser("info", help="print the build manifest of the model directory")
     info.add_argument("--dir", type=Path, default=None, help="model directory (default: settings model.dir)")
@@ -45,12 +51,26 @@ def _model_dir(arg: Path | None, spec_name: str = "tiny") -> Path:
 def _cmd_build(args: argparse.Namespace) -> int:
     if args.warmup_steps is not None and args.warmup_steps < 0:
         raise CliError("--warmup-steps must be >= 0")
+    if args.family is not None:
+        return _build_family(args)
     spec = spec_named(args.spec)
     if args.warmup_steps is not None:
         spec = replace(spec, warmup_steps=args.warmup_steps)
     out = build_model(_model_dir(args.dir, args.spec), force=args.force, spec=spec, progress=print)
     manifest = read_manifest(out) or {}
     print(json.dumps({k: manifest.get(k) for k in ("spec_digest", "parameters", "vocab",
+                                                   "tokenizer_fingerprint", "chat_template_fingerprint")}))
+    print(f"model directory: {out}")
+    return 0
+
+
+def _build_family(args: argparse.Namespace) -> int:
+    if args.warmup_steps is not None or args.spec != "tiny":
+        raise CliError("--family builds a random-weight model of the family: --spec/--warmup-steps do not apply")
+    directory = args.dir if args.dir is not None else get_settings().model.families_dir / args.family
+    out = build_family(directory, family_named(args.family), force=args.force, progress=print)
+    manifest = read_manifest(out) or {}
+    print(json.dumps({k: manifest.get(k) for k in ("family", "spec_digest", "parameters", "vocab", "vocab_sha256",
                                                    "tokenizer_fingerprint", "chat_template_fingerprint")}))
     print(f"model directory: {out}")
     return 0
