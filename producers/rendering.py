@@ -389,8 +389,12 @@ class ChatRenderer:
             {"role": "assistant", "content": sentinels[k]} if k in pending else m
             for k, m in enumerate(messages)
         ]
-        skeleton = self.render_text(masked, tools, template_kwargs=template_kwargs)
         order = sorted(pending)
+        try:
+            skeleton = self.render_text(masked, tools, template_kwargs=template_kwargs)
+        except RenderError as exc:  # e.g. a template that needs the tool call before a tool message
+            reason = f"the template cannot render the history with these messages masked ({exc}); no splice"
+            return [], [PrefixBreak(None, order[0], reason)]
         fixed = _split_on(skeleton, [sentinels[k] for k in order])
         if fixed is None or not text.startswith(fixed[0]):
             reason = "the template renders other messages differently when these change; no splice"

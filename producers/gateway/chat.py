@@ -69,6 +69,8 @@ class CallOutcome:
     tool_calls: list[ToolCallOut]
     finish_reason: str  # "stop" | "length"
     stop_string: str | None = None
+    # Why the output's tool-call markup did not parse (it is then answered as content); on the record.
+    parse_errors: tuple[str, ...] = ()
 
     @property
     def usage(self) -> tuple[int, int]:

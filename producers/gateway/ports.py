@@ -47,6 +47,9 @@ class ParsedText:
     content: str
     reasoning: str | None
     tool_calls: list[ParsedToolCall]
+    # Why tool-call markup in the output did not parse (the output is then answered as content, as the
+    # family's reference server answers it); recorded with the call.
+    errors: tuple[str, ...] = ()
 
 
 TextEvent = tuple[Literal["reasoning", "content"], str]

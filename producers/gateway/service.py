@@ -230,7 +230,7 @@ class CallService:
         response = respond(outcome)
         meta = await self._meta(generated)
         record = self._record(prep, generated, meta, error=None, response=response,
-                              finish_reason=outcome.finish_reason)
+                              finish_reason=outcome.finish_reason, parse_errors=outcome.parse_errors)
         if await self.ctx.deliver(self.ctx.calls_topic, prep.identity.rollout_id, "CallRecord", record):
             delivered = _delivered(prep, generated)
             sampled = None
@@ -243,10 +243,10 @@ class CallService:
 
     def _outcome(self, prep: PreparedCall, generated: Generated) -> CallOutcome:
         if prep.call.messages is None:  # a text completion: no parsing
-            content, reasoning, calls = generated.text, None, []
+            content, reasoning, calls, errors = generated.text, None, [], ()
         else:
             parsed = self.text.parse(generated.text)
-            content, reasoning = parsed.content, parsed.reasoning
+            content, reasoning, errors = parsed.content, parsed.reasoning, parsed.errors
             calls = [ToolCallOut(tool_call_id(prep.tool_call_prefix, prep.call_id, i), c.name, c.arguments)
                      for i, c in enumerate(parsed.tool_calls)]
         finish = generated.finish_reason if generated.finish_reason in ("stop", "length") else "stop"
@@ -254,7 +254,7 @@ class CallService:
                            created=prep.received_at_us // 1_000_000, prompt_ids=prep.rendered.prompt_ids,
                            output_ids=generated.output_ids, output_logprobs=generated.output_logprobs,
                            text=generated.text, content=content, reasoning=reasoning, tool_calls=calls,
-                           finish_reason=finish, stop_string=generated.stop_string)
+                           finish_reason=finish, stop_string=generated.stop_string, parse_errors=tuple(errors))
 
     async def _meta(self, generated: Generated) -> dict[str, Any]:
         res = generated.result
@@ -277,7 +277,8 @@ class CallService:
                 "logprob_kind": str(getattr(self.upstream, "logprob_kind", "RAW"))}
 
     def _record(self, prep: PreparedCall, generated: Generated, meta: dict[str, Any],
-                error: GatewayError | None, response: dict[str, Any], finish_reason: str) -> dict[str, Any]:
+                error: GatewayError | None, response: dict[str, Any], finish_reason: str,
+                parse_errors: tuple[str, ...] = ()) -> dict[str, Any]:
         state, s = prep.identity.state, prep.call.sampling
         prompt = prep.rendered.array()
         base_id, base_seq = state.best_base(prompt)
@@ -297,6 +298,8 @@ class CallService:
             extra["ignored_by_upstream"] = s.ignored
         if meta.get("details"):
             extra["engine_details"] = meta["details"]
+        if parse_errors:  # the output's tool-call markup did not parse: answered as content
+            extra["parse_errors"] = list(parse_errors)
         return records.call_record(
             call_id=prep.call_id, rollout_id=prep.identity.rollout_id, attempt_id=prep.identity.attempt_id,
             call_index=prep.call_index, session_id=prep.identity.session_id, protocol=prep.call.protocol,

@@ -76,7 +76,7 @@ class ModelTextSide:
     def parse(self, text: str) -> ParsedText:
         parsed = parse_output(text)
         return ParsedText(parsed.content or "", parsed.reasoning,
-                          [ParsedToolCall(c.name, c.arguments) for c in parsed.tool_calls])
+                          [ParsedToolCall(c.name, c.arguments) for c in parsed.tool_calls], parsed.errors)
 
     def stream_parser(self) -> _HermesStream:
         return _HermesStream()

@@ -22,11 +22,9 @@ def make_upstream(settings: GatewayStackSettings, progress: Any = print, version
     fleet serves several policy versions at once, one per server, loaded by it (docs/release-vllm.md)."""
     spec = settings.gateway.upstream.strip()
     if spec == "embedded":
-        from models.reference.build import build_model
-        from models.reference.spec import spec_named
         from producers.upstreams.embedded.engine import EmbeddedEngine
 
-        model_dir = build_model(settings.model.dir, spec=spec_named(settings.model.spec), progress=progress)
+        model_dir = build_configured_model(settings, progress)
         return EmbeddedEngine(model_dir, max_resident_versions=settings.gateway.max_resident_versions)
     if version_loader is not None:
         from producers.upstreams.vllm_versions import VersionedVLLMUpstream
@@ -38,18 +36,29 @@ def make_upstream(settings: GatewayStackSettings, progress: Any = print, version
 
 
 def make_text_side(settings: GatewayStackSettings, progress: Any = print) -> Any:
-    from models.reference.build import build_model
-    from models.reference.spec import spec_named
-    from producers.gateway.text_side import ModelTextSide
+    from producers.gateway.family_text_side import text_side_for
 
-    if settings.gateway.upstream.strip() == "embedded":
-        build_model(settings.model.dir, spec=spec_named(settings.model.spec), progress=progress)
-    text = ModelTextSide.from_dir(settings.model.dir, fast_ascii=settings.gateway.fast_ascii_tokenize,
-                                  caches=cache_budgets(settings.gateway))
+    if settings.gateway.upstream.strip() == "embedded" or settings.model.family:
+        build_configured_model(settings, progress)
+    text = text_side_for(settings.model.dir, fast_ascii=settings.gateway.fast_ascii_tokenize,
+                         caches=cache_budgets(settings.gateway))
     fast = text.renderer.token_cache.ascii_encoder is not None
     progress("ASCII text is tokenized by the exact fast path" if fast else
              "the tokenizer tokenizes all text (fast ASCII path off by setting, or not covered for this tokenizer)")
     return text
+
+
+def build_configured_model(settings: GatewayStackSettings, progress: Any = print) -> Path:
+    """Build (or reuse) the model settings ``model`` name: a family's (``model.family``) or the reference
+    model of ``model.spec``, in ``model.dir``."""
+    from models.families.build import build_family
+    from models.families.spec import family_named
+    from models.reference.build import build_model
+    from models.reference.spec import spec_named
+
+    if settings.model.family:
+        return build_family(settings.model.dir, family_named(settings.model.family), progress=progress)
+    return build_model(settings.model.dir, spec=spec_named(settings.model.spec), progress=progress)
 
 
 def cache_budgets(gateway: GatewaySettings) -> Any:

@@ -1,0 +1,179 @@
+"""A family's output format: sampled text -> content, reasoning and tool calls, by a library.
+
+- qwen3: ``renderers.Qwen3Renderer.parse_response`` (``<think>`` reasoning, hermes ``<tool_call>`` JSON).
+- qwen3-coder: ``renderers``' ``DefaultRenderer`` with its ``qwen3.5`` tool parser (the XML
+  ``<tool_call><function=..><parameter=..>`` calls Qwen3-Coder emits; Qwen3-Coder has no reasoning).
+- llama3: ``renderers.Llama3Renderer.parse_response`` (JSON ``{"name", "parameters"}`` calls).
+- gpt-oss: ``openai_harmony``'s ``StreamableParser`` over the sampled tokens; messages are mapped as
+  vLLM's ``HarmonyParser`` maps them (analysis -> reasoning; final, or commentary to no one -> content;
+  a ``functions.X`` recipient -> a tool call whose arguments are the message text).
+
+A tool-call block the library cannot parse (broken JSON/XML, unclosed) is answered as vLLM's tool parsers
+answer it (hermes, qwen3_coder, llama3_json: ``tools_called=False``, the whole text after the reasoning as
+content, no tool calls), and the parse errors are kept so the record says what failed. Harmony output that
+ends in a non-terminal state is answered as vLLM's ``HarmonyParser.flush`` answers it: the unfinished
+message's raw text as final content.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class FamilyToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI's function.arguments
+
+
+@dataclass(frozen=True)
+class FamilyParse:
+    content: str
+    reasoning: str | None
+    tool_calls: tuple[FamilyToolCall, ...] = ()
+    errors: tuple[str, ...] = field(default=())
+
+
+class OutputFormat(Protocol):
+    version: str  # recorded as the call's parser version
+
+    def parse(self, output_ids: list[int]) -> FamilyParse:
+        """Parse one sampled output (its ids, with or without the final stop token)."""
+        ...
+
+
+def _arguments_text(arguments: Any) -> str:
+    # As vLLM's parsers return them: json.dumps(..., ensure_ascii=False) of the parsed value.
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+class RenderersFormat:
+    """A ``renderers`` renderer's ``parse_response`` on the family's tokenizer."""
+
+    def __init__(self, tokenizer: Any, family: str, config: Any, parser_name: str, *,
+                 accepted: frozenset[str] = frozenset({"ok"}), json_call_prefixes: tuple[str, ...] = ()) -> None:
+        """``accepted``: the parse statuses that are a good call (the XML format's values are text: a
+        value that is not JSON is a string argument, status ``invalid_json``, not a failure).
+        ``json_call_prefixes``: where the format has no call markers (llama3), an output that starts like
+        a call but yields none is a parse failure."""
+        from renderers import create_renderer
+
+        self._renderer = create_renderer(tokenizer, config)
+        self._accepted = accepted
+        self._json_call_prefixes = json_call_prefixes
+        self._tokenizer = tokenizer
+        self.version = f"{family}: renderers=={version('renderers')} {parser_name}"
+
+    def parse(self, output_ids: list[int]) -> FamilyParse:
+        parsed = self._renderer.parse_response(list(output_ids))
+        reasoning = parsed.reasoning_content
+        if reasoning is not None and parsed.reasoning_complete is False:
+            reasoning = reasoning.strip()  # as the complete block's is, so a stream's deltas add up to it
+        reasoning = reasoning or None
+        errors = tuple(f"tool call {k}: {c.status.value}: {c.raw[:200]!r}"
+                       for k, c in enumerate(parsed.tool_calls) if c.status.value not in self._accepted)
+        head = (parsed.content or "").lstrip()
+        if not parsed.tool_calls and self._json_call_prefixes and head.startswith(self._json_call_prefixes):
+            errors = (f"output starts like a tool call but none parsed: {head[:200]!r}",)
+        if errors:  # vLLM: the parser gives up on the whole output; it all stays content
+            return FamilyParse(self._content_after_reasoning(output_ids, parsed), reasoning, (), errors)
+        calls = tuple(FamilyToolCall(str(c.name), _arguments_text(c.arguments if c.arguments is not None else {}))
+                      for c in parsed.tool_calls)
+        return FamilyParse(parsed.content or "", reasoning, calls)
+
+    def _content_after_reasoning(self, output_ids: list[int], parsed: Any) -> str:
+        stops = set(self._renderer.get_stop_token_ids())
+        ids = list(output_ids)
+        while ids and ids[-1] in stops:
+            ids.pop()
+        text = self._tokenizer.decode(ids, skip_special_tokens=False)
+        end = "</think>"
+        if parsed.reasoning_content is not None and end in text:
+            text = text.split(end, 1)[1].lstrip("\n")
+        return text
+
+
+def renderers_format(family: str, tokenizer: Any) -> RenderersFormat:
+    from renderers import DefaultRendererConfig, Llama3RendererConfig, Qwen3RendererConfig
+
+    if family == "qwen3":
+        return RenderersFormat(tokenizer, family, Qwen3RendererConfig(), "parse_response(qwen3)")
+    if family == "qwen3-coder":
+        return RenderersFormat(tokenizer, family, DefaultRendererConfig(tool_parser="qwen3.5"),
+                               "parse_response(default, tool_parser=qwen3.5)",
+                               accepted=frozenset({"ok", "invalid_json"}))
+    if family == "llama3":
+        return RenderersFormat(tokenizer, family, Llama3RendererConfig(), "parse_response(llama-3)",
+                               json_call_prefixes=("{", "<|python_tag|>"))
+    raise ValueError(f"no renderers output format for family {family!r}")
+
+
+def use_local_harmony_vocab(model_dir: Path) -> None:
+    """openai-harmony downloads o200k_base.tiktoken unless ``TIKTOKEN_ENCODINGS_BASE`` names a directory
+    holding it (it checks the published sha256): point it at the model directory's copy."""
+    if not (Path(model_dir) / "o200k_base.tiktoken").is_file():
+        raise FileNotFoundError(f"{model_dir} has no o200k_base.tiktoken (built by `tokentrail model build "
+                                f"--family gpt-oss`)")
+    os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(Path(model_dir).resolve())
+
+
+class HarmonyFormat:
+    """gpt-oss's harmony format through ``openai_harmony``."""
+
+    def __init__(self, model_dir: Path, tokenizer: Any) -> None:
+        from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+        use_local_harmony_vocab(model_dir)
+        self._encoding = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+        self._tokenizer = tokenizer
+        self._stops = frozenset(self._encoding.stop_tokens_for_assistant_actions())
+        self.version = f"gpt-oss: openai-harmony=={version('openai-harmony')} StreamableParser"
+
+    def parse(self, output_ids: list[int]) -> FamilyParse:
+        from openai_harmony import HarmonyError, Role, StreamableParser
+
+        parser = StreamableParser(self._encoding, Role.ASSISTANT)
+        ids = [int(t) for t in output_ids]
+        reasoning: list[str] = []
+        content: list[str] = []
+        calls: list[FamilyToolCall] = []
+        errors: list[str] = []
+        done, start = 0, 0  # messages completed; where the unfinished message's tokens start
+        try:
+            for k, token in enumerate(ids):
+                parser.process(token)
+                if len(parser.messages) > done:
+                    done, start = len(parser.messages), k + 1
+            parser.process_eos()
+        except HarmonyError as exc:
+            errors.append(f"harmony: {exc}")
+        for message in parser.messages[:done] if errors else parser.messages:
+            self._place(message, reasoning, content, calls)
+        if errors:  # vLLM's HarmonyParser.flush: the unfinished message's raw text as final content
+            rest = ids[start:]
+            while rest and rest[-1] in self._stops:
+                rest.pop()
+            content.append(self._tokenizer.decode(rest, skip_special_tokens=False))
+        return FamilyParse("".join(content), "".join(reasoning) if reasoning else None, tuple(calls), tuple(errors))
+
+    @staticmethod
+    def _place(message: Any, reasoning: list[str], content: list[str], calls: list[FamilyToolCall]) -> None:
+        text = "".join(getattr(c, "text", "") for c in message.content)
+        recipient = message.recipient or None
+        if recipient and recipient.startswith("functions."):
+            calls.append(FamilyToolCall(recipient.removeprefix("functions."), text))
+        elif message.channel == "analysis":
+            reasoning.append(text)
+        elif message.channel == "final" or (message.channel == "commentary" and recipient is None):
+            content.append(text)
+
+
+def output_format(family: str, model_dir: Path, tokenizer: Any) -> OutputFormat:
+    if family == "gpt-oss":
+        return HarmonyFormat(model_dir, tokenizer)
+    return renderers_format(family, tokenizer)
