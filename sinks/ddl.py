@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 from clickhouse_connect.driver.client import Client
 
+from sinks.drift_views import DRIFT_VIEWS
+
 TOKENS = "String CODEC(ZSTD(3))"
 NTOKENS = "Nullable(String) CODEC(ZSTD(3))"
 TEXT = "String CODEC(ZSTD(3))"
@@ -531,6 +533,7 @@ VIEWS: dict[str, str] = {
                countIf(status = 'ERROR') AS errors
         FROM {db}.calls FINAL
         GROUP BY time""",
+    **DRIFT_VIEWS,  # chat-template drift per harness, family and renderer version (sinks/drift_views.py)
 }
 
 MIGRATIONS_TABLE = "schema_migrations"

@@ -93,7 +93,6 @@ class FamilyRun:
         from models.families.build import build_family
         from models.families.spec import family_named
         from producers.gateway.family_text_side import FamilyTextSide
-
         from producers.gateway.testing import running_embedded_gateway
 
         self.family, self.fmt = family, FORMATS[family]

@@ -66,10 +66,20 @@ class IndependentRenderer:
         self.tokenizer = tokenizer
         self.renderer = create_renderer(tokenizer, config_from_name(renderer_name),
                                         chat_template_kwargs=dict(template_kwargs or {}))
+        # renderers' gpt-oss generation prompt prefills the analysis channel (``<|start|>assistant<|channel|>
+        # analysis<|message|>``); harmony's own completion prompt, the published template and vLLM end at
+        # ``<|start|>assistant``. The prefill is renderers' choice, not the format's: it is taken off.
+        self.prefill: list[int] = (list(tokenizer.encode("<|channel|>analysis<|message|>", add_special_tokens=False))
+                                   if renderer_name == "gpt-oss" else [])
+
+    def _unfilled(self, ids: Sequence[int]) -> list[int]:
+        ids = list(ids)
+        n = len(self.prefill)
+        return ids[:-n] if n and ids[-n:] == self.prefill else ids
 
     def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None) -> list[int]:
-        return list(self.renderer.render_ids(_for_renderers(messages), tools=_tools(tools),
-                                             add_generation_prompt=True))
+        return self._unfilled(self.renderer.render_ids(_for_renderers(messages), tools=_tools(tools),
+                                                       add_generation_prompt=True))
 
     def bridge(self, prompt: Sequence[int], output: Sequence[int], messages: Sequence[Message],
                tools: Sequence[Mapping[str, Any]] | None) -> list[int] | None:
@@ -78,7 +88,7 @@ class IndependentRenderer:
             return None
         bridged = self.renderer.bridge_to_next_turn(list(prompt), list(output), _for_renderers(new),
                                                     tools=_tools(tools))
-        return None if bridged is None else list(bridged.token_ids)
+        return None if bridged is None else self._unfilled(bridged.token_ids)
 
     def judge(self, prompt: Sequence[int], messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
               previous: tuple[Sequence[int], Sequence[int]] | None) -> RenderVerdict:
