@@ -113,8 +113,11 @@ def independent_renderer(fmt: FamilyFormat, model_dir: Path) -> Any:
         return None
     from transformers import AutoTokenizer
 
+    from producers.families.formats import use_local_harmony_vocab
     from tokentrail.conformance.judge import IndependentRenderer
 
+    if fmt.harmony:  # renderers' gpt-oss renderer is harmony's encoder: its o200k from the build, not the network
+        use_local_harmony_vocab(model_dir)
     return IndependentRenderer(fmt.renderer, AutoTokenizer.from_pretrained(str(model_dir)))
 
 

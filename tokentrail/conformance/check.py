@@ -16,7 +16,7 @@ from tokentrail.conformance.formats import FamilyFormat
 from tokentrail.conformance.judge import (
     IndependentRenderer,
     Tally,
-    drift_tokens,
+    lost_tokens,
     normal_parse,
     parse_difference,
 )
@@ -78,7 +78,12 @@ def judge_calls(evidence: Sequence[CallEvidence], renderer: IndependentRenderer 
             tally.intended_mismatches += 1
             tally.details.append(f"{e.family} {e.key}: the gateway's parse is not what was scripted, "
                                  f"{parse_difference(e.gateway_parse, e.intended)}")
-        drift = drift_tokens(e.prompt_ids, e.rerender_ids)
-        tally.retokenize_drift_tokens += drift
-        tally.calls_with_drift += drift > 0
+        if e.previous is not None:
+            context = e.previous[0] + e.previous[1]
+            if e.prompt_ids[:len(context)] == context:
+                drift = lost_tokens(context, e.rerender_ids)
+                tally.retokenize_drift_tokens += drift
+                tally.calls_with_drift += drift > 0
+            else:
+                tally.break_lost_tokens += lost_tokens(context, e.prompt_ids)
     return tally, reproduced

@@ -6,8 +6,9 @@
   previous prompt ‖ output (``bridge_to_next_turn``). Anything else is a render mismatch, with where it starts.
 * Parse (item 4b): the reasoning, text and tool calls the gateway parsed from an output must equal what vLLM's
   parser for the family extracts from the same text (normalized as ``normal_parse`` says).
-* Drift (item 4c): tokens in which a plain re-render of the request differs from the prompt the gateway sent
-  (the sampled ids it kept): the number splicing saves, per family.
+* Drift (item 4c): where the gateway kept the previous call's prompt ‖ sampled output (spliced), the tokens of
+  it that a plain re-render of the request would have lost or re-tokenized: the number splicing saves, per
+  family. Where the prompt does not extend it (a named break), the tokens of it the prompt lost.
 """
 
 from __future__ import annotations
@@ -40,8 +41,11 @@ class Tally:
     parse_compared: int = 0
     vllm_parse_mismatches: int = 0
     intended_mismatches: int = 0  # the gateway's parse differs from what the corpus scripted
+    # Spliced calls: tokens of the previous prompt ‖ output a plain re-render would have lost or re-tokenized
+    # (what the splice saved). Calls that did not extend the previous one: tokens their prompt lost (breaks).
     retokenize_drift_tokens: int = 0
     calls_with_drift: int = 0
+    break_lost_tokens: int = 0
     details: list[str] = field(default_factory=list)
 
     def add(self, other: Tally) -> None:
@@ -165,6 +169,16 @@ def drift_tokens(sent: Sequence[int], rerender: Sequence[int]) -> int:
     matcher = difflib.SequenceMatcher(None, sent, rerender, autojunk=False)
     matched = sum(block.size for block in matcher.get_matching_blocks())
     return max(len(sent), len(rerender)) - matched
+
+
+def lost_tokens(context: Sequence[int], prompt: Sequence[int]) -> int:
+    """Tokens of ``context`` (an earlier prompt ‖ the output sampled after it) that ``prompt`` does not keep
+    in order: dropped or re-tokenized (difflib's matching blocks, no junk heuristic)."""
+    context, prompt = list(context), list(prompt)
+    if prompt[:len(context)] == context:
+        return 0
+    matcher = difflib.SequenceMatcher(None, context, prompt, autojunk=False)
+    return len(context) - sum(block.size for block in matcher.get_matching_blocks())
 
 
 def normal_parse(reasoning: str | None, content: str | None, tool_calls: Sequence[Mapping[str, Any]]) -> dict:

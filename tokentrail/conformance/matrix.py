@@ -77,6 +77,7 @@ def summary(cells: Sequence[Cell], families: Sequence[str], harnesses: Sequence[
         "retokenize_drift_tokens": sum(c.tally.retokenize_drift_tokens for c in cells),
         "retokenize_drift_by_family": {f: sum(c.tally.retokenize_drift_tokens for c in cells if c.family == f)
                                        for f in families},
+        "break_lost_tokens": sum(c.tally.break_lost_tokens for c in cells),
     }
 
 
