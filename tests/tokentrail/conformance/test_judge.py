@@ -15,7 +15,7 @@ from tokentrail.commands.conformance import harness_script, independent_renderer
 from tokentrail.commands.harnesses import HARNESSES
 from tokentrail.conformance.corpus import CONVERSATIONS, adapted, requests
 from tokentrail.conformance.formats import FORMATS
-from tokentrail.conformance.judge import drift_tokens, normal_parse
+from tokentrail.conformance.judge import drift_tokens, lost_tokens, normal_parse
 
 
 def _renders(family: str, model_dir: Path) -> list[tuple[str, list[int], list[int]]]:
@@ -87,6 +87,10 @@ def test_drift_counts_tokens_that_differ() -> None:
     assert drift_tokens([1, 2, 3, 4], [1, 9, 3, 4]) == 1
     assert drift_tokens([1, 2, 3, 4], [1, 2, 3, 4, 5, 6]) == 2
     assert drift_tokens([1, 2, 3, 4, 5], [1, 7, 8, 4, 5]) == 2
+    # Of a previous prompt ‖ output: what the next prompt keeps in order (appended turns do not count).
+    assert lost_tokens([1, 2, 3], [1, 2, 3, 4, 5]) == 0
+    assert lost_tokens([1, 2, 3, 4], [1, 9, 3, 4, 5]) == 1
+    assert lost_tokens([1, 2, 3, 4], [1, 4, 7]) == 2
 
 
 def test_parses_compare_on_what_the_model_said() -> None:
