@@ -58,11 +58,14 @@ def judge_calls(evidence: Sequence[CallEvidence], renderer: IndependentRenderer 
             reproduced.append(None)
         else:
             verdict = renderer.judge(e.prompt_ids, e.messages, e.tools, e.previous)
-            reproduced.append(verdict.agrees)
+            reproduced.append(None if verdict.how == "refused" else verdict.agrees)
             if verdict.how == "render":
                 tally.render_agree_full += 1
             elif verdict.how == "bridge":
                 tally.render_agree_bridge += 1
+            elif verdict.how == "refused":
+                tally.render_unjudged += 1
+                tally.details.append(f"{e.family} {e.key}: not judged, {verdict.detail}")
             else:
                 tally.render_mismatches += 1
                 tally.details.append(f"{e.family} {e.key}: render mismatch, {verdict.detail}")

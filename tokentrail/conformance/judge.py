@@ -25,7 +25,9 @@ Message = dict[str, Any]
 @dataclass(frozen=True)
 class RenderVerdict:
     agrees: bool
-    how: str  # "render" (a full render equals it), "bridge" (renderers' extension equals it), or "mismatch"
+    # "render" (a full render equals it), "bridge" (renderers' extension equals it), "mismatch", or "refused"
+    # (renderers will not render the request: no judgement)
+    how: str
     detail: str = ""
 
 
@@ -37,7 +39,7 @@ class Tally:
     render_agree_full: int = 0
     render_agree_bridge: int = 0
     render_mismatches: int = 0
-    render_unjudged: int = 0  # no independent renderer of the family
+    render_unjudged: int = 0  # no independent renderer of the family, or it refused the request
     parse_compared: int = 0
     vllm_parse_mismatches: int = 0
     intended_mismatches: int = 0  # the gateway's parse differs from what the corpus scripted
@@ -97,10 +99,16 @@ class IndependentRenderer:
     def judge(self, prompt: Sequence[int], messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
               previous: tuple[Sequence[int], Sequence[int]] | None) -> RenderVerdict:
         prompt = list(prompt)
-        full = self.render(messages, tools)
+        try:
+            full = self.render(messages, tools)
+        except ValueError as exc:  # renderers refuses the conversation (e.g. Llama 3 with two system messages)
+            return RenderVerdict(False, "refused", f"renderers' {self.name} refuses the request: {exc}"[:300])
         if prompt == full:
             return RenderVerdict(True, "render")
-        bridged = self.bridge(*previous, messages, tools) if previous is not None else None
+        try:
+            bridged = self.bridge(*previous, messages, tools) if previous is not None else None
+        except ValueError:
+            bridged = None
         if bridged is not None and prompt == bridged:
             return RenderVerdict(True, "bridge")
         closest = bridged if bridged is not None and _common(prompt, bridged) > _common(prompt, full) else full
