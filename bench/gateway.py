@@ -116,14 +116,15 @@ class FastUpstream:
 
 
 def _text_side(fast_ascii: bool = True) -> Any:
-    from models.reference.build import build_model
-    from producers.gateway.text_side import ModelTextSide
-    from producers.gateway.wiring import cache_budgets
+    """The configured model's text side: the reference model, or a family's with settings ``model.family``
+    and ``model.dir`` (``TOKENTRAIL_MODEL__FAMILY=qwen3 TOKENTRAIL_MODEL__DIR=...``: a 150K vocabulary)."""
+    from producers.gateway.family_text_side import text_side_for
+    from producers.gateway.wiring import build_configured_model, cache_budgets
     from tokentrail.settings import get_settings
 
     settings = get_settings()
-    return ModelTextSide.from_dir(build_model(settings.model.dir), fast_ascii=fast_ascii,
-                                  caches=cache_budgets(settings.gateway))
+    return text_side_for(build_configured_model(settings, progress=lambda _: None), fast_ascii=fast_ascii,
+                         caches=cache_budgets(settings.gateway))
 
 
 def _output_ids(text: Any, count: int) -> list[int]:

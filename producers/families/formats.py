@@ -152,9 +152,17 @@ class HarmonyFormat:
             parser.process_eos()
         except HarmonyError as exc:
             errors.append(f"harmony: {exc}")
-        for message in parser.messages[:done] if errors else parser.messages:
-            self._place(message, reasoning, content, calls)
-        if errors:  # vLLM's HarmonyParser.flush: the unfinished message's raw text as final content
+        failed = bool(errors)
+        for message in parser.messages[:done] if failed else parser.messages:
+            ignored = self._place(message, reasoning, content, calls)
+            if ignored:  # vLLM ignores it too; the record says so rather than dropping it silently
+                errors.append(ignored)
+        for k, call in enumerate(calls):
+            try:
+                json.loads(call.arguments)
+            except json.JSONDecodeError:  # kept as vLLM keeps it; the record says it is not JSON
+                errors.append(f"tool call {k} ({call.name}): arguments are not JSON: {call.arguments[:200]!r}")
+        if failed:  # vLLM's HarmonyParser.flush: the unfinished message's raw text as final content
             rest = ids[start:]
             while rest and rest[-1] in self._stops:
                 rest.pop()
@@ -162,7 +170,8 @@ class HarmonyFormat:
         return FamilyParse("".join(content), "".join(reasoning) if reasoning else None, tuple(calls), tuple(errors))
 
     @staticmethod
-    def _place(message: Any, reasoning: list[str], content: list[str], calls: list[FamilyToolCall]) -> None:
+    def _place(message: Any, reasoning: list[str], content: list[str], calls: list[FamilyToolCall]) -> str | None:
+        """File a harmony message as vLLM's HarmonyParser does; the reason it is ignored, if it is."""
         text = "".join(getattr(c, "text", "") for c in message.content)
         recipient = message.recipient or None
         if recipient and recipient.startswith("functions."):
@@ -171,6 +180,9 @@ class HarmonyFormat:
             reasoning.append(text)
         elif message.channel == "final" or (message.channel == "commentary" and recipient is None):
             content.append(text)
+        else:
+            return f"harmony message ignored (channel {message.channel!r}, recipient {recipient!r}): {text[:200]!r}"
+        return None
 
 
 def output_format(family: str, model_dir: Path, tokenizer: Any) -> OutputFormat:

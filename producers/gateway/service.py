@@ -150,7 +150,8 @@ class CallService:
         forced = None
         if identity.state.script:  # taken with the index, so the n-th call gets the n-th completion
             text = identity.state.script.popleft()
-            forced = (*self.text.encode_text(text), self.text.stop_token_ids[0])
+            ids = self.text.encode_text(text)  # ends in the stop the script names (gpt-oss: <|call|>), else EOS
+            forced = (*ids,) if ids and ids[-1] in self.text.stop_token_ids else (*ids, self.text.stop_token_ids[0])
         return PreparedCall(identity, call, rendered, index,
                             make_call_id(identity.rollout_id, identity.attempt_id, index), received_at_us,
                             started, request_json, adapter_version, tool_call_prefix, passthrough, forced,

@@ -1,0 +1,53 @@
+"""vLLM (CPU) loads a model family's directory as built here (models/families: qwen3's real vocabulary and
+chat template, a tiny random-weight Qwen3) and renders a chat request to exactly the prompt ids the
+gateway's family text side renders: vLLM's own /v1/chat/completions (``return_token_ids``) is the judge.
+Served with the family's reference parsers (hermes tool calls, qwen3 reasoning)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from producers.gateway.testing import free_port
+from tests.producers.families.family_models import family_dir, family_text_side
+
+from .vllm_server import start_vllm
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+LOOKUP = {"type": "function", "function": {
+    "name": "lookup", "description": "Look up the value of a key.",
+    "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
+# A tool round trip with reasoning, two parallel calls, consecutive tool messages and non-ASCII text.
+CONVERSATION: list[dict[str, Any]] = [
+    {"role": "system", "content": "Answer with the lookup tool."},
+    {"role": "user", "content": "What are fox and 猫?"},
+    {"role": "assistant", "content": "", "reasoning": "I need both keys.", "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "fox"}'}},
+        {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"key":"猫"}'}}]},
+    {"role": "tool", "tool_call_id": "call_0", "content": "red"},
+    {"role": "tool", "tool_call_id": "call_1", "content": "grau"},
+]
+
+
+def test_vllm_serves_a_family_dir_and_renders_the_gateways_prompt(vllm_installed: None) -> None:
+    model_dir = family_dir("qwen3")
+    text = family_text_side("qwen3")
+    server = start_vllm(model_dir, free_port(), model_name="qwen3", logprobs_mode="processed_logprobs",
+                        serve_options=["--quick-start"], startup_timeout_s=900,
+                        vllm_args=["--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                                   "--reasoning-parser", "qwen3"])
+    try:
+        for messages in (CONVERSATION[:2], CONVERSATION):
+            body = {"model": "qwen3", "messages": messages, "tools": [LOOKUP], "max_tokens": 1,
+                    "return_token_ids": True}
+            reply = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300.0)
+            assert reply.status_code == 200, reply.text
+            vllm_ids = reply.json()["prompt_token_ids"]
+            ours = text.render_chat(messages, [LOOKUP], prefix_mode="retokenize", prior=[])
+            assert np.asarray(ours.prompt_ids).tolist() == vllm_ids
+    finally:
+        server.stop()
