@@ -1,4 +1,5 @@
-"""The families' model directories (built once, where the settings keep them, shared with every other test)."""
+"""The families' model directories: built once per machine where the settings keep them (the families tests'
+own helper, tests/producers/families/family_models.py)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from models.families.build import build_family
-from models.families.spec import family_named
-from tokentrail.settings import get_settings
+from tests.producers.families.family_models import family_dir as built_family_dir
 
 
 @pytest.fixture(scope="session")
 def family_dir() -> Callable[[str], Path]:
-    built: dict[str, Path] = {}
-
-    def get(family: str) -> Path:
-        if family not in built:
-            built[family] = build_family(get_settings().model.families_dir / family, family_named(family))
-        return built[family]
-
-    return get
+    return built_family_dir
