@@ -8,7 +8,7 @@ Processes of their own, all on this machine:
   once, so what a front adds over calling it directly is the front's own cost. Calling it directly is
   the baseline (**direct**).
 * **gateway**: the real tokentrail gateway (``producers.gateway.wiring.build_app``, the vLLM upstream client
-  of ``producers/upstreams/vllm.py``) in ``--prefix-mode`` (default ``splice``): it renders and tokenizes
+  of ``producers/upstreams/vllm/``) in ``--prefix-mode`` (default ``splice``): it renders and tokenizes
   the conversation, sends the ids to the upstream, records the call (Avro) and answers only after the
   record is acknowledged by the local Kafka broker (acks=all, with its spool).
 * **thin**: ``bench/thin_proxy.py``, httpx relaying bytes and parsing nothing (a floor for any proxy).
@@ -36,6 +36,9 @@ throughput with 64 calls in flight, one target after the other. ``rss_growth_fra
 after its concurrency-64 calls over its RSS after the first tenth of them, minus one (``rss_mib_*``
 checkpoints at every tenth). The client is a minimal keep-alive HTTP/1.1 client (bench/http_client.py).
 
+Parts: bench/gateway_workload.py (what is sent, the run's topics), bench/gateway_serve.py (the gateway process
+this starts), bench/gateway_memory.py (``--memory``); this module measures and reports.
+
     python -m bench.gateway [--calls N] [--c64-calls N] [--workload agent|distinct|same] [--targets ...]
                             [--prefix-mode splice|retokenize|upstream] [--upstream http|inprocess] ...
 """
@@ -44,249 +47,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import orjson
 
 from bench import litellm_proxy
 from bench.common import emit
+from bench.gateway_memory import run_memory
+from bench.gateway_serve import serve
+from bench.gateway_workload import CHAT, MODEL, bench_topics, conversations, output_ids_of, prompt_of_tokens, text_side
 from bench.http_client import Poster, RawClient, concurrently, percentile, timed_call
 from bench.processes import cpu_seconds, free_port, rss_mib, stop, wait_healthy
-from producers.upstreams.base import ChatGenerateRequest, GenerateRequest, GenerateResult, TokenChunk
 
-OUTPUT_TEXT = "The answer is forty-two, and here is why it holds in every case we tried."
-MODEL = "bench"
-CHAT = "/v1/chat/completions"
 ALL_TARGETS = ("gateway", "thin", "litellm")
 
 
-# ---------------------------------------------------------------- the in-process upstream (secondary line)
-
-
-class FastUpstream:
-    """An Upstream that samples nothing: it answers at once with fixed output ids."""
-
-    name = "bench-fast"
-
-    def __init__(self, output_ids: list[int], vocab_size: int = 256, chars_per_token: float = 1.5) -> None:
-        self.output_ids = output_ids
-        self.logprobs = [-0.5] * len(output_ids)
-        self.prompt_pool = np.random.default_rng(0).integers(0, vocab_size, 1 << 16).astype(np.uint32)
-        self.chars_per_token = chars_per_token
-
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        n = min(request.sampling.max_tokens, len(self.output_ids))
-        return GenerateResult(
-            prompt_ids=request.prompt_ids, output_ids=self.output_ids[:n],
-            output_logprobs=self.logprobs[:n], finish_reason="length" if n < len(self.output_ids) else "stop",
-            logprob_kind="RAW", policy_version=0, engine="bench/fast", upstream="in-process",
-        )
-
-    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
-        result = await self.generate(request)
-        yield TokenChunk(result.output_ids, result.output_logprobs)
-        yield result
-
-    async def generate_chat_stream(self, request: ChatGenerateRequest) -> AsyncIterator[TokenChunk | GenerateResult]:
-        """Pass-through: a model server that renders for free. It reports a prompt as long as the
-        conversation's text would tokenize to (ids drawn once; each turn's prompt extends the last's)."""
-        chars = sum(len(str(m.get("content") or "")) for m in request.messages)
-        prompt = self.prompt_pool[: min(len(self.prompt_pool), 16 + int(chars / self.chars_per_token))]
-        result = await self.generate(GenerateRequest(prompt, request.sampling, request.request_id))
-        yield TokenChunk(result.output_ids, result.output_logprobs, prompt_ids=prompt)
-        yield result
-
-    async def policy_version(self) -> int:
-        return 0
-
-    async def close(self) -> None:
-        return None
-
-
-def _text_side(fast_ascii: bool = True) -> Any:
-    """The configured model's text side: the reference model, or a family's with settings ``model.family``
-    and ``model.dir`` (``TOKENTRAIL_MODEL__FAMILY=qwen3 TOKENTRAIL_MODEL__DIR=...``: a 150K vocabulary)."""
-    from producers.gateway.family_text_side import text_side_for
-    from producers.gateway.wiring import build_configured_model, cache_budgets
-    from tokentrail.settings import get_settings
-
-    settings = get_settings()
-    return text_side_for(build_configured_model(settings, progress=lambda _: None), fast_ascii=fast_ascii,
-                         caches=cache_budgets(settings.gateway))
-
-
-def _output_ids(text: Any, count: int) -> list[int]:
-    ids = text.encode_text(OUTPUT_TEXT)
-    while len(ids) < count:
-        ids += ids
-    return ids[:count]
-
-
-def gateway_app(spool_dir: str, calls_topic: str, env_topic: str, output_tokens: int,
-                prefix_mode: str = "splice", fast_ascii: bool = True, upstream_url: str = "") -> Any:
-    """The standard gateway app; over HTTP to ``upstream_url`` (the real vLLM client), else in-process."""
-    from producers.delivery import CallPublisher
-    from producers.gateway.wiring import build_app
-    from tokentrail.settings import get_settings
-
-    settings = get_settings()
-    gateway = {"spool_dir": Path(spool_dir), "prefix_mode": prefix_mode, "fast_ascii_tokenize": fast_ascii}
-    if upstream_url:
-        gateway |= {"upstream": upstream_url, "vllm_model": MODEL}
-    settings = settings.model_copy(update={
-        "model": settings.model.model_copy(update={"name": MODEL}),
-        "gateway": settings.gateway.model_copy(update=gateway),
-    })
-    text = _text_side(fast_ascii)
-    upstream = None
-    if not upstream_url:
-        sample = text.render_text([{"role": "user", "content": _prompt(text, 512)}], None)
-        chars_per_token = len(sample) / len(text.encode_text(sample))
-        upstream = FastUpstream(_output_ids(text, output_tokens), text.vocab_size, chars_per_token)
-    return build_app(
-        settings, upstream=upstream, publisher=CallPublisher.from_settings(settings.kafka, settings.gateway),
-        text=text, topics={"calls_topic": calls_topic, "env_topic": env_topic}, progress=lambda _: None,
-    )
-
-
-def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    if args.processes > 1 and args.process is None:
-        return serve_processes(args)
-    spool_dir = args.spool_dir if args.process is None else str(Path(args.spool_dir) / f"process-{args.process}")
-    app = gateway_app(spool_dir, args.calls_topic, args.env_topic, args.output_tokens, args.prefix_mode,
-                      not args.no_fast_ascii, args.upstream_url or "")
-    if args.tracemalloc:
-        app = _with_tracemalloc(app, args.tracemalloc)
-    # The client keeps its connections (timeout_keep_alive): no race with idle closes.
-    config = {"log_level": "warning", "access_log": False, "timeout_keep_alive": 120}
-    if args.process is None:
-        uvicorn.run(app, host="127.0.0.1", port=args.port, **config)
-        return 0
-    from producers.gateway.peers import StickyRouter, shared_socket
-
-    peers = [f"http://127.0.0.1:{p}" for p in args.peer_ports.split(",")]
-    own = int(args.peer_ports.split(",")[args.process])
-    sockets = [shared_socket("127.0.0.1", args.port), shared_socket("127.0.0.1", own)]
-    uvicorn.Server(uvicorn.Config(StickyRouter(app, args.process, peers), **config)).run(sockets=sockets)
-    return 0
-
-
-def serve_processes(args: argparse.Namespace) -> int:
-    """``--processes N``: N gateway processes on the one port, rollout-sticky (producers/gateway/peers.py),
-    as children of this one (so the benchmark reads their CPU and RSS as one server's)."""
-    import signal
-
-    peer_ports = ",".join(str(free_port()) for _ in range(args.processes))
-    argv = [a for a in sys.argv]
-    children = [subprocess.Popen([sys.executable, "-m", "bench.gateway", *argv[1:], "--process", str(n),
-                                  "--peer-ports", peer_ports]) for n in range(args.processes)]
-
-    def stop_children(*_: Any) -> None:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, stop_children)
-    signal.signal(signal.SIGINT, stop_children)
-    codes = [child.wait() for child in children]
-    return max(codes, default=0)
-
-
-def _with_tracemalloc(app: Any, frames: int) -> Any:
-    """``app`` with tracemalloc on and ``GET /bench/tracemalloc`` answering what grew since the last such
-    request, by allocating line (for finding what grows per request; costs CPU, never in timed runs)."""
-    import tracemalloc
-
-    tracemalloc.start(frames)
-    last: list[Any] = [tracemalloc.take_snapshot()]
-
-    async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != "/bench/tracemalloc":
-            await app(scope, receive, send)
-            return
-        snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
-        stats = snapshot.compare_to(last[0], "traceback")[:25]
-        last[0] = snapshot
-        lines = []
-        for stat in stats:
-            lines.append(f"{stat.size_diff / 1e6:+.2f} MB {stat.count_diff:+d} blocks")
-            lines.extend(f"    {line}" for line in stat.traceback.format()[-2 * frames:])
-        body = "\n".join(lines).encode()
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
-        await send({"type": "http.response.body", "body": body})
-
-    return wrapped
-
-
-# ---------------------------------------------------------------- requests
-
-
-def _prompt(text: Any, tokens: int) -> str:
-    """A user message whose rendered chat prompt has about ``tokens`` tokens."""
-    rng = random.Random(0)
-    vocabulary = ["alpha", "river", "stone", "quietly", "compute", "seven", "orange", "because", "table",
-                  "the", "of", "model", "gradient", "window", "north", "plain", "under", "vector"]
-    words = [rng.choice(vocabulary) for _ in range(tokens)]
-    for _ in range(4):
-        content = " ".join(words)
-        rendered = len(text.render_chat([{"role": "user", "content": content}], None,
-                                        prefix_mode="retokenize", prior=[]).prompt_ids)
-        if abs(rendered - tokens) <= 8:
-            break
-        words = (words * 2)[: max(1, int(len(words) * tokens / rendered))]
-    return content
-
-
-def _words(rng: random.Random, count: int) -> str:
-    vocabulary = ["result", "found", "line", "file", "error", "value", "returns", "match", "path", "ok",
-                  "status", "count", "test", "passed", "module", "config", "key", "index"]
-    return " ".join(rng.choice(vocabulary) for _ in range(count))
-
-
-def conversations(workload: str, calls: int, turns: int, first: str, answer: str, turn_tokens: int,
-                  max_tokens: int, seed: int, group_size: int = 1, stream: bool = False) -> list[list[bytes]]:
-    """Request bodies, grouped by conversation (one rollout each), at least ``calls`` calls in all. In
-    the agent workload, ``group_size`` consecutive conversations share their first message (a group).
-    ``stream``: the requests ask for a streamed answer."""
-    rng = random.Random(seed)
-
-    def body(messages: list[dict[str, str]]) -> bytes:
-        request: dict[str, Any] = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 1.0}
-        if stream:
-            request["stream"] = True
-        return orjson.dumps(request)
-
-    if workload == "same":
-        return [[body([{"role": "user", "content": first}])] for _ in range(calls)]
-    if workload == "distinct":
-        return [[body([{"role": "user", "content": f"case-{seed}-{n}-{uuid.uuid4().hex[:6]} {first}"}])]
-                for n in range(calls)]
-    out = []
-    for n in range(-(-calls // turns)):
-        if n % group_size == 0:
-            task = f"task-{seed}-{n}-{uuid.uuid4().hex[:6]} {first}"
-        messages = [{"role": "user", "content": task}]
-        bodies = [body(messages)]
-        for _ in range(turns - 1):
-            messages = [*messages, {"role": "assistant", "content": answer},
-                        {"role": "user", "content": _words(rng, turn_tokens)}]
-            bodies.append(body(messages))
-        out.append(bodies)
-    return out
+# ---------------------------------------------------------------- the gateway's own figures and rollouts
 
 
 async def _histogram_sums(client: httpx.AsyncClient, url: str) -> dict[str, float]:
@@ -404,379 +188,290 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 # ---------------------------------------------------------------- the run
 
 
-async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
-    from confluent_kafka import Consumer, TopicPartition
-    from confluent_kafka.admin import AdminClient, NewTopic
+# ---------------------------------------------------------------- the run, step by step
 
-    from schemas.kafka_config import admin_config, consumer_config
-    from tokentrail import kafka_local
-    from tokentrail.settings import get_settings
+C1Result = dict[str, tuple[list[float], float]]  # target -> (latencies in s, CPU ms per call)
 
-    settings = get_settings()
-    print(f"Kafka at {settings.kafka.bootstrap_servers} ...", flush=True)
-    if not kafka_local.broker_answers(settings.kafka):
-        kafka_local.start(wait_s=120, kafka=settings.kafka)
-    admin = AdminClient(admin_config(settings.kafka))
-    tag = uuid.uuid4().hex[:8]
-    calls_topic, env_topic = f"bench.gateway.calls.{tag}", f"bench.gateway.env.{tag}"
-    for future in admin.create_topics([NewTopic(calls_topic, 6, replication_factor=-1),
-                                       NewTopic(env_topic, 6, replication_factor=-1)]).values():
-        future.result(timeout=60)
 
-    text = _text_side()
-    content = _prompt(text, args.prompt_tokens)
+@dataclass
+class Workloads:
+    """Every phase's request bodies, grouped by conversation, made before any server starts."""
+
+    prompt_tokens: int
+    warmup: list[list[bytes]]
+    timed: list[list[bytes]]
+    c64: list[list[bytes]]
+    extras: dict[str, list[list[bytes]]]  # distinct, stream: measured at concurrency 1 after the main one
+    inprocess: list[list[bytes]]
+
+
+def _workloads(args: argparse.Namespace, text: Any, answer: str) -> Workloads:
+    content = prompt_of_tokens(text, args.prompt_tokens)
     prompt_len = len(text.render_chat([{"role": "user", "content": content}], None,
                                       prefix_mode="retokenize", prior=[]).prompt_ids)
-    output_ids = _output_ids(text, args.output_tokens)
-    answer = text.decode(output_ids)
 
     def phase(workload: str, calls: int, seed: int, stream: bool = False) -> list[list[bytes]]:
         turns = args.turns if workload == "agent" else 1
         return conversations(workload, calls, turns, content, answer, args.turn_tokens, args.output_tokens,
                              seed, args.group_size, stream)
 
-    warmup, timed, c64 = phase(args.workload, args.warmup, 1), phase(args.workload, args.calls, 2), \
-        phase(args.workload, args.c64_calls, 3)
     extras = {"distinct": phase("distinct", args.extra_calls, 4),
               "stream": phase("agent", args.extra_calls, 5, stream=True)} if args.extra_calls else {}
-    n_c1 = sum(len(c) for c in timed)
-    longest = max(len(b) for c in timed for b in c)
-    print(f"workload {args.workload}: first prompt {prompt_len} tokens (largest body {longest} bytes of JSON); "
-          f"output {args.output_tokens} tokens; gateway prefix mode {args.prefix_mode}, upstream {args.upstream}",
-          flush=True)
+    return Workloads(prompt_len, phase(args.workload, args.warmup, 1), phase(args.workload, args.calls, 2),
+                     phase(args.workload, args.c64_calls, 3), extras, phase(args.workload, args.inprocess_calls, 6))
 
-    workdir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
-    procs: list[subprocess.Popen[bytes]] = []
-    targets: dict[str, Target] = {}
 
-    def spawn(name: str, argv: list[str], health: str = "/health", gateway: bool = False) -> Target:
+def _calls(*phases: list[list[bytes]]) -> int:
+    return sum(len(conversation) for phase in phases for conversation in phase)
+
+
+@dataclass
+class Servers:
+    """The processes a run starts: the upstream (**direct**) and the fronts in front of it."""
+
+    workdir: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    targets: dict[str, Target] = field(default_factory=dict)
+
+    def spawn(self, name: str, argv: list[str], health: str = "/health", gateway: bool = False) -> Target:
         port = free_port()
         proc = subprocess.Popen([a.replace("{port}", str(port)) for a in argv])
-        procs.append(proc)
-        targets[name] = Target(name, proc, f"http://127.0.0.1:{port}", health, gateway)
-        return targets[name]
+        self.procs.append(proc)
+        self.targets[name] = Target(name, proc, f"http://127.0.0.1:{port}", health, gateway)
+        return self.targets[name]
 
-    python = sys.executable
-    upstream = spawn("direct", [python, "-m", "bench.fake_vllm", "--port", "{port}", "--model", MODEL,
-                                "--max-model-len", str(args.max_model_len), "--vocab-size", str(text.vocab_size),
-                                "--output", orjson.dumps({"ids": output_ids,
-                                                          "pieces": [text.decode([i]) for i in output_ids]}).decode()])
+    @property
+    def front(self) -> list[Target]:
+        """The targets compared side by side (the in-process and multi-process gateways are extra lines)."""
+        return [t for name, t in self.targets.items() if name not in ("inprocess", "multi")]
+
+    def get(self, name: str) -> Target | None:
+        return self.targets.get(name)
+
+
+def _start_servers(args: argparse.Namespace, servers: Servers, text: Any, output_ids: list[int],
+                   calls_topic: str, env_topic: str) -> None:
+    python, workdir = sys.executable, servers.workdir
+    upstream = servers.spawn("direct", [
+        python, "-m", "bench.fake_vllm", "--port", "{port}", "--model", MODEL, "--max-model-len",
+        str(args.max_model_len), "--vocab-size", str(text.vocab_size),
+        "--output", orjson.dumps({"ids": output_ids, "pieces": [text.decode([i]) for i in output_ids]}).decode()])
     serve_gateway = [python, "-m", "bench.gateway", "--output-tokens", str(args.output_tokens), "--serve",
                      "--port", "{port}", "--prefix-mode", args.prefix_mode, "--calls-topic", calls_topic,
                      "--env-topic", env_topic, *(["--no-fast-ascii"] if args.no_fast_ascii else [])]
     wanted = args.targets.split(",")
     if "gateway" in wanted:
-        spawn("gateway", [*serve_gateway, "--spool-dir", str(workdir / "spool"),
-                          *(["--upstream-url", upstream.url] if args.upstream == "http" else [])], gateway=True)
+        servers.spawn("gateway", [*serve_gateway, "--spool-dir", str(workdir / "spool"),
+                                  *(["--upstream-url", upstream.url] if args.upstream == "http" else [])], gateway=True)
     if "thin" in wanted:
-        spawn("thin", [python, "-m", "bench.thin_proxy", "--port", "{port}", "--upstream", upstream.url])
-    litellm_missing = "litellm" in wanted and not litellm_proxy.available()
-    if "litellm" in wanted and not litellm_missing:
+        servers.spawn("thin", [python, "-m", "bench.thin_proxy", "--port", "{port}", "--upstream", upstream.url])
+    if "litellm" in wanted and litellm_proxy.available():
         port = free_port()
         proc = litellm_proxy.start(port, upstream.url, MODEL, workdir)
-        procs.append(proc)
-        targets["litellm"] = Target("litellm", proc, f"http://127.0.0.1:{port}", litellm_proxy.HEALTH_PATH)
-    if litellm_missing:
+        servers.procs.append(proc)
+        servers.targets["litellm"] = Target("litellm", proc, f"http://127.0.0.1:{port}", litellm_proxy.HEALTH_PATH)
+    elif "litellm" in wanted:
         print(f"{litellm_proxy.INSTALL_HINT}; its figures are null", flush=True)
-    multi = None
     if args.processes > 1 and "gateway" in wanted:
-        multi = spawn("multi", [*serve_gateway, "--spool-dir", str(workdir / "spool-multi"), "--processes",
+        servers.spawn("multi", [*serve_gateway, "--spool-dir", str(workdir / "spool-multi"), "--processes",
                                 str(args.processes), "--upstream-url", upstream.url], gateway=True)
-    inprocess = None
     if args.inprocess_calls and args.upstream == "http" and "gateway" in wanted:
-        inprocess = spawn("inprocess", [*serve_gateway, "--spool-dir", str(workdir / "spool-inprocess")],
-                          gateway=True)
+        servers.spawn("inprocess", [*serve_gateway, "--spool-dir", str(workdir / "spool-inprocess")], gateway=True)
 
-    figures: dict[str, Any] = {}
-    raw = RawClient()
-    post: Poster = raw.post
-    gateway_calls = 0
+
+@dataclass
+class Measured:
+    main: C1Result
+    c64: dict[str, C64]
+    extras: dict[str, C1Result]
+    inprocess: C1Result | None
+    gateway_before: dict[str, float]  # the gateway's histogram sums around the main phase
+    gateway_after: dict[str, float]
+    upstream_counts: dict[str, int]  # requests the upstream got, by path
+    sinks: dict[str, dict[str, Any]]  # the gateways' /health sink sections at the end
+
+
+async def _measure(args: argparse.Namespace, servers: Servers, work: Workloads, post: Poster) -> Measured:
+    """Warm-up, the main phase at concurrency 1, every front at concurrency 64, the extra workloads."""
+    targets, front = servers.targets, servers.front
+    inprocess, multi, gateway = servers.get("inprocess"), servers.get("multi"), servers.get("gateway")
+    async with httpx.AsyncClient(timeout=60) as client:
+        for target in targets.values():
+            await wait_healthy(client, target.url + target.health, target.proc, target.name, timeout_s=900)
+        print(f"targets: {', '.join(t.name for t in front)}" + (" (+ in-process gateway)" if inprocess else ""),
+              flush=True)
+        print(f"warm-up: {_calls(work.warmup)} calls each ...", flush=True)
+        await _c1(client, post, [*front, *([inprocess] if inprocess else [])], work.warmup, "warm-up")
+        print(f"concurrency 1: {_calls(work.timed)} calls each, in turn ...", flush=True)
+        before = await _histogram_sums(client, gateway.url) if gateway else {}
+        main = await _c1(client, post, front, work.timed, "c1")
+        after = await _histogram_sums(client, gateway.url) if gateway else {}
+
+        c64: dict[str, C64] = {}
+        for target in front:
+            _check_alive(targets)
+            print(f"concurrency 64: {target.name}, {_calls(work.c64)} calls ...", flush=True)
+            c64[target.name] = await _c64(client, post, target, work.c64)
+        if multi is not None:
+            _check_alive(targets)
+            print(f"concurrency 64: gateway in {args.processes} processes, {_calls(work.warmup)} calls to warm up, "
+                  f"then {_calls(work.c64)} ...", flush=True)
+            await _c64(client, post, multi, work.warmup)
+            c64["multi"] = await _c64(client, post, multi, work.c64)
+
+        extras = {}
+        for label, convs in work.extras.items():
+            print(f"{label}: {_calls(convs)} calls each at concurrency 1 ...", flush=True)
+            extras[label] = await _c1(client, post, front, convs, label)
+        inprocess_result = None
+        if inprocess is not None:
+            print(f"in-process gateway: {_calls(work.inprocess)} calls at concurrency 1 ...", flush=True)
+            inprocess_result = await _c1(client, post, [targets["direct"], inprocess], work.inprocess, "in-process")
+
+        upstream_counts = (await client.get(f"{targets['direct'].url}/bench/counts")).json()
+        sinks = {name: (await client.get(f"{targets[name].url}/health")).json().get("sink", {})
+                 for name in ("gateway", "inprocess") if name in targets}
+    return Measured(main, c64, extras, inprocess_result, before, after, upstream_counts, sinks)
+
+
+def _gateway_calls(servers: Servers, work: Workloads) -> int:
+    """Calls the gateways took, each of which must have put its record on the calls topic."""
+    calls = _calls(work.warmup, work.timed, work.c64, *work.extras.values()) if servers.get("gateway") else 0
+    calls += _calls(work.warmup, work.inprocess) if servers.get("inprocess") else 0
+    return calls + (_calls(work.warmup, work.c64) if servers.get("multi") else 0)
+
+
+def _records_on_kafka(kafka: Any, admin: Any, topic: str, group: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from schemas.kafka.config import consumer_config
+
+    consumer = Consumer(consumer_config(kafka, group))
     try:
-        async with httpx.AsyncClient(timeout=60) as client:
-            for target in targets.values():
-                await wait_healthy(client, target.url + target.health, target.proc, target.name, timeout_s=900)
-            front = [t for name, t in targets.items() if name not in ("inprocess", "multi")]
-            print(f"targets: {', '.join(t.name for t in front)} (+ in-process gateway)" if inprocess else
-                  f"targets: {', '.join(t.name for t in front)}", flush=True)
-
-            print(f"warm-up: {sum(len(c) for c in warmup)} calls each ...", flush=True)
-            await _c1(client, post, [*front, *([inprocess] if inprocess else [])], warmup, "warm-up")
-            print(f"concurrency 1: {n_c1} calls each, in turn ...", flush=True)
-            gateway_before = await _histogram_sums(client, targets["gateway"].url) if "gateway" in targets else {}
-            main = await _c1(client, post, front, timed, "c1")
-            gateway_after = await _histogram_sums(client, targets["gateway"].url) if "gateway" in targets else {}
-
-            c64_results: dict[str, C64] = {}
-            for target in front:
-                _check_alive(targets)
-                print(f"concurrency 64: {target.name}, {sum(len(c) for c in c64)} calls ...", flush=True)
-                c64_results[target.name] = await _c64(client, post, target, c64)
-            if multi is not None:
-                _check_alive(targets)
-                print(f"concurrency 64: gateway in {args.processes} processes, {sum(len(c) for c in warmup)} "
-                      f"calls to warm up, then {sum(len(c) for c in c64)} ...", flush=True)
-                await _c64(client, post, multi, warmup)
-                c64_results["multi"] = await _c64(client, post, multi, c64)
-
-            extra_results = {}
-            for label, convs in extras.items():
-                print(f"{label}: {sum(len(c) for c in convs)} calls each at concurrency 1 ...", flush=True)
-                extra_results[label] = await _c1(client, post, front, convs, label)
-
-            inprocess_result = None
-            if inprocess is not None:
-                convs = phase(args.workload, args.inprocess_calls, 6)
-                print(f"in-process gateway: {sum(len(c) for c in convs)} calls at concurrency 1 ...", flush=True)
-                inprocess_result = await _c1(client, post, [upstream, inprocess], convs, "in-process")
-
-            upstream_counts = (await client.get(f"{upstream.url}/bench/counts")).json()
-            sinks = {}
-            for name in ("gateway", "inprocess"):
-                if name in targets:
-                    sinks[name] = (await client.get(f"{targets[name].url}/health")).json().get("sink", {})
-        gateway_calls = sum(sum(len(c) for c in p) for p in (warmup, timed, c64, *extras.values())) \
-            if "gateway" in targets else 0
-        gateway_calls += sum(sum(len(c) for c in p) for p in (warmup, phase(args.workload, args.inprocess_calls, 6))) \
-            if inprocess is not None else 0
-        gateway_calls += sum(sum(len(c) for c in p) for p in (warmup, c64)) if multi is not None else 0
-
-        consumer = Consumer(consumer_config(settings.kafka, f"bench-{tag}"))
-        metadata = admin.list_topics(calls_topic, timeout=30).topics[calls_topic]
-        on_kafka = sum(consumer.get_watermark_offsets(TopicPartition(calls_topic, p), timeout=30)[1]
-                       for p in metadata.partitions)
+        partitions = admin.list_topics(topic, timeout=30).topics[topic].partitions
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions)
+    finally:
         consumer.close()
 
-        direct_s = main["direct"][0]
-        direct_p50 = statistics.median(direct_s)
 
-        def c1_figures(result: dict[str, tuple[list[float], float]], name: str, prefix: str) -> dict[str, Any]:
-            if name not in result:
-                return {f"{prefix}added_p50_ms_c1": None, f"{prefix}cpu_ms_per_call": None}
-            lat, cpu = result[name]
-            base = statistics.median(result["direct"][0])
-            return {f"{prefix}added_p50_ms_c1": (statistics.median(lat) - base) * 1000,
-                    f"{prefix}added_p99_ms_c1": (percentile(lat, 0.99) - percentile(result["direct"][0], 0.99)) * 1000,
-                    f"{prefix}cpu_ms_per_call": cpu}
-
-        gw, thin, lite = (c64_results.get(n) for n in ("gateway", "thin", "litellm"))
-        figures = {
-            "path": "http" if args.upstream == "http" else "in-process",
-            "prompt_tokens": prompt_len,
-            "direct_p50_ms_c1": direct_p50 * 1000,
-            **c1_figures(main, "gateway", ""),
-            "calls_per_s_c64": gw.calls_per_s if gw else None,
-            "gateway_p50_ms_c64": gw.p50_ms if gw else None,
-            "gateway_p99_ms_c64": gw.p99_ms if gw else None,
-            "cpu_ms_per_call_c64": gw.cpu_ms_per_call if gw else None,
-            **c1_figures(main, "litellm", "litellm_"),
-            "litellm_calls_per_s_c64": lite.calls_per_s if lite else None,
-            **c1_figures(main, "thin", "thin_"),
-            "thin_calls_per_s_c64": thin.calls_per_s if thin else None,
-            "direct_cpu_ms_per_call": main["direct"][1],
-            "direct_calls_per_s_c64": c64_results["direct"].calls_per_s,
-        }
-        figures |= {
-            "cpu_vs_litellm": _ratio(figures["cpu_ms_per_call"], figures["litellm_cpu_ms_per_call"]),
-            "added_p50_vs_litellm": _ratio(figures["added_p50_ms_c1"], figures["litellm_added_p50_ms_c1"]),
-            "throughput_vs_litellm": _ratio(figures["calls_per_s_c64"], figures["litellm_calls_per_s_c64"]),
-            "throughput_vs_thin": _ratio(figures["calls_per_s_c64"], figures["thin_calls_per_s_c64"]),
-            "cpu_vs_thin": _ratio(figures["cpu_ms_per_call"], figures["thin_cpu_ms_per_call"]),
-        }
-        if "multi" in c64_results:
-            several = c64_results["multi"]
-            figures |= {"processes": args.processes, "calls_per_s_c64_processes": several.calls_per_s,
-                        "cpu_ms_per_call_c64_processes": several.cpu_ms_per_call,
-                        "gateway_p50_ms_c64_processes": several.p50_ms,
-                        "processes_vs_one": _ratio(several.calls_per_s, figures["calls_per_s_c64"]),
-                        "processes_vs_thin": _ratio(several.calls_per_s, figures["thin_calls_per_s_c64"]),
-                        "rss_mib_end_processes": several.rss_mib[-1] if several.rss_mib else None}
-        if gw and gw.rss_mib:
-            figures |= {"rss_growth_fraction": gw.rss_mib[-1] / gw.rss_mib[0] - 1,
-                        "rss_mib_first_tenth_c64": gw.rss_mib[0], "rss_mib_end": gw.rss_mib[-1]}
-        else:
-            figures["rss_growth_fraction"] = None
-        for name in ("thin", "litellm"):
-            if name in c64_results and c64_results[name].rss_mib:
-                figures[f"{name}_rss_mib_end"] = c64_results[name].rss_mib[-1]
-        for label, result in extra_results.items():
-            figures |= c1_figures(result, "gateway", f"{label}_")
-            figures |= c1_figures(result, "litellm", f"{label}_litellm_")
-            figures |= c1_figures(result, "thin", f"{label}_thin_")
-        if inprocess_result is not None:
-            figures |= c1_figures(inprocess_result, "inprocess", "inprocess_")
-        if gateway_after:
-            figures |= {
-                "render_cpu_ms_per_call": _mean_ms(gateway_before, gateway_after, "tokentrail_gateway_render_seconds"),
-                "delivery_wait_ms_c1": _mean_ms(gateway_before, gateway_after, "tokentrail_gateway_delivery_seconds"),
-            }
-        figures |= {
-            # The real path: the gateway's token-in calls reached the upstream over HTTP.
-            "upstream_completions_requests": upstream_counts.get("/v1/completions", 0),
-            "upstream_chat_requests": upstream_counts.get(CHAT, 0),
-            "records_on_kafka": on_kafka, "gateway_calls": gateway_calls, "workload": args.workload,
-            "prefix_mode": args.prefix_mode, "fast_ascii_tokenize": not args.no_fast_ascii,
-            "turns_per_conversation": args.turns if args.workload == "agent" else 1,
-            "group_size": args.group_size if args.workload == "agent" else 1,
-            "litellm_version": litellm_proxy.VERSION if "litellm" in targets else None,
-            "spool_depth_at_end": max((s.get("spool_depth", -1) for s in sinks.values()), default=-1),
-            "delivery_errors": sum(s.get("delivery_errors", 0) for s in sinks.values()),
-        }
-    finally:
-        await raw.close()
-        stop(procs)
-        for future in admin.delete_topics([calls_topic, env_topic], operation_timeout=30).values():
-            try:
-                future.result(timeout=60)
-            except Exception as exc:  # best effort: the figures matter more than the cleanup
-                print(f"could not delete a bench topic: {exc}", file=sys.stderr)
-    return figures
+def _c1_figures(result: C1Result, name: str, prefix: str) -> dict[str, Any]:
+    """A target's concurrency-1 figures: added latency over direct, and its CPU per call."""
+    if name not in result:
+        return {f"{prefix}added_p50_ms_c1": None, f"{prefix}cpu_ms_per_call": None}
+    lat, cpu = result[name]
+    direct = result["direct"][0]
+    return {f"{prefix}added_p50_ms_c1": (statistics.median(lat) - statistics.median(direct)) * 1000,
+            f"{prefix}added_p99_ms_c1": (percentile(lat, 0.99) - percentile(direct, 0.99)) * 1000,
+            f"{prefix}cpu_ms_per_call": cpu}
 
 
-# ---------------------------------------------------------------- the memory run
+def _comparison_figures(args: argparse.Namespace, work: Workloads, m: Measured) -> dict[str, Any]:
+    """The gateway beside direct, the thin proxy and LiteLLM, and the ratios between them."""
+    gw, thin, lite = (m.c64.get(n) for n in ("gateway", "thin", "litellm"))
+    figures = {
+        "path": "http" if args.upstream == "http" else "in-process",
+        "prompt_tokens": work.prompt_tokens,
+        "direct_p50_ms_c1": statistics.median(m.main["direct"][0]) * 1000,
+        **_c1_figures(m.main, "gateway", ""),
+        "calls_per_s_c64": gw.calls_per_s if gw else None,
+        "gateway_p50_ms_c64": gw.p50_ms if gw else None,
+        "gateway_p99_ms_c64": gw.p99_ms if gw else None,
+        "cpu_ms_per_call_c64": gw.cpu_ms_per_call if gw else None,
+        **_c1_figures(m.main, "litellm", "litellm_"),
+        "litellm_calls_per_s_c64": lite.calls_per_s if lite else None,
+        **_c1_figures(m.main, "thin", "thin_"),
+        "thin_calls_per_s_c64": thin.calls_per_s if thin else None,
+        "direct_cpu_ms_per_call": m.main["direct"][1],
+        "direct_calls_per_s_c64": m.c64["direct"].calls_per_s,
+    }
+    return figures | {
+        "cpu_vs_litellm": _ratio(figures["cpu_ms_per_call"], figures["litellm_cpu_ms_per_call"]),
+        "added_p50_vs_litellm": _ratio(figures["added_p50_ms_c1"], figures["litellm_added_p50_ms_c1"]),
+        "throughput_vs_litellm": _ratio(figures["calls_per_s_c64"], figures["litellm_calls_per_s_c64"]),
+        "throughput_vs_thin": _ratio(figures["calls_per_s_c64"], figures["thin_calls_per_s_c64"]),
+        "cpu_vs_thin": _ratio(figures["cpu_ms_per_call"], figures["thin_cpu_ms_per_call"]),
+    }
 
 
-def _memory_conversations(count: int, turns: int, first: str, answer: str, turn_words: int, max_tokens: int,
-                          seed: int) -> Iterator[list[bytes]]:
-    """``count`` conversations of ``turns`` calls, made as they are needed (50k calls would hold hundreds
-    of MB in the client): every one differs from its first word on, so every call is a distinct request."""
-    rng = random.Random(seed)
-    for n in range(count):
-        messages = [{"role": "user", "content": f"memory-{seed}-{n}-{uuid.uuid4().hex[:8]} {first}"}]
-        bodies = []
-        for turn in range(turns):
-            if turn:
-                messages = [*messages, {"role": "assistant", "content": answer},
-                            {"role": "user", "content": _words(rng, turn_words)}]
-            bodies.append(orjson.dumps({"model": MODEL, "messages": messages, "max_tokens": max_tokens,
-                                        "temperature": 1.0}))
-        yield bodies
+def _secondary_figures(args: argparse.Namespace, figures: dict[str, Any], m: Measured) -> dict[str, Any]:
+    """Several processes, memory, the extra workloads, the in-process line and the gateway's own timings."""
+    out: dict[str, Any] = {}
+    if "multi" in m.c64:
+        several = m.c64["multi"]
+        out |= {"processes": args.processes, "calls_per_s_c64_processes": several.calls_per_s,
+                "cpu_ms_per_call_c64_processes": several.cpu_ms_per_call,
+                "gateway_p50_ms_c64_processes": several.p50_ms,
+                "processes_vs_one": _ratio(several.calls_per_s, figures["calls_per_s_c64"]),
+                "processes_vs_thin": _ratio(several.calls_per_s, figures["thin_calls_per_s_c64"]),
+                "rss_mib_end_processes": several.rss_mib[-1] if several.rss_mib else None}
+    gw = m.c64.get("gateway")
+    if gw and gw.rss_mib:
+        out |= {"rss_growth_fraction": gw.rss_mib[-1] / gw.rss_mib[0] - 1,
+                "rss_mib_first_tenth_c64": gw.rss_mib[0], "rss_mib_end": gw.rss_mib[-1]}
+    else:
+        out["rss_growth_fraction"] = None
+    for name in ("thin", "litellm"):
+        if name in m.c64 and m.c64[name].rss_mib:
+            out[f"{name}_rss_mib_end"] = m.c64[name].rss_mib[-1]
+    for label, result in m.extras.items():
+        out |= _c1_figures(result, "gateway", f"{label}_")
+        out |= _c1_figures(result, "litellm", f"{label}_litellm_")
+        out |= _c1_figures(result, "thin", f"{label}_thin_")
+    if m.inprocess is not None:
+        out |= _c1_figures(m.inprocess, "inprocess", "inprocess_")
+    if m.gateway_after:
+        out |= {"render_cpu_ms_per_call": _mean_ms(m.gateway_before, m.gateway_after,
+                                                   "tokentrail_gateway_render_seconds"),
+                "delivery_wait_ms_c1": _mean_ms(m.gateway_before, m.gateway_after,
+                                                "tokentrail_gateway_delivery_seconds")}
+    return out
 
 
-async def run_memory(args: argparse.Namespace) -> dict[str, Any]:
-    """RSS of the gateway (real path, splice by default) after ``--memory-checkpoint`` and after
-    ``--memory-calls`` distinct requests: conversations of ``--turns`` calls on a small first message,
-    each in a rollout started before and finished after (as an environment does), ``--memory-concurrency``
-    at a time. Figures: the RSS at each checkpoint and the growth fraction between the first and the end,
-    with what the byte-bounded parts hold (/health: the text side's caches, the attempt registry)."""
-    from confluent_kafka.admin import AdminClient, NewTopic
+def _delivery_figures(args: argparse.Namespace, m: Measured, servers: Servers, on_kafka: int,
+                      gateway_calls: int) -> dict[str, Any]:
+    """Whether every call took the real path and its record reached Kafka, and how the run was set up."""
+    return {
+        # The real path: the gateway's token-in calls reached the upstream over HTTP.
+        "upstream_completions_requests": m.upstream_counts.get("/v1/completions", 0),
+        "upstream_chat_requests": m.upstream_counts.get(CHAT, 0),
+        "records_on_kafka": on_kafka, "gateway_calls": gateway_calls, "workload": args.workload,
+        "prefix_mode": args.prefix_mode, "fast_ascii_tokenize": not args.no_fast_ascii,
+        "turns_per_conversation": args.turns if args.workload == "agent" else 1,
+        "group_size": args.group_size if args.workload == "agent" else 1,
+        "litellm_version": litellm_proxy.VERSION if servers.get("litellm") else None,
+        "spool_depth_at_end": max((s.get("spool_depth", -1) for s in m.sinks.values()), default=-1),
+        "delivery_errors": sum(s.get("delivery_errors", 0) for s in m.sinks.values()),
+    }
 
-    from schemas.kafka_config import admin_config
-    from tokentrail import kafka_local
+
+async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """The comparison: make the workloads, start the servers, measure, check delivery, compute the figures."""
     from tokentrail.settings import get_settings
 
     settings = get_settings()
-    if not kafka_local.broker_answers(settings.kafka):
-        kafka_local.start(wait_s=120, kafka=settings.kafka)
-    admin = AdminClient(admin_config(settings.kafka))
+    print(f"Kafka at {settings.kafka.bootstrap_servers} ...", flush=True)
     tag = uuid.uuid4().hex[:8]
-    calls_topic, env_topic = f"bench.gateway.mem-calls.{tag}", f"bench.gateway.mem-env.{tag}"
-    for future in admin.create_topics([NewTopic(calls_topic, 6, replication_factor=-1),
-                                       NewTopic(env_topic, 6, replication_factor=-1)]).values():
-        future.result(timeout=60)
-    text = _text_side()
-    first = _prompt(text, args.memory_prompt_tokens)
-    output_ids = _output_ids(text, args.output_tokens)
-    answer = text.decode(output_ids)
-    total = args.memory_calls
-    checkpoints = sorted({min(args.memory_checkpoint, total), *range(args.memory_checkpoint, total, 5000), total})
-    workdir = Path(tempfile.mkdtemp(prefix="bench-gateway-memory-"))
-    python = sys.executable
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def spawn(argv: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-        port = free_port()
-        procs.append(subprocess.Popen([a.replace("{port}", str(port)) for a in argv]))
-        return procs[-1], f"http://127.0.0.1:{port}"
-
-    upstream, upstream_url = spawn([
-        python, "-m", "bench.fake_vllm", "--port", "{port}", "--model", MODEL, "--vocab-size", str(text.vocab_size),
-        "--output", orjson.dumps({"ids": output_ids, "pieces": [text.decode([i]) for i in output_ids]}).decode()])
-    async with httpx.AsyncClient(timeout=60) as client:  # before the next port is drawn: it could be the same
-        await wait_healthy(client, upstream_url + "/health", upstream, "upstream")
-    gateway, url = spawn([
-        python, "-m", "bench.gateway", "--output-tokens", str(args.output_tokens), "--serve", "--port", "{port}",
-        "--prefix-mode", args.prefix_mode, "--calls-topic", calls_topic, "--env-topic", env_topic,
-        "--spool-dir", str(workdir / "spool"), "--upstream-url", upstream_url,
-        *(["--tracemalloc", str(args.tracemalloc)] if args.tracemalloc else [])])
-    raw = RawClient()
-    rows: list[dict[str, Any]] = []
-    done = 0
-    next_checkpoint = 0
-    print(f"memory run: {total:,} distinct calls ({args.turns}-call conversations, first message "
-          f"{args.memory_prompt_tokens} tokens), {args.memory_concurrency} at a time; RSS at "
-          f"{', '.join(f'{c:,}' for c in checkpoints)}", flush=True)
-    try:
-        async with httpx.AsyncClient(timeout=60) as client:
-            await wait_healthy(client, url + "/health", gateway, "gateway", timeout_s=900)
-            conversations = _memory_conversations(-(-total // args.turns), args.turns, first, answer,
-                                                  args.memory_turn_words, args.output_tokens, 7)
-            began = time.perf_counter()
-
-            async def checkpoint() -> None:
-                health = (await client.get(url + "/health")).json()
-                row = {"calls": done, "rss_mib": rss_mib(gateway.pid), "text_caches": health.get("text_caches"),
-                       "registry_bytes": health["registry_memory"]["bytes"],
-                       "calls_per_s": done / (time.perf_counter() - began)}
-                rows.append(row)
-                caches = row["text_caches"] or {}
-                held = ", ".join(f"{name} {c['bytes'] / 2**20:,.1f}/{c['max_bytes'] / 2**20:,.0f} MiB"
-                                 for name, c in caches.items())
-                print(f"  {done:,}/{total:,} calls: RSS {row['rss_mib']:,.0f} MiB; {held}; registry "
-                      f"{row['registry_bytes'] / 2**20:,.1f} MiB; {row['calls_per_s']:,.0f} calls/s", flush=True)
-                if args.tracemalloc:
-                    print((await client.get(url + "/bench/tracemalloc", timeout=600)).text, flush=True)
-
-            lock = asyncio.Lock()
-
-            async def worker() -> None:
-                nonlocal done, next_checkpoint
-                for bodies in conversations:
-                    status, data = await raw.post(url + "/v1/rollouts", b'{"task_input": {"bench": "memory"}}')
-                    if status != 201:
-                        raise RuntimeError(f"start: HTTP {status}: {data[:300]!r}")
-                    started = orjson.loads(data)
-                    base = f"{url}/rollouts/{started['rollout_id']}/attempts/{started['attempt_id']}"
-                    for body in bodies:
-                        status, data = await raw.post(base + CHAT, body)
-                        if status != 200:
-                            raise RuntimeError(f"call: HTTP {status}: {data[:300]!r}")
-                        done += 1
-                        if next_checkpoint < len(checkpoints) and done >= checkpoints[next_checkpoint]:
-                            next_checkpoint += 1
-                            async with lock:
-                                await checkpoint()
-                    finish = (f"{url}/v1/rollouts/{started['rollout_id']}/attempts/{started['attempt_id']}"
-                              "/finish")
-                    status, data = await raw.post(finish, b'{"status": "SUCCESS"}')
-                    if status != 200:
-                        raise RuntimeError(f"finish: HTTP {status}: {data[:300]!r}")
-
-            await asyncio.gather(*(worker() for _ in range(args.memory_concurrency)))
-            wall = time.perf_counter() - began
-            counts = (await client.get(upstream_url + "/bench/counts")).json()
-    finally:
-        await raw.close()
-        stop(procs)
-        for future in admin.delete_topics([calls_topic, env_topic], operation_timeout=30).values():
-            try:
-                future.result(timeout=60)
-            except Exception as exc:  # best effort
-                print(f"could not delete a bench topic: {exc}", file=sys.stderr)
-    first_row, last_row = rows[0], rows[-1]
-    caches = last_row["text_caches"] or {}
-    return {
-        "mode": "memory", "path": "http", "prefix_mode": args.prefix_mode, "memory_calls": done,
-        "memory_checkpoint_calls": first_row["calls"], "turns_per_conversation": args.turns,
-        "first_message_tokens": args.memory_prompt_tokens,
-        "rss_mib_at_checkpoint": first_row["rss_mib"], "rss_mib_at_end": last_row["rss_mib"],
-        "rss_growth_fraction": last_row["rss_mib"] / first_row["rss_mib"] - 1,
-        "rss_mib_checkpoints": {str(r["calls"]): round(r["rss_mib"], 1) for r in rows},
-        **{f"{name}_bytes_at_end": c["bytes"] for name, c in caches.items()},
-        **{f"{name}_max_bytes": c["max_bytes"] for name, c in caches.items()},
-        "registry_bytes_at_checkpoint": first_row["registry_bytes"],
-        "registry_bytes_at_end": last_row["registry_bytes"],
-        "calls_per_s": done / wall, "upstream_completions_requests": counts.get("/v1/completions", 0),
-    }
+    calls_topic, env_topic = f"bench.gateway.calls.{tag}", f"bench.gateway.env.{tag}"
+    text = text_side()
+    output_ids = output_ids_of(text, args.output_tokens)
+    work = _workloads(args, text, text.decode(output_ids))
+    longest = max(len(b) for c in work.timed for b in c)
+    print(f"workload {args.workload}: first prompt {work.prompt_tokens} tokens (largest body {longest} bytes of "
+          f"JSON); output {args.output_tokens} tokens; gateway prefix mode {args.prefix_mode}, upstream "
+          f"{args.upstream}", flush=True)
+    with bench_topics(settings.kafka, calls_topic, env_topic) as admin:
+        servers = Servers(Path(tempfile.mkdtemp(prefix="bench-gateway-")))
+        raw = RawClient()
+        try:
+            _start_servers(args, servers, text, output_ids, calls_topic, env_topic)
+            measured = await _measure(args, servers, work, raw.post)
+        finally:
+            await raw.close()
+            stop(servers.procs)
+        on_kafka = _records_on_kafka(settings.kafka, admin, calls_topic, f"bench-{tag}")
+    figures = _comparison_figures(args, work, measured)
+    return figures | _secondary_figures(args, figures, measured) | _delivery_figures(
+        args, measured, servers, on_kafka, _gateway_calls(servers, work))
 
 
 def _summary(f: dict[str, Any]) -> None:

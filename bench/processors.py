@@ -30,8 +30,8 @@ from processors.grouper import GrouperState, GroupingConfig
 from processors.pipeline import rederive
 from processors.rewards import RewardConfig
 from processors.samples import SampleConfig
-from processors.testing import AttemptSpec, attempt_events, constant_scores, growing_turns
 from schemas.codec import get_codec
+from testkit.stages import AttemptSpec, attempt_events, constant_scores, growing_turns
 
 Event = tuple[str, dict[str, Any]]
 

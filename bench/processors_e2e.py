@@ -17,19 +17,20 @@ from typing import Any
 
 import numpy as np
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from processors.assembler import RolloutAssembly
 from processors.grouper import GrouperState
+from processors.isolation.calls import verifier_runner
 from processors.pipeline import StageConfigs, process_group
-from processors.stream.config import load_grouping
 from processors.stream.topics import StreamTopics, ensure_stream_topics
-from processors.testing import AttemptSpec, attempt_events, growing_turns
-from processors.verifiers import VerifierRunner, load_verifiers
+from processors.stream.worker_config import load_grouping
+from processors.verifiers import load_verifiers
 from schemas.codec import get_codec
-from schemas.kafka_config import admin_config, consumer_config, producer_config
+from schemas.kafka.config import admin_config, consumer_config, producer_config
+from testkit.kafka_read import delete_topics_by_prefix
+from testkit.stages import AttemptSpec, attempt_events, growing_turns
 from tokentrail import kafka_local
-from tokentrail.commands.process import start_worker_process, stop_worker_process
+from tokentrail.runtime.process import start_worker_process, stop_worker_process
 from tokentrail.settings import Settings, get_settings
 
 Event = tuple[str, dict[str, Any]]
@@ -64,7 +65,7 @@ def expected_samples(settings: Settings, events: list[Event]) -> dict[str, int]:
             for emitted in grouper.add(rollout, grouping).emitted:
                 members = [rollouts[e] for e in emitted.group["rollout_event_ids"]]
                 derived = process_group(emitted.group, members, verifiers, stages.reward, stages.credit,
-                                        stages.sample, runner=VerifierRunner())
+                                        stages.sample, runner=verifier_runner())
                 samples.update({s["event_id"]: len(s["input_ids"]) // 4 for s in derived.samples})
     return samples
 
@@ -137,12 +138,4 @@ def measure(groups: int = 2, group_size: int = 4, calls: int = 16, first_prompt:
         return round(tokens / elapsed)
     finally:
         stop_worker_process(worker)
-        admin = AdminClient(admin_config(settings.kafka))
-        names = [t for t in admin.list_topics(timeout=30).topics
-                 if t.startswith((topics.prefix, f"{settings.processors.app_id}-"))]
-        if names:
-            for future in admin.delete_topics(names, operation_timeout=30).values():
-                try:
-                    future.result(timeout=60)
-                except Exception:  # already gone
-                    pass
+        delete_topics_by_prefix(admin_config(settings.kafka), [topics.prefix, f"{settings.processors.app_id}-"])

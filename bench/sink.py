@@ -46,7 +46,7 @@ rollout length and adds ``stored_vs_full_prompts_by_turns`` and ``calls_table_vs
 its ``..._bytes_layout_by_turns``, ``..._uncompressed_by_turns``); ``--codecs`` re-stores
 each token array column of the calls table under alternative codecs and prints bytes and insert speed;
 ``--ids zipf`` / ``--logprobs model`` draw token ids and logprobs like a real tokenizer and sampler
-instead of uniformly (sinks/synthetic.py).
+instead of uniformly (testkit/storage_records.py).
 
 The rollouts of a group answer one task, so their first prompts (and first request bodies) are
 identical, as in GRPO; the sink stores such a prompt once (sinks/shared_prompts.py). ``--task-prompt
@@ -74,7 +74,7 @@ from sinks.rows import to_row
 from sinks.sample_refs import SampleRefs
 from sinks.shared_prompts import SharedPrompts
 from sinks.store import insert_grouped
-from sinks.synthetic import GroupSpec, synthetic_group
+from testkit.storage_records import GroupSpec, synthetic_group
 
 BATCH_ROWS = 2000
 

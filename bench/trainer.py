@@ -20,10 +20,10 @@ import numpy as np
 
 from bench.common import best_time, emit
 from schemas.codec import get_codec
+from testkit.samples import random_sample_records
 from trainer_consumer.batching import FilterConfig, filter_reason
 from trainer_consumer.collate import collate
 from trainer_consumer.sample_view import sample_from_record
-from trainer_consumer.synthetic import random_sample_records
 
 
 def encoded_synthetic(records: int, seed: int = 0) -> list[bytes]:
@@ -39,7 +39,8 @@ def encoded_from_topic(limit: int, timeout_s: float = 10.0) -> list[bytes]:
     """Up to ``limit`` records from the samples topic, read by a throwaway group (nothing committed)."""
     from confluent_kafka import Consumer
 
-    from schemas import kafka_config, topics
+    from schemas import topics
+    from schemas.kafka import config as kafka_config
     from tokentrail.settings import get_settings
 
     conf = kafka_config.consumer_config(get_settings().kafka, f"bench-trainer-{time.time_ns()}")
@@ -81,9 +82,9 @@ def train_step_seconds(step_samples: int, seq_len: int, repeat: int, threads: in
     from transformers import AutoModelForCausalLM
 
     from models.reference.build import build_model
+    from testkit.samples import random_sequence, sample_record
     from tokentrail.settings import get_settings
     from trainer_consumer.learner import Learner, LearnerConfig
-    from trainer_consumer.synthetic import random_sequence, sample_record
 
     if threads:
         torch.set_num_threads(threads)

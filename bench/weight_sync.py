@@ -2,7 +2,7 @@
 
 A vLLM server (CPU build, dev mode; started here from deploy/vllm/serve.sh unless --server is given)
 serves the reference model behind the gateway's vLLM upstream, gated by the weight sync exactly as
-the gateway composes them (``tokentrail.commands.weight_sync.gate_upstream``). Worker tasks keep
+the gateway composes them (``tokentrail.runtime.weight_sync.gate_upstream``). Worker tasks keep
 calls running on a fixed prompt while the bench publishes ``--updates`` policy versions into a policy
 store, one at a time, as the trainer does. For each version it measures the time from ``publish``
 returning to the first call that started after it and came back recorded at that version, and takes
@@ -43,8 +43,9 @@ from bench.processes import free_port
 from models.policy_store import PolicyStore
 from producers.upstreams.base import GenerateRequest, GenerateResult, Sampling
 from producers.upstreams.vllm import VLLMUpstream
+from producers.upstreams.weight_gate import GatedUpstream
 from schemas.local_paths import REPO_ROOT
-from tokentrail.commands.weight_sync import GatedUpstream, gate_upstream
+from tokentrail.runtime.weight_sync import gate_upstream
 
 SERVE = REPO_ROOT / "deploy" / "vllm" / "serve.sh"
 PROMPT = [5, 17, 33, 41, 12, 9, 100, 200, 7, 3]

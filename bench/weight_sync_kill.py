@@ -48,7 +48,8 @@ from bench.weight_sync import PROMPT, final_result, perturbed, start_server, sto
 from models.policy_store import PolicyStore
 from producers.upstreams.base import GenerateRequest, Sampling
 from producers.upstreams.vllm import VLLMUpstream, label_version, spans_from_text
-from tokentrail.commands.weight_sync import GatedUpstream, gate_upstream
+from producers.upstreams.weight_gate import GatedUpstream
+from tokentrail.runtime.weight_sync import gate_upstream
 from trainer_consumer.weight_sync import ServerState, SyncReport
 
 SCALE_OUT = ("--enable-scale-out",)

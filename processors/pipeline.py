@@ -69,9 +69,8 @@ def order_rollouts(group: Record, rollouts: list[Record]) -> list[Record]:
 
 
 def score_group(group: Record, rollouts: list[Record], verifiers: list[Verifier],
-                runner: VerifierRunner | None = None) -> list[Record]:
+                runner: VerifierRunner) -> list[Record]:
     """Raw scores: rollout-scope verifiers first, then group-scope ones (which see the first ones)."""
-    runner = runner or VerifierRunner()
     rollouts = order_rollouts(group, rollouts)
     scores: list[Record] = []
     for v in verifiers:
@@ -106,7 +105,7 @@ def rederive(group: Record, rollouts: list[Record], scores: list[Record], reward
 
 def process_group(group: Record, rollouts: list[Record], verifiers: list[Verifier], reward_cfg: RewardConfig,
                   credit_cfg: CreditConfig, sample_cfg: SampleConfig, *,
-                  runner: VerifierRunner | None = None) -> Derived:
+                  runner: VerifierRunner) -> Derived:
     """Score a closed group with the verifiers, then derive rewards, credits and samples."""
     scores = score_group(group, rollouts, verifiers, runner)
     derived = rederive(group, rollouts, scores, reward_cfg, credit_cfg, sample_cfg)

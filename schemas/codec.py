@@ -3,8 +3,9 @@
 Default framing is Avro single-object encoding: ``C3 01`` + the writer schema's CRC-64-AVRO
 fingerprint (8 bytes, little-endian) + the schemaless body. Writer schemas are resolved against the
 schemas kept in this folder (current ones and ``history/`` for older versions), and the body is read
-into the current reader schema with fastavro's schema resolution. With a Schema Registry URL the
-Confluent wire format (``00`` + 4-byte schema id + body) is used instead.
+into the current reader schema with fastavro's schema resolution. Given a ``RegistryFraming`` the
+Confluent wire format (``00`` + 4-byte schema id + body) is used instead; the one that talks to a Schema
+Registry is ``schemas.kafka.registry_framing`` (``kafka_codec(url)``), so the codec itself does no I/O.
 """
 
 from __future__ import annotations
@@ -14,13 +15,10 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
-
-if TYPE_CHECKING:
-    from schemas.registry_framing import ConfluentFraming
 
 SCHEMA_DIR = Path(__file__).resolve().parent
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
@@ -99,16 +97,20 @@ def default_store() -> SchemaStore:
     return SchemaStore()
 
 
+class RegistryFraming(Protocol):
+    """Schema ids from a registry in place of fingerprints (Confluent wire format: ``00`` + 4-byte id)."""
+
+    def header(self, entry: SchemaEntry) -> bytes: ...
+
+    def writer(self, schema_id: int, where: dict[str, Any]) -> SchemaEntry: ...
+
+
 class Codec:
     """Encode and decode events. One instance per process; thread-safe for reads."""
 
-    def __init__(self, store: SchemaStore | None = None, registry_url: str = "") -> None:
+    def __init__(self, store: SchemaStore | None = None, registry: RegistryFraming | None = None) -> None:
         self.store = store or default_store()
-        self._registry: ConfluentFraming | None = None
-        if registry_url:  # the only I/O of the codec, in a module of its own
-            from schemas.registry_framing import ConfluentFraming
-
-            self._registry = ConfluentFraming(registry_url, self.store)
+        self._registry = registry
 
     def encode(self, name: str, record: Record) -> bytes:
         entry = self.store.schema(name)
@@ -162,6 +164,8 @@ class Codec:
         return writer.name, record
 
 
-@lru_cache(maxsize=4)
-def get_codec(registry_url: str = "") -> Codec:
-    return Codec(registry_url=registry_url)
+@lru_cache(maxsize=1)
+def get_codec() -> Codec:
+    """The process's codec with single-object framing (no registry); ``schemas.kafka.registry_framing.
+    kafka_codec`` gives the one that follows the Kafka settings' registry URL."""
+    return Codec()

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,58 +33,19 @@ from processors.feedback.config import FeedbackRewardConfig, load_feedback_confi
 from schemas.local_paths import DEPLOY_CONFIG_DIR
 from schemas.prompt_delta import PromptReconstructionError
 from schemas.tokens import unpack_floats, unpack_ids, unpack_int32, unpack_mask
+from sinks.audit_result import CheckResult
 from sinks.ddl import packed_read_sql
+from sinks.feedback_audit import feedback_accounting
 from sinks.feedback_store import IS_FEEDBACK_REWARD
 from sinks.rows import segment_weight_sums
 from sinks.sample_refs import SampleRefError, is_input_ref, rebuild_sample
 from sinks.store import CallTokenCache, select_rows
 
-MAX_LISTED_FAILURES = 200
 # Rewards measured against a baseline (processors/baselines/derive.py: components_json "source": "baseline").
 IS_BASELINE_REWARD = "JSONExtractString(components_json, 'source') = 'baseline'"
 WEIGHT_REL_TOL = 1e-4
 WEIGHT_ABS_TOL = 1e-6
 SAMPLE_PAGE = 500
-
-
-@dataclass(frozen=True)
-class Failure:
-    id: str  # the failing event's id (sample, rollout, reward, credit or score)
-    kind: str  # the failing event's type
-    reason: str
-
-
-@dataclass
-class CheckResult:
-    key: str
-    title: str
-    checked: int = 0
-    failures: list[Failure] = field(default_factory=list)
-    failed_count: int = 0  # may exceed len(failures), which is capped
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return self.failed_count == 0
-
-    def fail(self, id_: str, kind: str, reason: str) -> None:
-        self.failed_count += 1
-        if len(self.failures) < MAX_LISTED_FAILURES:
-            self.failures.append(Failure(id_, kind, reason))
-
-    def failing_ids(self) -> list[str]:
-        return sorted({f.id for f in self.failures})
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "title": self.title,
-            "passed": self.passed,
-            "checked": self.checked,
-            "failed": self.failed_count,
-            "failures": [asdict(f) for f in self.failures],
-            "notes": self.notes,
-        }
 
 
 def _rows(client: Client, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
@@ -507,9 +467,7 @@ def default_feedback_config() -> FeedbackRewardConfig | None:
 
 def check_feedback_accounting(client: Client, cfg: FeedbackRewardConfig | None = None) -> CheckResult:
     """Every feedback is used by exactly the rewards its config admits, or recorded late, unmatched or
-    invalid (sinks/feedback_audit.py; imported here, since it builds on this module's CheckResult)."""
-    from sinks.feedback_audit import feedback_accounting
-
+    invalid (sinks/feedback_audit.py)."""
     return feedback_accounting(client, cfg or default_feedback_config())
 
 

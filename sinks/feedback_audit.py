@@ -20,7 +20,7 @@ from clickhouse_connect.driver.client import Client
 from processors.feedback.config import FeedbackRewardConfig
 from processors.feedback.join import LATE_STAGE, STAGE, FeedbackJoin, RolloutRef, reward_record, target_key
 from schemas.ids import event_id
-from sinks.audit import CheckResult
+from sinks.audit_result import CheckResult
 from sinks.feedback_store import (
     ROUTER_STAGE,
     components,

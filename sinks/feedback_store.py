@@ -18,7 +18,7 @@ from schemas.codec import DecodeError, get_codec
 from sinks.rows import Record
 from sinks.store import load_records, select_rows
 
-ROUTER_STAGE = "feedback_router"  # processors/stream/feedback_router.py: invalid feedback
+ROUTER_STAGE = "feedback_router"  # processors/stream/feedback/router.py: invalid feedback
 FEEDBACK_STAGES = (STAGE, LATE_STAGE, ROUTER_STAGE)
 IS_FEEDBACK_REWARD = "JSONExtractString(components_json, 'source') = 'feedback'"
 

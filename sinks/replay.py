@@ -28,7 +28,7 @@ from processors.feedback.replay import event_time_rewards, replay_reward_record
 from processors.feedback.validate import check_feedback
 from processors.pipeline import StageConfigs, rederive
 from schemas.ids import event_id
-from schemas.kafka_config import KafkaSettings
+from schemas.kafka.config import KafkaSettings
 from sinks.feedback_store import components, load_feedback, load_feedback_rewards, load_rollout_refs
 from sinks.rows import Record, from_row
 from sinks.store import CallTokenCache, load_records, load_rollouts, select_rows
@@ -117,10 +117,11 @@ def publish(events: list[Event], kafka: KafkaSettings, topic_of: dict[str, str] 
     """Produce the events to their topics (keyed like the processors key them); returns how many."""
     from confluent_kafka import KafkaException, Producer
 
-    from schemas import kafka_config, topics
-    from schemas.codec import get_codec
+    from schemas import topics
+    from schemas.kafka import config as kafka_config
+    from schemas.kafka.registry_framing import kafka_codec
 
-    codec = get_codec(kafka.schema_registry_url)
+    codec = kafka_codec(kafka.schema_registry_url)
     topic_of = topic_of or {name: spec.name for spec in topics.ALL_TOPICS for name in spec.value_schemas}
     producer = Producer(kafka_config.producer_config(kafka))
     errors: list[str] = []

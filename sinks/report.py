@@ -20,7 +20,8 @@ import matplotlib.pyplot as plt
 from clickhouse_connect.driver.client import Client
 from matplotlib.ticker import MaxNLocator
 
-from sinks.audit import CheckResult, run_audit
+from sinks.audit import run_audit
+from sinks.audit_result import CheckResult
 from sinks.feedback_report import FeedbackSummary, feedback_summary
 from sinks.feedback_store import IS_FEEDBACK_REWARD
 from sinks.release_report import release_section

@@ -12,6 +12,7 @@ import hashlib
 import io
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import fastavro
@@ -25,6 +26,14 @@ from sinks.text_delta import text_digest
 
 Record = dict[str, Any]
 Row = dict[str, Any]
+
+
+@cache
+def call_version_fields() -> tuple[str, ...]:
+    """The fields of a call's ``versions`` (the contract's ``CallVersions``), each a column of the calls table:
+    read from the schema, so a version field added there is mapped both ways without another list here."""
+    versions = next(f for f in get_codec().store.schema("CallRecord").raw["fields"] if f["name"] == "versions")
+    return tuple(f["name"] for f in versions["type"]["fields"])
 
 TABLE_OF: dict[str, str] = {
     "CallRecord": "calls",
@@ -114,19 +123,7 @@ def call_row(rec: Record) -> Row:
         "output_logprobs": rec["output_logprobs"],
         "logprob_kind": rec["logprob_kind"],
         "finish_reason": rec["finish_reason"],
-        **{
-            k: versions[k]
-            for k in (
-                "model",
-                "policy_version",
-                "tokenizer_fingerprint",
-                "chat_template_fingerprint",
-                "adapter_version",
-                "parser_version",
-                "engine",
-                "upstream",
-            )
-        },
+        **{k: versions[k] for k in call_version_fields()},
         **{k: sampling[k] for k in ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop")},
         "sampling_extra_json": sampling["extra_json"],
         "prefix_mode": rec["prefix_mode"],
@@ -339,19 +336,7 @@ def call_from_row(row: Row) -> Record:
         logprob_kind=row["logprob_kind"],
         finish_reason=row["finish_reason"],
     )
-    rec["versions"] = {
-        k: row[k]
-        for k in (
-            "model",
-            "policy_version",
-            "tokenizer_fingerprint",
-            "chat_template_fingerprint",
-            "adapter_version",
-            "parser_version",
-            "engine",
-            "upstream",
-        )
-    }
+    rec["versions"] = {k: row[k] for k in call_version_fields()}
     rec["sampling"] = {k: row[k] for k in ("temperature", "top_p", "top_k", "max_tokens", "seed")}
     rec["sampling"]["stop"] = list(row["stop"])
     rec["sampling"]["extra_json"] = row["sampling_extra_json"]

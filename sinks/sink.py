@@ -22,9 +22,10 @@ from typing import Any
 from clickhouse_connect.driver.client import Client
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from schemas.codec import Codec, DecodeError, get_codec
+from schemas.codec import Codec, DecodeError
 from schemas.ids import event_id
-from schemas.kafka_config import KafkaSettings
+from schemas.kafka.config import KafkaSettings
+from schemas.kafka.registry_framing import kafka_codec
 from sinks.request_bodies import DEFAULT_MEMO_CHARS, RequestBodyDeltas
 from sinks.rows import Row, RowError, Source, to_row
 from sinks.sample_refs import DEFAULT_MEMO_CALLS, SampleRefs
@@ -148,7 +149,7 @@ class ClickHouseSink:
         self.options = options or SinkOptions()
         self.topic_map = topic_map or default_topic_map()
         self.dead_letter_topic = dead_letter_topic or default_dead_letter_topic()
-        self.codec = codec or get_codec(self.kafka.schema_registry_url)
+        self.codec = codec or kafka_codec(self.kafka.schema_registry_url)
         self.log: Log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self.stats = SinkStats()
         self.pending = _Pending()
@@ -166,7 +167,7 @@ class ClickHouseSink:
     # ---- configuration ---------------------------------------------------------------------------
 
     def _consumer_config(self) -> dict[str, Any]:
-        from schemas import kafka_config
+        from schemas.kafka import config as kafka_config
 
         # At-least-once: we store and commit offsets ourselves, after the insert.
         return kafka_config.consumer_config(
@@ -177,7 +178,7 @@ class ClickHouseSink:
         )
 
     def _producer_config(self) -> dict[str, Any]:
-        from schemas import kafka_config
+        from schemas.kafka import config as kafka_config
 
         return kafka_config.producer_config(self.kafka)
 

@@ -20,8 +20,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from models.reference.build import build_model
 from producers.rendering import ChatRenderer
-from schemas.kafka_config import admin_config
-from schemas.topics import ensure_topics
+from schemas.kafka.config import admin_config
+from schemas.kafka.topic_admin import ensure_topics
 from tokentrail import kafka_local
 from tokentrail.settings import Settings, get_settings
 
@@ -41,10 +41,31 @@ def renderer(model_dir: Path) -> ChatRenderer:
 # ---------------------------------------------------------------- Kafka
 
 
+# Tiers by cost (README "Tests"): ``e2e`` is set by the end-to-end modules themselves (``pytestmark``)
+# and implied by ``slow``; ``integration`` by the real services a test's fixtures reach; ``unit`` is the
+# rest. Every test gets exactly one, so ``-m "not e2e"`` (make test-quick) and ``-m unit`` select by cost.
+INTEGRATION_FIXTURES = frozenset({"kafka_bootstrap", "chdb_dsn"})
+# Fixtures that start long-running processes: faust worker processes, a private broker that the test stops
+# and restarts (tens of seconds a test).
+E2E_FIXTURES = frozenset({"make_stream_rig", "private_broker"})
+
+
+def tier(item: pytest.Item) -> str:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("e2e") or item.get_closest_marker("slow") or E2E_FIXTURES & fixtures:
+        return "e2e"
+    if INTEGRATION_FIXTURES & fixtures:
+        return "integration"
+    return "unit"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.kafka)
+        name = tier(item)
+        if not item.get_closest_marker(name):
+            item.add_marker(getattr(pytest.mark, name))
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,11 @@ import argparse
 import importlib
 import sys
 
+from tokentrail.errors import CliError
+
 # command -> (module that registers it, one-line help for the top-level listing)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("tokentrail.demo.run", "the main job: online RL end to end on the embedded defaults"),
+    "demo": ("demo.run", "the main job: online RL end to end on the embedded defaults"),
     "kafka": ("tokentrail.kafka_local", "the local Apache Kafka broker: start | stop | status"),
     "topics": ("tokentrail.topics_cli", "create or check every topic: ensure | list"),
     "model": ("tokentrail.commands.model", "the embedded reference model: build | info"),
@@ -27,16 +29,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("tokentrail.commands.sinks", "self-contained HTML report with plots"),
     "train": ("tokentrail.commands.train", "run the trainer on the samples topic"),
     "schemas": ("tokentrail.commands.schemas", "the Avro contract: fixtures for compatibility tests"),
-    "reliability": ("tokentrail.reliability.cli", "fault and bad-input suite; prints what was lost or duplicated"),
+    "reliability": ("reliability.cli", "fault and bad-input suite; prints what was lost or duplicated"),
     "release": ("tokentrail.commands.release", "safe policy release: status | start | promote | rollback | pin"),
     "weight-sync": ("tokentrail.commands.weight_sync", "keep vLLM servers on the trainer's latest published policy"),
     "harnesses": ("tokentrail.commands.harnesses", "real agent harnesses through the gateway: check"),
     "conformance": ("tokentrail.commands.conformance", "harnesses x model families, judged by renderers and vLLM"),
 }
-
-
-class CliError(Exception):
-    """An error a person can act on; printed without a traceback."""
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -83,7 +81,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run through the imported module so that command modules and this one share one CliError class.
-    from tokentrail.cli import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokentrail.errors import CliError
 from tokentrail.settings import REPO_ROOT, KafkaSettings, get_settings
 
 DEPLOY_DIR = REPO_ROOT / "deploy" / "kafka"
@@ -564,8 +565,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _as_cli_error(exc: KafkaLocalError) -> Exception:
-    from tokentrail.cli import CliError
-
     return CliError(str(exc))
 
 

@@ -17,7 +17,7 @@ from models.settings import ModelSettings
 from processors.release.settings import ReleaseSettings
 from processors.stream.settings import ProcessorSettings
 from producers.gateway.settings import GatewaySettings
-from schemas.kafka_config import KafkaSettings
+from schemas.kafka.config import KafkaSettings
 from schemas.local_paths import REPO_ROOT, VAR_DIR
 from sinks.settings import ClickHouseSettings
 from trainer_consumer.settings import TrainerSettings

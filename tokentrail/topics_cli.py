@@ -6,9 +6,10 @@ import argparse
 
 from confluent_kafka.admin import AdminClient
 
-from schemas.kafka_config import admin_config
-from schemas.topics import ALL_TOPICS, DAY_MS, FOREVER, ensure_topics
-from tokentrail.cli import CliError
+from schemas.kafka.config import admin_config
+from schemas.kafka.topic_admin import ensure_topics
+from schemas.topics import ALL_TOPICS, DAY_MS, FOREVER
+from tokentrail.errors import CliError
 from tokentrail.kafka_local import broker_answers
 from tokentrail.settings import Settings, get_settings
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 import orjson
 
 from trainer_consumer.sample_view import TrainSample, check_sample
-from trainer_consumer.staleness import StalenessBound, StaleRule
+from trainer_consumer.staleness import DEFAULT_MAX_STALENESS, StalenessBound, StaleRule
+
+if TYPE_CHECKING:
+    from trainer_consumer.settings import TrainerSettings
 
 # A filter looks at one sample and the trainer's current policy version; it returns the reason to
 # drop the sample, or None to keep it.
@@ -23,17 +26,6 @@ SampleFilter = Callable[[TrainSample, int], str | None]
 
 STALE = "stale"
 DUPLICATE = "duplicate"
-
-
-def staleness_filter(max_staleness: int) -> SampleFilter:
-    """Drop samples with a loss token sampled more than ``max_staleness`` versions ago (the ``drop``
-    rule as a plain filter; ``BatchBuilder(staleness=...)`` also records the ids and can mask)."""
-    bound = StalenessBound(max_staleness, "drop")
-
-    def stale(sample: TrainSample, current_version: int) -> str | None:
-        return STALE if bound.apply(sample, current_version).sample is None else None
-
-    return stale
 
 
 def max_tokens_filter(max_tokens: int) -> SampleFilter:
@@ -84,13 +76,21 @@ def kind_filter(allowed: Sequence[str]) -> SampleFilter:
 
 @dataclass(frozen=True)
 class FilterConfig:
-    max_staleness: int = 4
-    stale_rule: StaleRule = "drop"  # trainer_consumer/staleness.py
+    max_staleness: int = DEFAULT_MAX_STALENESS  # the bound and its rule: trainer_consumer/staleness.py
+    stale_rule: StaleRule = "drop"
     max_tokens: int | None = None
     drop_zero_weight: bool = True
     drop_zero_advantage: bool = False
     kinds: tuple[str, ...] | None = None  # None: every kind
     vocab_size: int | None = None  # the trainer sets it from the model's embedding table
+
+    @classmethod
+    def from_settings(cls, trainer: TrainerSettings, *, max_staleness: int | None = None,
+                      stale_rule: StaleRule | None = None, **options: Any) -> FilterConfig:
+        """The filters the ``trainer`` settings section configures: its staleness bound, where a command-line
+        flag given (not None) wins, and the other ``options`` as given (the one place the two are merged)."""
+        return cls(max_staleness=trainer.max_staleness if max_staleness is None else max_staleness,
+                   stale_rule=stale_rule or trainer.stale_rule, **options)
 
     def staleness(self) -> StalenessBound:
         return StalenessBound(self.max_staleness, self.stale_rule)

@@ -13,7 +13,7 @@ from typing import Any
 from schemas.ids import combine, event_id
 from trainer_consumer.batching import Batch
 from trainer_consumer.learner import StepResult
-from trainer_consumer.release_follower import Resume
+from trainer_consumer.rollback_resume import Resume
 
 
 def trainer_step_id(run_id: str, step: int, sample_ids: Sequence[str], positions: Sequence[object]) -> str:

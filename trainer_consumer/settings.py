@@ -9,14 +9,15 @@ from typing import Literal, Protocol
 from pydantic import BaseModel
 
 from models.settings import ModelSettings
-from schemas.kafka_config import KafkaSettings
+from schemas.kafka.config import KafkaSettings
 from schemas.local_paths import VAR_DIR
+from trainer_consumer.staleness import DEFAULT_MAX_STALENESS
 
 
 class TrainerSettings(BaseModel):
     group_id: str = "tokentrail-trainer"
     checkpoint_dir: Path = VAR_DIR / "policies"
-    max_staleness: int = 4
+    max_staleness: int = DEFAULT_MAX_STALENESS
     # What the bound does to a sample with loss tokens older than current - max_staleness
     # (trainer_consumer/staleness.py): "drop" the sample, or "mask" only its stale tokens.
     stale_rule: Literal["drop", "mask"] = "drop"

@@ -15,6 +15,14 @@ Versions are per token: a sample's ``version_spans`` (``Sample.version_spans``) 
 sampled each loss token where that is not ``policy_version_first`` (calls of several versions merged or
 packed, or a call whose tokens span a weight update); every other token is given
 ``policy_version_first``. ``token_versions`` is the one place that reads them.
+
+Where the bound comes from, end to end: ``DEFAULT_MAX_STALENESS`` here is the one default;
+``TrainerSettings.max_staleness`` / ``stale_rule`` (``TOKENTRAIL_TRAINER__MAX_STALENESS``, the ``trainer``
+section) hold the configured values; ``FilterConfig.from_settings`` is the one merge, where a
+``tokentrail train --max-staleness/--stale-rule`` flag given wins over the section (``run_training`` calls
+it without flags when no ``FilterConfig`` is passed in); ``FilterConfig.staleness()`` makes the
+``StalenessBound`` below, which ``BatchBuilder(staleness=...)`` applies to every sample; each TrainerStep
+records the bound it trained under (``OffPolicySettings``: ``max_staleness``, ``stale_rule``).
 """
 
 from __future__ import annotations
@@ -30,6 +38,9 @@ from trainer_consumer.sample_view import TrainSample
 
 StaleRule = Literal["drop", "mask"]
 STALE_RULES: tuple[str, ...] = ("drop", "mask")
+# Versions a loss token may lag the trainer: tokens four updates old still train (asynchronous rollouts
+# run a few versions behind), older ones are dropped or masked.
+DEFAULT_MAX_STALENESS = 4
 
 
 def token_versions(sample: TrainSample) -> npt.NDArray[np.int64]:

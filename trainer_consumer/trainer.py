@@ -31,7 +31,7 @@ from trainer_consumer.behaviour import BehaviourLogprobs, BehaviourScorer, behav
 from trainer_consumer.events import OffPolicySettings, trainer_resume_record, trainer_step_record
 from trainer_consumer.learner import Learner, LearnerConfig, StepResult
 from trainer_consumer.losses import loss_denominator
-from trainer_consumer.release_follower import RELEASE_SEQUENCE, Resume, RollbackResumer
+from trainer_consumer.rollback_resume import RELEASE_SEQUENCE, Resume, RollbackResumer
 
 if TYPE_CHECKING:
     from trainer_consumer.settings import TrainerStackSettings
@@ -252,7 +252,7 @@ class TrainOptions:
     # The engine upstream the samples came from ("embedded" | "vllm"): decides importance_sampling "auto".
     upstream: str = "embedded"
     # Follow this release track's decisions (the served model name): a rollback resumes from the last good
-    # version (trainer_consumer/release_follower.py). None: do not follow.
+    # version (trainer_consumer/rollback_resume.py). None: do not follow.
     release_model: str | None = None
     release_topic: str | None = None
 
@@ -261,7 +261,8 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
                  progress: Progress = _quiet) -> RunSummary:
     """Consume samples, train, publish policy versions and emit TrainerStep events, in-process."""
     from models.policy_store import PolicyStore
-    from schemas import kafka_config, topics
+    from schemas import topics
+    from schemas.kafka import config as kafka_config
     from trainer_consumer.batching import BatchBuilder
     from trainer_consumer.dataset import SampleStream
     from trainer_consumer.losses import LossConfig
@@ -280,7 +281,7 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
         learning_rate=ts.learning_rate, mismatch_bound=ts.mismatch_bound,
         loss=LossConfig(importance_sampling=resolve_importance_sampling(ts.importance_sampling, options.upstream),
                         importance_cap=ts.importance_cap))
-    filter_cfg = options.filters or FilterConfig(max_staleness=ts.max_staleness, stale_rule=ts.stale_rule)
+    filter_cfg = options.filters or FilterConfig.from_settings(ts)
     store = PolicyStore(options.checkpoint_dir or ts.checkpoint_dir)
     model_dir = options.model_dir or settings.model.dir
 
@@ -310,7 +311,7 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
              f"mismatch bound {learner_cfg.mismatch_bound:g}")
     follower, resumer = None, None
     if options.release_model:
-        from schemas.release_follower import ReleaseFollower
+        from schemas.kafka.release_follower import ReleaseFollower
 
         follower = ReleaseFollower(settings.kafka, options.release_model,
                                    options.release_topic or topics.RELEASE_DECISIONS_TOPIC, reader="trainer").start()

@@ -59,17 +59,17 @@ from typing import Any
 import faust
 
 from processors.stream.assembler_agent import AssemblerAgent
-from processors.stream.baseline_wiring import BaselineParts
+from processors.stream.baselines.wiring import BaselineParts
 from processors.stream.commits import COMMIT_EVERY_S, InputOffsets
-from processors.stream.config import StreamConfig
-from processors.stream.feedback_wiring import FeedbackParts
+from processors.stream.feedback.wiring import FeedbackParts
 from processors.stream.grouper_agent import GrouperAgent, Router
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import RAW_TOPIC, Outputs
 from processors.stream.tables import RAW_TABLE
 from processors.stream.watchdog import StalledError, Watchdog
-from schemas.codec import get_codec
-from schemas.kafka_config import faust_app_settings
+from processors.stream.worker_config import StreamConfig
+from schemas.kafka.config import faust_app_settings
+from schemas.kafka.registry_framing import kafka_codec
 
 __all__ = ["ProcessorsApp", "StalledError", "build_app"]
 
@@ -87,7 +87,7 @@ class ProcessorsApp:
     def __init__(self, cfg: StreamConfig) -> None:
         self.cfg = cfg
         kafka, proc = cfg.kafka, cfg.processors
-        self.codec = get_codec(kafka.schema_registry_url)
+        self.codec = kafka_codec(kafka.schema_registry_url)
         self.topics = cfg.topics
         self.stats: Counter[str] = Counter()
         self._last_stats: dict[str, int] = {}
@@ -133,10 +133,10 @@ class ProcessorsApp:
         self.router = Router(cfg, self.codec, self.outputs, self.stats)
         self.grouper = GrouperAgent(cfg, self.app, self.slots, self.members, self.codec, self.outputs,
                                     self.health, self.stats)
-        # The feedback join (off unless settings.processors.feedback_join): feedback_wiring.py.
+        # The feedback join (off unless settings.processors.feedback_join): feedback/wiring.py.
         self.feedback = (FeedbackParts(cfg, self.app, self.codec, self.outputs, self.health, self.stats,
                                        table_topic) if cfg.feedback is not None else None)
-        # Baselines without siblings (off unless settings.processors.baselines): baseline_wiring.py.
+        # Baselines without siblings (off unless settings.processors.baselines): baselines/wiring.py.
         self.baselines = (BaselineParts(cfg, self.app, self.codec, self.outputs, self.health, self.stats, table_topic)
                           if cfg.baselines is not None else None)
         inputs = {self.topics.calls, self.topics.env, self.topics.rollouts, self.topics.by_group}

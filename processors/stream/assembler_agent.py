@@ -19,10 +19,10 @@ from processors.assembler import RolloutAssembly
 from processors.errors import InvalidEvent
 from processors.stream import tables
 from processors.stream.clock import PartitionClocks
-from processors.stream.config import StreamConfig
 from processors.stream.entries import due_entries, pack_entry, read_body
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import BAD_INPUT, Outputs
+from processors.stream.worker_config import StreamConfig
 from schemas.codec import Codec
 
 log = logging.getLogger("tokentrail.processors")

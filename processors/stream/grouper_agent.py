@@ -20,13 +20,14 @@ import faust
 
 from processors.errors import InvalidEvent, ProcessorError
 from processors.grouper import GroupSlot, add_rollout, group_id_for
+from processors.isolation.calls import verifier_runner
 from processors.pipeline import process_group
 from processors.stream import tables
 from processors.stream.clock import PartitionClocks
-from processors.stream.config import StreamConfig
 from processors.stream.entries import GroupEntry, due_entries, pack_entry, read_body, read_head
 from processors.stream.health import WorkerHealth
 from processors.stream.outputs import BAD_INPUT, Outputs, Record
+from processors.stream.worker_config import StreamConfig
 from schemas.codec import Codec
 
 log = logging.getLogger("tokentrail.processors")
@@ -145,7 +146,8 @@ class GrouperAgent:
         try:
             rollouts = self._stored_members(group, known)
             call = functools.partial(process_group, group, rollouts, list(self.cfg.verifiers),
-                                     self.cfg.stages.reward, self.cfg.stages.credit, self.cfg.stages.sample)
+                                     self.cfg.stages.reward, self.cfg.stages.credit, self.cfg.stages.sample,
+                                     runner=verifier_runner())
             derived = await asyncio.get_running_loop().run_in_executor(None, call)
             outputs += self.outputs.encode(derived.events())
         except ProcessorError as exc:

@@ -18,15 +18,16 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from schemas import kafka_config
 from schemas import topics as T
-from schemas.kafka_config import KafkaSettings
+from schemas.kafka import config as kafka_config
+from schemas.kafka import topic_admin
+from schemas.kafka.config import KafkaSettings
 
 ROLLOUTS_BY_GROUP = T.TopicSpec(
     "tokentrail.rollouts-by-group", "group_id", ("CompletedRollout",), 7 * T.DAY_MS,
     "Internal to the processors app: complete, counted rollouts repartitioned by group id.",
 )
-# Internal to the feedback join (feedback_messages.py: JSON values): feedback and call ids keyed by what
+# Internal to the feedback join (feedback/messages.py: JSON values): feedback and call ids keyed by what
 # feedback names ("call:<id>", "session:<id>"), then feedback and completed rollouts keyed by rollout id.
 FEEDBACK_BY_TARGET = T.TopicSpec(
     "tokentrail.feedback-by-target", "target key", (), 7 * T.DAY_MS,
@@ -36,7 +37,7 @@ FEEDBACK_BY_ROLLOUT = T.TopicSpec(
     "tokentrail.feedback-by-rollout", "rollout_id", (), 7 * T.DAY_MS,
     "Internal to the processors app: resolved feedback and completed rollouts, keyed by rollout id.",
 )
-# Internal to the baselines (baseline_messages.py): what pairs a rollout attempt with its feedback reward (the
+# Internal to the baselines (baselines/messages.py): what pairs a rollout attempt with its feedback reward (the
 # rollout, its first call's cluster key, the reward), keyed by rollout id; then the paired members, keyed by the
 # grouping key, so one worker holds a key's windows and running baseline.
 BASELINE_BY_ROLLOUT = T.TopicSpec(
@@ -138,7 +139,7 @@ class StreamTopics:
 
 
 def ensure_stream_topics(kafka: KafkaSettings, topics: StreamTopics, *,
-                         timeout_s: float = 30.0) -> T.EnsureReport:
+                         timeout_s: float = 30.0) -> topic_admin.EnsureReport:
     """Create the app's topics where missing (a running broker is required)."""
     admin = AdminClient(kafka_config.admin_config(kafka))
-    return T.ensure_topics(admin, kafka, topics.specs(), timeout_s=timeout_s)
+    return topic_admin.ensure_topics(admin, kafka, topics.specs(), timeout_s=timeout_s)

@@ -5,8 +5,8 @@ share the partitions; start more for more throughput, up to the kafka section's 
 that is killed leaves its partitions to the others after its session timeout; restarted, it restores
 its tables from their changelog topics and resumes from the committed offsets.
 
-The command line (``tokentrail process``) and the subprocess launcher live in the shell
-(``tokentrail.commands.process``); this module takes the kafka and processors sections in the config.
+The command line (``tokentrail process``, ``tokentrail.commands.process``) and the subprocess launcher
+(``tokentrail.runtime.process``) live in the shell; this module takes the kafka and processors sections in the config.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from schemas.kafka_config import KafkaSettings
+from schemas.kafka.config import KafkaSettings
 
 if TYPE_CHECKING:
-    from processors.stream.config import StreamConfig
+    from processors.stream.worker_config import StreamConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 EXIT_STALLED = 3
@@ -76,7 +76,7 @@ def ensure_changelog_topics(kafka: KafkaSettings, app: Any, timeout_s: float = 3
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from schemas.kafka_config import admin_config
+    from schemas.kafka.config import admin_config
 
     admin = AdminClient(admin_config(kafka))
     wanted = {}

@@ -1,5 +1,6 @@
 """Verifier plugins (``module:Class``), the runner that turns their outcomes into Score records, and
-the built-in verifiers: answer match, unit-test runner, group rank, majority vote."""
+the built-in pure verifiers: answer match, group rank, majority vote. The unit-test runner and the
+thread/process isolation of calls do I/O and live in ``processors.isolation``."""
 
 from processors.verifiers.base import (
     GroupVerifier,

@@ -1,11 +1,8 @@
-"""Run verifiers with a time limit and crash capture; every outcome becomes a Score record.
+"""Every verifier outcome becomes a Score record: OK, ERROR (with the exception text) or TIMEOUT.
 
-Isolation per verifier:
-  * ``thread`` (default): the call runs in a daemon thread; on time-out the score is TIMEOUT and the
-    thread is abandoned (Python cannot kill it), so use it for verifiers that cannot hang for good.
-  * ``process``: the call runs in a fresh process (forkserver), killed on time-out; for untrusted
-    or crash-prone code. The verifier is re-loaded in the child from its import path and options.
-An exception (or a child that dies) gives an ERROR score with the exception text; nothing escapes.
+How a verifier is called (a thread or a fresh process, with its time limit) is I/O and lives in
+``processors.isolation.calls``; the runner is given that call (``verifier_runner()`` builds it), so
+this module stays pure and a test can give it any call.
 
 Score ids are defined by what was scored and by whom (rollout event, group event for group scope,
 verifier name and version), never by the outcome, so re-running a group re-emits the same ids.
@@ -15,20 +12,18 @@ verifier name and version), never by the outcome, so re-running a group re-emits
 from __future__ import annotations
 
 import json
-import multiprocessing
-import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from processors.jsonutil import NotCanonicalJSON, canonical_json
-from processors.verifiers.base import RolloutView, Verifier, load_verifier
+from processors.verifiers.base import RolloutView, Verifier
 from schemas.ids import event_id
 
 Record = dict[str, Any]
-MAX_ERROR_CHARS = 4000
+# (status, value, error) of ``verifier.<method>(*args)``: OK | ERROR | TIMEOUT.
+CallVerifier = Callable[[Verifier, str, tuple[Any, ...]], tuple[str, Any, str | None]]
 
 
 @dataclass(frozen=True)
@@ -39,76 +34,17 @@ class Outcome:
     duration_ms: float = 0.0
 
 
-def _describe(exc: BaseException) -> str:
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return text[-MAX_ERROR_CHARS:]
-
-
-def _in_thread(fn: Callable[[], Any], timeout_s: float) -> tuple[str, Any, str | None]:
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # a verifier crash must not escape, whatever it raises
-            box["error"] = _describe(exc)
-
-    thread = threading.Thread(target=target, name="verifier", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        return "TIMEOUT", None, f"verifier did not return within {timeout_s:g}s (thread abandoned)"
-    if "error" in box:
-        return "ERROR", None, box["error"]
-    return "OK", box.get("value"), None
-
-
-def _child(ref: str, options: dict[str, Any], method: str, args: tuple[Any, ...], conn: Any) -> None:
-    try:
-        verifier = load_verifier(ref, **options)
-        conn.send(("OK", getattr(verifier, method)(*args), None))
-    except BaseException as exc:
-        conn.send(("ERROR", None, _describe(exc)))
-    finally:
-        conn.close()
-
-
-def _in_process(verifier: Verifier, method: str, args: tuple[Any, ...],
-                timeout_s: float) -> tuple[str, Any, str | None]:
-    ctx = multiprocessing.get_context("forkserver")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(verifier.ref, verifier.raw_options, method, args, child),
-                       daemon=True)
-    proc.start()
-    child.close()
-    try:
-        if parent.poll(timeout_s):
-            try:
-                return parent.recv()
-            except EOFError:
-                pass
-            proc.join(1.0)
-            return "ERROR", None, f"verifier process died (exit code {proc.exitcode})"
-        return "TIMEOUT", None, f"verifier process did not return within {timeout_s:g}s (killed)"
-    finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join(5.0)
-        parent.close()
-
-
 @dataclass
 class VerifierRunner:
-    """Runs verifiers; ``timer`` measures duration_ms (a constant timer makes records reproducible)."""
+    """Runs verifiers through ``call`` (status, value, error of one verifier method); ``timer`` measures
+    duration_ms (a constant timer makes records reproducible)."""
 
+    call: CallVerifier
     timer: Callable[[], float] = field(default=time.perf_counter)
 
     def _call(self, verifier: Verifier, method: str, args: tuple[Any, ...]) -> Outcome:
         start = self.timer()
-        if verifier.isolation == "process":
-            status, value, error = _in_process(verifier, method, args, verifier.timeout_s)
-        else:
-            status, value, error = _in_thread(lambda: getattr(verifier, method)(*args), verifier.timeout_s)
+        status, value, error = self.call(verifier, method, args)
         return Outcome(status, value, error, round((self.timer() - start) * 1000, 3))
 
     def score_rollouts(self, verifier: Verifier, rollouts: list[Record], group: Record) -> list[Record]:

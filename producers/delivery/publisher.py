@@ -47,7 +47,7 @@ from producers.delivery.spool import Spool, SpoolRecord
 
 if TYPE_CHECKING:
     from producers.gateway.settings import GatewaySettings
-    from schemas.kafka_config import KafkaSettings
+    from schemas.kafka.config import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -209,8 +209,8 @@ class CallPublisher:
 
     @classmethod
     def from_settings(cls, kafka: KafkaSettings, gateway: GatewaySettings) -> CallPublisher:
-        """The gateway's publisher: schemas.kafka_config.producer_config, the gateway's spool dir and timeout."""
-        from schemas.kafka_config import producer_config
+        """The gateway's publisher: schemas.kafka.config.producer_config, the gateway's spool dir and timeout."""
+        from schemas.kafka.config import producer_config
 
         return cls(producer_config(kafka), gateway.spool_dir, gateway.delivery_timeout_s)
 

@@ -9,7 +9,7 @@ import functools
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_plus
 
@@ -156,11 +156,8 @@ class Versions:
     upstream: str
 
     def as_record(self) -> dict[str, Any]:
-        return {"model": self.model, "policy_version": int(self.policy_version),
-                "tokenizer_fingerprint": self.tokenizer_fingerprint,
-                "chat_template_fingerprint": self.chat_template_fingerprint,
-                "adapter_version": self.adapter_version, "parser_version": self.parser_version,
-                "engine": self.engine, "upstream": self.upstream}
+        """The record's ``versions`` (``CallVersions``): these fields as declared above, the version a plain int."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "policy_version": int(self.policy_version)}
 
 
 def sampling_record(*, temperature: float, top_p: float, top_k: int, max_tokens: int, seed: int | None,

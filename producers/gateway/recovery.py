@@ -244,7 +244,7 @@ class RecoveryReport:
 class KafkaRecoverySource:
     """Where and how far back the attempts' events are read."""
 
-    consumer_config: dict[str, Any]  # schemas.kafka_config.consumer_config (a group id is replaced)
+    consumer_config: dict[str, Any]  # schemas.kafka.config.consumer_config (a group id is replaced)
     calls_topic: str
     env_topic: str
     lookback_s: float

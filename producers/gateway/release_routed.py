@@ -27,7 +27,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from producers.gateway.attempts import UNATTRIBUTED
-from producers.gateway.release_follower import ReleaseFollower
 from producers.upstreams.base import (
     ChatGenerateRequest,
     GenerateRequest,
@@ -37,6 +36,8 @@ from producers.upstreams.base import (
     Upstream,
     UpstreamError,
 )
+from producers.upstreams.deferred_stream import DeferredStream
+from schemas.kafka.release_follower import ReleaseFollower
 from schemas.release_traffic import Traffic
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ class ReleaseRoutedUpstream:
             self._synced = traffic
 
 
-class _RoutedStream:
+class _RoutedStream(DeferredStream):
     """The inner upstream's stream for the routed request, made at the first item (routing may wait for
     the plan); a ``prefer_whole`` said before then reaches it, so a client that does not stream still
     costs one whole upstream answer, not a stream of per-token events. The final result gets the release
@@ -162,27 +163,13 @@ class _RoutedStream:
 
     def __init__(self, route: Callable[[], Awaitable[tuple[Any, ReleaseAssignment | None]]],
                  make: Callable[[Any], Any]) -> None:
+        super().__init__()
         self._route, self._make = route, make
-        self._prefer_whole = False
-        self._items: Any = None
-        self._release: ReleaseAssignment | None = None
+        self._assignment: ReleaseAssignment | None = None
 
-    def prefer_whole(self) -> None:
-        self._prefer_whole = True
+    async def _open(self) -> Any:
+        request, self._assignment = await self._route()
+        return self._make(request)
 
-    def __aiter__(self) -> _RoutedStream:
-        return self
-
-    async def __anext__(self) -> TokenChunk | GenerateResult:
-        if self._items is None:
-            request, self._release = await self._route()
-            self._items = self._make(request)
-            prefer = getattr(self._items, "prefer_whole", None)
-            if self._prefer_whole and prefer is not None:
-                prefer()
-        return _labelled(await self._items.__anext__(), self._release)
-
-    async def aclose(self) -> None:
-        close = getattr(self._items, "aclose", None)
-        if close is not None:
-            await close()
+    async def _settle(self, item: TokenChunk | GenerateResult) -> TokenChunk | GenerateResult:
+        return _labelled(item, self._assignment)

@@ -9,7 +9,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, Field
 
 from models.settings import ModelSettings
-from schemas.kafka_config import KafkaSettings
+from schemas.kafka.config import KafkaSettings
 from schemas.local_paths import VAR_DIR
 
 

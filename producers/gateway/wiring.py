@@ -92,8 +92,8 @@ def build_app(settings: GatewayStackSettings, *, upstream: Any = None, publisher
 
 def release_routed(settings: GatewayStackSettings, upstream: Any, topic: str | None = None) -> Any:
     """``upstream`` behind the release's routing, following the decisions of the settings' release track."""
-    from producers.gateway.release_follower import ReleaseFollower
     from producers.gateway.release_routed import ReleaseRoutedUpstream
+    from schemas.kafka.release_follower import ReleaseFollower
     from schemas.topics import RELEASE_DECISIONS_TOPIC
 
     model = settings.gateway.release_model or settings.model.name
@@ -104,7 +104,7 @@ def release_routed(settings: GatewayStackSettings, upstream: Any, topic: str | N
 def make_recovery_source(settings: GatewayStackSettings, topics: dict[str, str] | None = None) -> Any:
     """What a starting gateway reads to rebuild its open attempts (recovery.py); None when turned off."""
     from producers.gateway.recovery import KafkaRecoverySource
-    from schemas.kafka_config import consumer_config
+    from schemas.kafka.config import consumer_config
     from schemas.topics import CALLS_TOPIC, ENV_TOPIC
 
     g = settings.gateway

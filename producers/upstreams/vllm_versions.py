@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from producers.upstreams.base import ChatGenerateRequest, GenerateRequest, GenerateResult, TokenChunk, UpstreamError
+from producers.upstreams.deferred_stream import DeferredStream
 from producers.upstreams.vllm import VLLMUpstream, rendezvous_order
+from producers.upstreams.vllm.client import settings_options
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +141,7 @@ class VersionedVLLMUpstream:
     @classmethod
     def from_settings(cls, gateway: Any, loader: VersionLoader, **kwargs: Any) -> VersionedVLLMUpstream:
         """Servers from ``gateway.upstream`` (comma-separated base URLs), as ``VLLMUpstream.from_settings``."""
-        defaults: dict[str, Any] = {"model": gateway.vllm_model or None, "logprobs_mode": gateway.vllm_logprobs_mode,
-                                    "api_key": gateway.vllm_api_key or None}
-        return cls(gateway.upstream, loader, **{**defaults, **kwargs})
+        return cls(gateway.upstream, loader, **{**settings_options(gateway), **kwargs})
 
     def __getattr__(self, name: str) -> Any:  # model(), engine(), max_model_len, logprob_kind: the fleet's
         if name == "_clients":
@@ -312,47 +312,25 @@ class VersionedVLLMUpstream:
         await asyncio.gather(*(client.close() for client in self._clients.values()))
 
 
-class _ServerStream:
+class _ServerStream(DeferredStream):
     """The chosen server's stream, opened at the first item (choosing may wait for a version to load); the
     server's slot is held until the stream ends, fails or is closed, so a load never starts under it."""
 
     def __init__(self, owner: VersionedVLLMUpstream, request: GenerateRequest | ChatGenerateRequest,
                  make: Any) -> None:
+        super().__init__()
         self._owner, self._request, self._make = owner, request, make
         self._server: str | None = None
-        self._items: AsyncIterator[TokenChunk | GenerateResult] | None = None
-        self._prefer_whole = False
 
-    def prefer_whole(self) -> None:
-        self._prefer_whole = True
+    async def _open(self) -> AsyncIterator[TokenChunk | GenerateResult]:
+        self._server = await self._owner._take(self._request)
+        return self._make(self._server)
 
-    def __aiter__(self) -> _ServerStream:
-        return self
-
-    async def __anext__(self) -> TokenChunk | GenerateResult:
-        if self._items is None:
-            self._server = await self._owner._take(self._request)
-            self._items = self._make(self._server)
-            prefer = getattr(self._items, "prefer_whole", None)
-            if self._prefer_whole and prefer is not None:
-                prefer()
-        try:
-            item = await self._items.__anext__()
-        except BaseException:
-            await self._release()
-            raise
+    async def _settle(self, item: TokenChunk | GenerateResult) -> TokenChunk | GenerateResult:
         if isinstance(item, GenerateResult):  # generation is over: the server may be reloaded now
             await self._release()
             self._owner._check(self._request, item)
         return item
-
-    async def aclose(self) -> None:
-        try:
-            close = getattr(self._items, "aclose", None)
-            if close is not None:
-                await close()
-        finally:
-            await self._release()
 
     async def _release(self) -> None:
         server, self._server = self._server, None

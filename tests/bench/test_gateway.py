@@ -8,7 +8,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from schemas.local_paths import REPO_ROOT
+
+pytestmark = pytest.mark.e2e
 
 REQUIRED = ("cpu_ms_per_call", "added_p50_ms_c1", "calls_per_s_c64", "litellm_cpu_ms_per_call",
             "litellm_added_p50_ms_c1", "litellm_calls_per_s_c64", "thin_calls_per_s_c64", "cpu_vs_litellm",

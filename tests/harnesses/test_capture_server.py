@@ -13,6 +13,8 @@ import pytest
 
 from tests.harnesses.capture_server import REDACTED, CaptureServer, Refusal, Reply, ToolCall, has_tool_results
 
+pytestmark = pytest.mark.e2e
+
 
 class Scripted:
     """Replies given in order by the test, then "hello there"."""

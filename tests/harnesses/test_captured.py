@@ -10,6 +10,8 @@ import pytest
 from tests.harnesses.capture import API_KEY
 from tests.harnesses.capture_server import REDACTED
 
+pytestmark = pytest.mark.e2e
+
 CAPTURED = Path(__file__).resolve().parent / "captured"
 FIXTURES = sorted(CAPTURED.glob("*.jsonl"))
 

@@ -22,13 +22,13 @@ from models.reference.harness_corpus import CAPTURED_DIR
 from producers.gateway.anthropic_adapter import conversation
 from producers.gateway.body import validate
 from producers.gateway.models_anthropic import MessagesRequest
-from producers.gateway.testing import running_embedded_gateway
 from producers.gateway.text_side import ModelTextSide
 from producers.sdk import Rollout
+from testkit.gateway import running_embedded_gateway
 from tests.producers.gateway.helpers import prompts_of, read_records
 from tokentrail.settings import Settings
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
 
 PASSED_HEADERS = ("anthropic-version", "anthropic-beta", "x-app", "user-agent", "x-claude-code-session-id",
                   "anthropic-dangerous-direct-browser-access")

@@ -15,10 +15,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from tests.harnesses.check_run import CheckRun
 from tests.producers.gateway.helpers import output_of
 from tokentrail.commands.harnesses import ANSWER
+
+pytestmark = pytest.mark.e2e
 
 
 def test_claude_code_does_a_tool_task_through_the_gateway_and_every_call_is_recorded_token_exact(

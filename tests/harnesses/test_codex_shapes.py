@@ -27,13 +27,15 @@ from producers.gateway.chat import CallOutcome, ToolCallOut
 from producers.gateway.models_responses import ResponsesRequest
 from producers.gateway.responses_adapter import ResponseStream, request_tools, to_internal
 from producers.gateway.responses_tools import call_item
-from producers.gateway.testing import running_embedded_gateway
 from producers.gateway.text_side import ModelTextSide
 from producers.sdk import Rollout
 from schemas.tokens import unpack_ids
+from testkit.gateway import running_embedded_gateway
 from tests.producers.gateway.helpers import prompts_of, read_records
 from tests.producers.gateway.test_responses_api import STREAM_EVENTS
 from tokentrail.settings import Settings
+
+pytestmark = pytest.mark.e2e
 
 RUNS = ("codex", "codex-tool", "codex-default-model", "codex-default-model-tool")
 SPAWN = {"message": "count the bytes of hi.txt"}

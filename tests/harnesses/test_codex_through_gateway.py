@@ -26,11 +26,11 @@ from processors.assembler import RolloutAssembly
 from producers.gateway.body import validate
 from producers.gateway.models_responses import ResponsesRequest
 from producers.gateway.responses_adapter import to_internal
-from producers.gateway.testing import running_embedded_gateway
 from producers.gateway.text_side import ModelTextSide
 from producers.sdk import Rollout
 from producers.upstreams.embedded.engine import EmbeddedEngine
 from schemas.codec import get_codec
+from testkit.gateway import running_embedded_gateway
 from tests.harnesses.check_run import CheckRun
 from tests.harnesses.harnesses import CODEX_QUIET_TOML, HARNESSES
 from tests.producers.gateway.helpers import output_of, prompts_of, read_records
@@ -39,7 +39,7 @@ from tokentrail.commands.harnesses import COUNT, WRITE
 from tokentrail.commands.harnesses import HARNESSES as CHECK_HARNESSES
 from tokentrail.settings import Settings
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
 
 
 def test_the_check_quiets_codex_as_the_tests_do() -> None:

@@ -18,6 +18,8 @@ from producers.gateway.body import validate
 from producers.gateway.models_anthropic import MessagesRequest
 from producers.rendering import ChatRenderer
 
+pytestmark = pytest.mark.e2e
+
 # The default build's digest before the variant existed: its cached builds and manifests stay valid.
 DEFAULT_DIGEST = "9e330c0598420548"
 

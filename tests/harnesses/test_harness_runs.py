@@ -17,6 +17,8 @@ import pytest
 
 from tests.harnesses.capture import RUNS, TOOL_DONE, capture, offered_tools
 
+pytestmark = pytest.mark.e2e
+
 STRACE = shutil.which("strace") is not None
 
 

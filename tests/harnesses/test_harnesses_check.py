@@ -20,6 +20,8 @@ from tests.harnesses.check_run import CheckRun
 from tokentrail.cli import main
 from tokentrail.commands.harnesses import HARNESSES, NOT_YET
 
+pytestmark = pytest.mark.e2e
+
 ALL_FOUR = {"pi", "claude", "codex", "openclaw"}
 
 

@@ -25,6 +25,8 @@ from tests.harnesses.harnesses import (
     SETUP_HINT,
 )
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.mark.parametrize("name", sorted(HARNESSES))
 def test_harness_runs_from_its_installed_location(name: str, tmp_path: Path) -> None:

@@ -23,6 +23,8 @@ from tests.producers.gateway.helpers import output_of
 from tokentrail.commands.harness_breaks import INJECTED_REMINDER, RESERIALIZED_ARGUMENTS, break_causes
 from tokentrail.commands.harnesses import ANSWER, COUNT, HARNESSES, WRITE, conversation
 
+pytestmark = pytest.mark.e2e
+
 CAPTURED = Path(__file__).resolve().parent / "captured"
 INTERNAL_CONTEXT = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
 

@@ -74,7 +74,7 @@ def test_cli_builds_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert info.func(info) == 0
     assert json.loads(capsys.readouterr().out)["tokenizer_fingerprint"] == summary["tokenizer_fingerprint"]
     missing = parser.parse_args(["model", "info", "--dir", str(tmp_path / "none")])
-    from tokentrail.cli import CliError
+    from tokentrail.errors import CliError
 
     with pytest.raises(CliError, match="no model"):
         missing.func(missing)

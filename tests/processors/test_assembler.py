@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 from processors.assembler import AttemptBuffer, RolloutAssembly, check_call_tokens, expire, try_complete
 from processors.call_tokens import rollout_call_tokens
 from processors.errors import CallTokensError, ConflictingEvent, InvalidEvent, RolloutTooLarge
-from processors.testing import AttemptSpec, Turn, attempt_events, growing_turns
 from schemas.builders import chat_response, make_call, make_env, make_finished, make_started
 from schemas.codec import get_codec
 from schemas.ids import call_id
 from schemas.prompt_delta import encode_prompt, full_prompt
 from schemas.tokens import unpack_ids
+from testkit.stages import AttemptSpec, Turn, attempt_events, growing_turns
 
 
 def _spec(n_calls: int = 4, env: int = 2, seed: int = 0, **kw: object) -> AttemptSpec:

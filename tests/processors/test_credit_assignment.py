@@ -10,8 +10,8 @@ import pytest
 from processors.config import load_config
 from processors.credit import CreditConfig, compute_credit, compute_credits, token_values
 from processors.errors import ConfigError
-from processors.testing import AttemptSpec, Turn, assemble, growing_turns
 from schemas.tokens import unpack_floats
+from testkit.stages import AttemptSpec, Turn, assemble, growing_turns
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processors.prefix import common_prefix_len_concat, prefix_link, prefix_links
-from processors.testing import IM_END, IM_START, NEWLINE, ROLE_IDS, Message, render, sampled_output
+from testkit.stages import IM_END, IM_START, NEWLINE, ROLE_IDS, Message, render, sampled_output
 
 ids = st.lists(st.integers(0, 5), max_size=12).map(lambda xs: np.array(xs, dtype=np.uint32))
 

@@ -16,7 +16,7 @@ from processors.assembler import RolloutAssembly
 from processors.credit import CreditConfig, compute_credits
 from processors.rewards import RewardConfig, compute_rewards
 from processors.samples import SampleConfig, build_samples
-from processors.testing import AttemptSpec, Turn, attempt_events
+from testkit.stages import AttemptSpec, Turn, attempt_events
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ from processors.call_tokens import rollout_call_tokens
 from processors.credit import CreditConfig, compute_credits
 from processors.rewards import RewardConfig, compute_rewards
 from processors.samples import SampleConfig, build_samples, weight_by_rollout
-from processors.testing import AttemptSpec, Turn, assemble, constant_scores, full_group, growing_turns
 from schemas.codec import get_codec
 from schemas.tokens import unpack_floats, unpack_ids, unpack_int32, unpack_mask
+from testkit.stages import AttemptSpec, Turn, assemble, constant_scores, full_group, growing_turns
 
 REWARD = RewardConfig(metrics=[{"name": "m", "verifier": "v"}], normalize={"method": "none"},
                       filters={"zero_variance": False})

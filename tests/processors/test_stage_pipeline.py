@@ -12,17 +12,18 @@ from processors.assembler import RolloutAssembly
 from processors.dead_letters import dead_letter
 from processors.errors import PipelineInputError
 from processors.grouper import GrouperState, GroupingConfig
+from processors.isolation.calls import verifier_runner
 from processors.pipeline import StageConfigs, order_rollouts, process_group, rederive
 from processors.samples import SampleConfig, weight_by_rollout
-from processors.testing import AttemptSpec, attempt_events, full_group, growing_turns
-from processors.verifiers import VerifierRunner, load_verifiers
+from processors.verifiers import load_verifiers
 from schemas.codec import CorruptRecord, get_codec
+from testkit.stages import AttemptSpec, attempt_events, full_group, growing_turns
 
 CONFIGS = StageConfigs.load("deploy/config/reward.yaml", "deploy/config/credit.yaml",
                             "deploy/config/sample.yaml")
 VERIFIERS = load_verifiers(["processors.verifiers.answer_match:AnswerMatch",
                             "processors.verifiers.group_rank:GroupRank"])
-RUNNER = VerifierRunner(timer=lambda: 0.0)
+RUNNER = verifier_runner(timer=lambda: 0.0)
 ANSWERS = ["The answer is 4", "The answer is 5", "The answer is 4", "I don't know"]
 
 

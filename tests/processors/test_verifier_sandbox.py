@@ -47,7 +47,7 @@ def assert_still_works() -> None:
 
 def sandbox_processes() -> list[int]:
     """Processes on this machine running as a sandbox uid (there must be none after a run)."""
-    from processors.verifiers import sandbox
+    from processors.isolation import sandbox
 
     found = []
     for entry in os.listdir("/proc"):

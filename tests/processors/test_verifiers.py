@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from processors.errors import ConfigError
-from processors.verifiers import RolloutView, VerifierRunner, load_verifier, load_verifiers
+from processors.isolation.calls import verifier_runner
+from processors.isolation.unit_tests import extract_code
+from processors.verifiers import RolloutView, load_verifier, load_verifiers
 from processors.verifiers.base import load_verifiers_file
 from processors.verifiers.extract import extract_answer, parse_number
-from processors.verifiers.unit_tests import extract_code
 
 T0 = 1_700_000_000_000_000
 
@@ -26,7 +27,7 @@ def rollout(rid: str, text: str, task: dict[str, Any] | None = None, artifacts: 
 
 
 GROUP = {"event_id": "group-ev", "group_id": "g", "status": "FULL", "created_at_us": T0 + 1}
-FIXED = VerifierRunner(timer=lambda: 0.0)
+FIXED = verifier_runner(timer=lambda: 0.0)
 
 
 def score(spec: str | dict, r: dict[str, Any], **options: Any) -> dict[str, Any]:
@@ -86,23 +87,23 @@ def test_extractors() -> None:
 
 
 def test_crashing_verifier_gives_an_error_score_with_the_traceback() -> None:
-    s = score("processors.testing:CrashingVerifier", rollout("r1", ""))
+    s = score("testkit.stages:CrashingVerifier", rollout("r1", ""))
     assert s["status"] == "ERROR" and "RuntimeError: verifier bug on r1" in s["error"]
     assert s["verifier_name"] == "crashes" and s["scope"] == "ROLLOUT" and s["created_at_us"] == T0
 
 
 def test_hanging_verifier_times_out_in_a_thread() -> None:
     started = time.perf_counter()
-    s = score("processors.testing:SleepingVerifier", rollout("r1", ""))
+    s = score("testkit.stages:SleepingVerifier", rollout("r1", ""))
     assert s["status"] == "TIMEOUT" and "0.2s" in s["error"]
     assert time.perf_counter() - started < 5
 
 
 def test_process_isolation_kills_a_hanging_verifier_and_survives_a_dying_one() -> None:
-    hang = score({"ref": "processors.testing:SleepingVerifier", "isolation": "process", "timeout_s": 1.0},
+    hang = score({"ref": "testkit.stages:SleepingVerifier", "isolation": "process", "timeout_s": 1.0},
                  rollout("r1", ""))
     assert hang["status"] == "TIMEOUT" and "killed" in hang["error"]
-    died = score({"ref": "processors.testing:ExitingVerifier", "isolation": "process", "timeout_s": 20},
+    died = score({"ref": "testkit.stages:ExitingVerifier", "isolation": "process", "timeout_s": 20},
                  rollout("r1", ""))
     assert died["status"] == "ERROR" and "exit code 3" in died["error"]
     ok = score({"ref": AM, "isolation": "process", "timeout_s": 20},
@@ -111,12 +112,12 @@ def test_process_isolation_kills_a_hanging_verifier_and_survives_a_dying_one() -
 
 
 def test_output_without_an_exact_json_form_is_an_error() -> None:
-    s = score("processors.testing:NaNVerifier", rollout("r1", ""))
+    s = score("testkit.stages:NaNVerifier", rollout("r1", ""))
     assert s["status"] == "ERROR" and "no exact JSON form" in s["error"]
 
 
 def test_raw_output_is_stored_as_canonical_json() -> None:
-    s = score("processors.testing:ConstantVerifier", rollout("r1", "", {"score": {"b": [1, 2.5], "a": "é"}}))
+    s = score("testkit.stages:ConstantVerifier", rollout("r1", "", {"score": {"b": [1, 2.5], "a": "é"}}))
     assert s["raw_json"] == '{"a":"é","b":[1,2.5]}'
 
 
@@ -150,7 +151,7 @@ def test_default_verifier_list_loads() -> None:
 
 # ----------------------------------------------------------------------------------- unit tests
 
-UT = "processors.verifiers.unit_tests:UnitTests"
+UT = "processors.isolation.unit_tests:UnitTests"
 SOLUTION = "Here you go:\n```python\ndef add(a, b):\n    return a + b\nprint('noise')\n```\n"
 
 
@@ -217,7 +218,7 @@ def test_majority_vote() -> None:
 
 
 def test_group_verifier_results_missing_for_some_rollouts_are_errors() -> None:
-    pv = load_verifier("processors.testing:PartialGroupVerifier")
+    pv = load_verifier("testkit.stages:PartialGroupVerifier")
     rs = [rollout("r1", ""), rollout("r2", "")]
     first, second = FIXED.score_group(pv, rs, GROUP, {})
     assert raw(first) == {"seen": 2}

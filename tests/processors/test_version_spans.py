@@ -19,16 +19,16 @@ from processors.credit import CreditConfig, compute_credits
 from processors.errors import PipelineInputError
 from processors.rewards import RewardConfig, compute_rewards
 from processors.samples import SampleConfig, build_samples
-from processors.testing import constant_scores, full_group
 from producers.gateway import records
 from producers.upstreams.base import ReleaseAssignment
-from producers.upstreams.vllm import parse_spans, policy_spans, spans_version
+from producers.upstreams.vllm.labels import parse_spans, policy_spans, spans_version
 from schemas.builders import T0_US, make_finished, make_started
 from schemas.codec import SCHEMA_DIR, Codec, SchemaStore, get_codec
 from schemas.examples import example_record
 from schemas.ids import call_id
 from schemas.prompt_delta import full_prompt
 from schemas.tokens import unpack_floats, unpack_mask
+from testkit.stages import constant_scores, full_group
 from trainer_consumer.sample_view import check_sample, sample_from_record
 from trainer_consumer.staleness import StalenessBound, token_versions
 

@@ -13,8 +13,8 @@ from processors.call_tokens import is_sampled
 from processors.credit import CreditConfig, compute_credits
 from processors.rewards import RewardConfig, compute_rewards
 from processors.samples import SampleConfig, build_samples, weight_by_rollout
-from processors.testing import AttemptSpec, Turn, assemble, constant_scores, full_group
 from schemas.tokens import unpack_floats
+from testkit.stages import AttemptSpec, Turn, assemble, constant_scores, full_group
 
 call_plan = st.tuples(st.integers(0, 7), st.integers(0, 4), st.booleans(), st.booleans(), st.integers(0, 2))
 rollout_plan = st.lists(call_plan, min_size=1, max_size=6)

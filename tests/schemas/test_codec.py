@@ -21,6 +21,7 @@ from schemas.codec import (
 )
 from schemas.examples import example_record
 from schemas.fixtures import FIXTURE_DIR, fixture_path
+from schemas.kafka.registry_framing import kafka_codec
 from schemas.tokens import unpack_floats, unpack_ids
 
 CODEC = get_codec()
@@ -135,7 +136,7 @@ def test_a_breaking_change_is_caught(tmp_path: Path) -> None:
 
 
 def test_confluent_wire_format_with_mock_registry() -> None:
-    codec = Codec(registry_url="mock://tokentrail-tests")
+    codec = kafka_codec("mock://tokentrail-tests")
     record = example_record(codec.store.schema("Credit").raw)
     data = codec.encode("Credit", record)
     assert data[0] == 0 and len(data) > 5

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from schemas.kafka_config import consumer_config, producer_config
+from schemas.kafka.config import consumer_config, producer_config
 from schemas.topics import CALLS
 from tokentrail.settings import Settings
 

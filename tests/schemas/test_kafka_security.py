@@ -15,8 +15,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from schemas.faust_security import KafkaSecurityError, faust_credentials
-from schemas.kafka_config import admin_config, faust_app_settings
+from schemas.kafka.config import admin_config, faust_app_settings
+from schemas.kafka.faust_security import KafkaSecurityError, faust_credentials
 from tokentrail.settings import KafkaSettings, Settings
 
 SASL = {"sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "alice", "sasl.password": "alice-secret"}

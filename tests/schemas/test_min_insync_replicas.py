@@ -11,7 +11,8 @@ from confluent_kafka.admin import AdminClient
 from pydantic import ValidationError
 
 from schemas import topics
-from schemas.kafka_config import KafkaSettings
+from schemas.kafka import topic_admin
+from schemas.kafka.config import KafkaSettings
 from tokentrail.settings import Settings
 
 
@@ -37,22 +38,22 @@ def test_topics_are_created_with_it_and_a_cluster_too_small_for_it_is_reported(
     calls = dataclasses.replace(topics.CALLS, name=f"test-isr-{uuid.uuid4().hex[:8]}.calls")
     kafka = tokentrail_settings.kafka
     try:
-        created = topics.ensure_topics(kafka_admin, kafka, (calls,))
+        created = topic_admin.ensure_topics(kafka_admin, kafka, (calls,))
         assert created.created == [calls.name] and created.ok
-        configs = topics.describe_topic_configs(kafka_admin, [calls.name])[calls.name]
+        configs = topic_admin.describe_topic_configs(kafka_admin, [calls.name])[calls.name]
         assert configs["min.insync.replicas"] == str(kafka.min_insync_replicas) == "1"
 
         wanting = kafka.model_copy(update={"min_insync_replicas": 2})
-        report = topics.ensure_topics(kafka_admin, wanting, (calls,), fix_configs=True)
+        report = topic_admin.ensure_topics(kafka_admin, wanting, (calls,), fix_configs=True)
         assert not report.ok
         assert sorted(d.setting for d in report.differences) == ["min.insync.replicas", "replication factor"]
         assert report.altered == []
         (replication,) = [d for d in report.differences if d.setting == "replication factor"]
         assert replication.actual == "1" and "min.insync.replicas" in replication.describe()
 
-        again = topics.ensure_topics(kafka_admin, kafka, (calls,), fix_configs=True)
+        again = topic_admin.ensure_topics(kafka_admin, kafka, (calls,), fix_configs=True)
         assert again.ok, [d.describe() for d in again.differences]
-        configs = topics.describe_topic_configs(kafka_admin, [calls.name])[calls.name]
+        configs = topic_admin.describe_topic_configs(kafka_admin, [calls.name])[calls.name]
         assert configs["min.insync.replicas"] == "1"
     finally:
         for future in kafka_admin.delete_topics([calls.name]).values():

@@ -10,7 +10,9 @@ import uuid
 import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-from schemas import kafka_config, topics
+from schemas import topics
+from schemas.kafka import config as kafka_config
+from schemas.kafka import topic_admin
 from tokentrail import topics_cli
 from tokentrail.settings import Settings
 
@@ -35,7 +37,7 @@ def _renamed(prefix: str) -> tuple[topics.TopicSpec, ...]:
 
 
 def _configs(admin: AdminClient, name: str) -> dict[str, str]:
-    return topics.describe_topic_configs(admin, [name])[name]
+    return topic_admin.describe_topic_configs(admin, [name])[name]
 
 
 def _wait_for_config(admin: AdminClient, name: str, key: str, value: str, timeout_s: float = 30.0) -> None:
@@ -80,10 +82,10 @@ def test_ensure_creates_all_then_is_idempotent(
 ) -> None:
     specs = _renamed(f"test-ensure-{uuid.uuid4().hex[:8]}")
     try:
-        first = topics.ensure_topics(kafka_admin, tokentrail_settings.kafka, specs)
+        first = topic_admin.ensure_topics(kafka_admin, tokentrail_settings.kafka, specs)
         assert sorted(first.created) == sorted(spec.name for spec in specs) and first.ok
 
-        second = topics.ensure_topics(kafka_admin, tokentrail_settings.kafka, specs)
+        second = topic_admin.ensure_topics(kafka_admin, tokentrail_settings.kafka, specs)
         assert second.created == [] and second.ok
         assert sorted(second.existing) == sorted(spec.name for spec in specs)
 
@@ -103,7 +105,7 @@ def test_ensure_reports_and_fixes_differences(
 ) -> None:
     calls = dataclasses.replace(topics.CALLS, name=f"test-diff-{uuid.uuid4().hex[:8]}.calls")
     try:
-        topics.ensure_topics(kafka_admin, tokentrail_settings.kafka, (calls,))
+        topic_admin.ensure_topics(kafka_admin, tokentrail_settings.kafka, (calls,))
         drift = ConfigResource(ResourceType.TOPIC, calls.name, incremental_configs=[
             ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)])
         for future in kafka_admin.incremental_alter_configs([drift]).values():
@@ -111,13 +113,13 @@ def test_ensure_reports_and_fixes_differences(
         _wait_for_config(kafka_admin, calls.name, "retention.ms", "3600000")
         wider = dataclasses.replace(calls, partitions=calls.partition_count(tokentrail_settings.kafka) + 2)
 
-        report = topics.ensure_topics(kafka_admin, tokentrail_settings.kafka, (wider,))
+        report = topic_admin.ensure_topics(kafka_admin, tokentrail_settings.kafka, (wider,))
         assert {(d.setting, d.actual) for d in report.differences} == {
             ("retention.ms", "3600000"),
             ("partitions", str(calls.partition_count(tokentrail_settings.kafka))),
         }
 
-        fixed = topics.ensure_topics(kafka_admin, tokentrail_settings.kafka, (wider,), fix_configs=True)
+        fixed = topic_admin.ensure_topics(kafka_admin, tokentrail_settings.kafka, (wider,), fix_configs=True)
         assert [d.setting for d in fixed.altered] == ["retention.ms"]
         assert [d.setting for d in fixed.differences] == ["partitions"]  # never changed automatically
         _wait_for_config(kafka_admin, calls.name, "retention.ms", "-1")

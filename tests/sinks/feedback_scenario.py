@@ -22,7 +22,7 @@ from processors.feedback.join import (
 )
 from schemas.codec import get_codec
 from schemas.feedback import FeedbackValue, build_feedback
-from sinks.synthetic import Event, GroupSpec, synthetic_group
+from testkit.storage_records import Event, GroupSpec, synthetic_group
 
 S = 1_000_000
 CFG = FeedbackRewardConfig(name="audit-test", wait_s=dict.fromkeys(("BINARY", "RATING", "OUTCOME", "TASK_OUTCOME",

@@ -6,15 +6,16 @@ import numpy as np
 
 from processors.assembler import RolloutAssembly
 from processors.grouper import GrouperState, GroupingConfig
+from processors.isolation.calls import verifier_runner
 from processors.pipeline import StageConfigs, process_group
 from processors.samples import SampleConfig
-from processors.testing import AttemptSpec, attempt_events, growing_turns
-from processors.verifiers import VerifierRunner, load_verifiers
-from sinks.synthetic import Event
+from processors.verifiers import load_verifiers
+from testkit.stages import AttemptSpec, attempt_events, growing_turns
+from testkit.storage_records import Event
 
 CONFIGS = StageConfigs.load("deploy/config/reward.yaml", "deploy/config/credit.yaml", "deploy/config/sample.yaml")
 VERIFIERS = load_verifiers(["processors.verifiers.answer_match:AnswerMatch"])
-RUNNER = VerifierRunner(timer=lambda: 0.0)
+RUNNER = verifier_runner(timer=lambda: 0.0)
 ANSWERS = ["The answer is 4", "The answer is 5", "The answer is 4", "I don't know"]
 
 

@@ -11,11 +11,12 @@ import pytest
 from clickhouse_connect.driver.client import Client
 
 from schemas.tokens import pack_floats, pack_ids, unpack_floats, unpack_ids
-from sinks.audit import CheckResult, run_audit
+from sinks.audit import run_audit
+from sinks.audit_result import CheckResult
 from sinks.report import build_report, rolling_reward
 from sinks.store import write_records
-from sinks.synthetic import Event, GroupEvents, GroupSpec, synthetic_group
 from sinks.trace import TraceError, format_trace, trace_sample
+from testkit.storage_records import Event, GroupEvents, GroupSpec, synthetic_group
 from tokentrail.cli import main as cli_main
 
 

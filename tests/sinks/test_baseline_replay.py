@@ -18,12 +18,12 @@ from processors.feedback.join import FeedbackJoin, FeedbackReward, reward_record
 from processors.feedback.replay import replay_reward_record
 from processors.grouper import GroupingConfig
 from processors.pipeline import StageConfigs
+from reliability.pipeline import derive_outputs
 from schemas.local_paths import DEPLOY_CONFIG_DIR
 from sinks.audit import check_score_reviewability
 from sinks.replay import replay_baselines
 from sinks.store import load_records, write_records
 from tests.processors.baselines.organic import T0_US, S, organic_rollout, thumbs
-from tokentrail.reliability.pipeline import derive_outputs
 
 CFG = BaselineConfig(window={"size_s": 10}, min_group_size=3, watermark_lag_s=1)
 FEEDBACK = FeedbackRewardConfig(wait_s={k: 1 for k in ("BINARY", "RATING", "OUTCOME", "TASK_OUTCOME", "TEXT")},

@@ -17,7 +17,7 @@ from sinks import dashboards
 from sinks.store import write_records
 from trainer_consumer.batching import Batch
 from trainer_consumer.events import trainer_resume_record, trainer_step_record
-from trainer_consumer.release_follower import resume_due
+from trainer_consumer.rollback_resume import resume_due
 
 from .pipeline_data import pipeline_events, sample_config
 

@@ -16,7 +16,7 @@ from sinks.release_report import call_shares, normal_interval, release_section
 from sinks.report import build_report
 from sinks.store import write_records
 from trainer_consumer.events import trainer_resume_record
-from trainer_consumer.release_follower import resume_due
+from trainer_consumer.rollback_resume import resume_due
 
 from .pipeline_data import pipeline_events, sample_config
 

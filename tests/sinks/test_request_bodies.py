@@ -13,7 +13,6 @@ from schemas.ids import ids_digest
 from sinks.request_bodies import MIN_SAVED_CHARS, REQUEST_COLUMNS, RequestBodyDeltas, rebuild_request_bodies
 from sinks.rows import to_row
 from sinks.store import CallTokenCache, load_records, select_rows, write_records
-from sinks.synthetic import GroupSpec, synthetic_group
 from sinks.text_delta import (
     RecentTexts,
     TextDelta,
@@ -24,6 +23,7 @@ from sinks.text_delta import (
     paste_copies,
     text_digest,
 )
+from testkit.storage_records import GroupSpec, synthetic_group
 
 
 def _rebuilt(text: str, base: str) -> str:

@@ -22,7 +22,7 @@ from sinks.rows import (
     rollout_from_row,
     to_row,
 )
-from sinks.synthetic import GroupSpec, synthetic_group
+from testkit.storage_records import GroupSpec, synthetic_group
 
 FLAT_NAMES = sorted(set(TABLE_OF) - {"CompletedRollout"})
 

@@ -17,7 +17,7 @@ from sinks.rows import RowError, from_row, to_row
 from sinks.sample_refs import SampleRefError, SampleRefs
 from sinks.sink import SinkOptions, run_sink
 from sinks.store import load_records, select_rows, write_records
-from sinks.synthetic import Event, GroupSpec, synthetic_group
+from testkit.storage_records import Event, GroupSpec, synthetic_group
 from tokentrail.settings import Settings
 
 from .pipeline_data import pipeline_events, sample_config

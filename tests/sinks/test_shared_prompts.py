@@ -12,7 +12,7 @@ from sinks.rows import to_row
 from sinks.sample_refs import SampleRefs
 from sinks.shared_prompts import MIN_SHARED_BYTES, WINDOW_US, SharedPromptError, SharedPrompts
 from sinks.store import CallTokenCache, insert_grouped, load_records, select_rows, write_records
-from sinks.synthetic import GroupSpec, synthetic_group
+from testkit.storage_records import GroupSpec, synthetic_group
 
 T0 = 1_800_000_000 * 1_000_000  # a received_at in microseconds, at the start of a 15-minute window
 

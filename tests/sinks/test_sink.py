@@ -10,14 +10,15 @@ from clickhouse_connect.driver.client import Client
 from confluent_kafka import Consumer, Producer
 
 from processors.pipeline import StageConfigs
-from schemas import kafka_config, topics
+from schemas import topics
 from schemas.codec import get_codec
+from schemas.kafka import config as kafka_config
 from sinks.audit import run_audit
 from sinks.replay import publish, replay
 from sinks.rows import TABLE_OF
 from sinks.sink import SinkOptions, run_sink
 from sinks.store import load_records, table_counts, write_records
-from sinks.synthetic import GroupSpec, synthetic_group
+from testkit.storage_records import GroupSpec, synthetic_group
 from tokentrail.settings import Settings
 
 from .pipeline_data import CONFIGS, pipeline_events, sample_config

@@ -11,9 +11,9 @@ from clickhouse_connect.driver.client import Client
 from schemas.codec import get_codec
 from schemas.examples import example_record
 from schemas.tokens import pack_mask
-from sinks import dashboards, ddl
+from sinks import dashboards
 from sinks.client import ClickHouseConfigError, connect, parse_dsn
-from sinks.ddl import CALL_STORED_TOKEN_COLUMNS, MIGRATIONS, TABLE_NAMES, VIEWS, migrate, schema_sql
+from sinks.ddl import CALL_STORED_TOKEN_COLUMNS, MIGRATIONS, TABLE_NAMES, VIEWS, migrate, runner, schema_sql
 from sinks.rows import TABLE_OF, to_row
 from sinks.sample_refs import REF_COLUMNS
 from sinks.store import (
@@ -25,7 +25,7 @@ from sinks.store import (
     table_counts,
     write_records,
 )
-from sinks.synthetic import GroupSpec, synthetic_group
+from testkit.storage_records import GroupSpec, synthetic_group
 from tokentrail.cli import main as cli_main
 from tokentrail.settings import REPO_ROOT
 
@@ -105,9 +105,9 @@ def test_migrating_calls_stored_as_packed_bytes(
                      create_database=True)
     try:
         with monkeypatch.context() as m:
-            m.setattr(ddl, "MIGRATIONS", MIGRATIONS[:2])
+            m.setattr(runner, "MIGRATIONS", MIGRATIONS[:2])  # what migrate() applies
             # The views of that time: v_stale_dropped reads trainer_steps columns from 0013.
-            m.setattr(ddl, "VIEWS", {k: v for k, v in ddl.VIEWS.items() if k != "v_stale_dropped"})
+            m.setattr(runner, "VIEWS", {k: v for k, v in VIEWS.items() if k != "v_stale_dropped"})
             assert migrate(client) == ["0001_tables", "0002_rollouts_final_output_text"]
         g = synthetic_group(GroupSpec(rollouts=2, turns=4, bodies="chat", tools=1))
         # Written before CallRecord.scripted, version_spans and release existed: read back with their defaults.

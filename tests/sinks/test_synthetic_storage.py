@@ -9,7 +9,7 @@ from bench.sink import encoded_events, stored_ratios
 from schemas.tokens import unpack_ids
 from sinks.client import connect
 from sinks.store import load_records, load_rollouts, write_records
-from sinks.synthetic import VOCAB, GroupSpec, synthetic_group
+from testkit.storage_records import VOCAB, GroupSpec, synthetic_group
 
 
 def test_default_distributions_are_the_uniform_draws_other_tests_rely_on() -> None:

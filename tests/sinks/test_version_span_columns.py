@@ -7,7 +7,7 @@ from __future__ import annotations
 from clickhouse_connect.driver.client import Client
 
 from sinks.store import load_records, load_rollouts, write_records
-from sinks.synthetic import GroupSpec, synthetic_group
+from testkit.storage_records import GroupSpec, synthetic_group
 
 
 def test_version_spans_and_release_round_trip_and_answer_sql(ch: Client) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tokentrail import deploy_check
+from tokentrail.commands import deploy_check
 
 
 def test_deploy_manifests_are_consistent_with_the_code() -> None:
@@ -36,7 +36,7 @@ def test_the_check_catches_a_wrong_subcommand_and_setting(tmp_path, monkeypatch)
 def test_the_instance_id_setting_names_each_worker_by_its_host(monkeypatch) -> None:
     import socket
 
-    from tokentrail.commands.process import instance_id
+    from tokentrail.runtime.process import instance_id
     from tokentrail.settings import Settings
 
     monkeypatch.setenv("TOKENTRAIL_PROCESSORS__INSTANCE_ID", "{hostname}")

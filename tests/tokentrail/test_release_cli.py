@@ -13,10 +13,10 @@ from confluent_kafka import Producer
 from processors.release.arms import RewardObservation
 from processors.release.controller import decide, fold_reward
 from processors.release.events import DecisionLog, decision_record
-from schemas.kafka_config import producer_config
+from processors.stream.release_controller import publish_decision, read_decisions
+from schemas.kafka.config import producer_config
 from tests.conftest import NewTopicFactory
 from tokentrail.cli import main
-from tokentrail.commands.release_kafka import publish_decision, read_decisions
 from tokentrail.settings import Settings
 
 

@@ -6,8 +6,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from testkit.samples import SequenceSpec, random_sequence, sample_record
 from trainer_consumer.sample_view import TrainSample
-from trainer_consumer.synthetic import SequenceSpec, random_sequence, sample_record
 
 from .helpers import VOCAB, decode_round_trip, make_tiny_model
 

@@ -6,9 +6,9 @@ import numpy as np
 import orjson
 
 from schemas.tokens import pack_floats, pack_ids, pack_int32, pack_mask
+from testkit.samples import random_sequence, sample_record
 from trainer_consumer.batching import BatchBuilder, FilterConfig, batches_from_samples
 from trainer_consumer.sample_view import check_sample
-from trainer_consumer.synthetic import random_sequence, sample_record
 
 from .helpers import VOCAB, decode_round_trip
 

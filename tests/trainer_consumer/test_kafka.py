@@ -10,9 +10,9 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from models.policy_store import PolicyStore
-from schemas import kafka_config
 from schemas.codec import get_codec
-from trainer_consumer.synthetic import random_sequence, sample_record
+from schemas.kafka import config as kafka_config
+from testkit.samples import random_sequence, sample_record
 from trainer_consumer.trainer import TrainOptions, run_training
 
 from .helpers import VOCAB, make_tiny_model

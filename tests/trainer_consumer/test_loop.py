@@ -9,10 +9,10 @@ import numpy as np
 
 from models.policy_store import PolicyStore
 from schemas.codec import get_codec
-from trainer_consumer.batching import Batch, batches_from_samples, staleness_filter
+from testkit.samples import random_sequence, sample_record
+from trainer_consumer.batching import Batch, FilterConfig, batches_from_samples
 from trainer_consumer.learner import Learner, LearnerConfig
 from trainer_consumer.policy import StorePublisher
-from trainer_consumer.synthetic import random_sequence, sample_record
 from trainer_consumer.trainer import TrainerState, TrainingLoop
 
 from .helpers import VOCAB, decode_round_trip, make_tiny_model
@@ -51,7 +51,7 @@ def _samples(versions: list[int]) -> list:
 def test_publishes_every_n_steps_and_records_filtered_only_batches(tmp_path) -> None:
     samples = _samples([5, 5, 0, 5, 5, 0, 5, 5])
     batches = list(batches_from_samples(zip(samples, range(8), strict=True), batch_size=2, current_version=5,
-                                        filters=[staleness_filter(2)]))
+                                        staleness=FilterConfig(max_staleness=2).staleness()))
     assert [len(b.samples) for b in batches] == [2, 2, 2]  # each stale one rides with the next batch
     stale_only = Batch(samples=[], filtered=Counter({"stale": 3}), positions=[8, 9, 10])
     source, sink = ListSource([*batches, stale_only]), ListSink()

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from testkit.samples import SequenceSpec, random_sequence, sample_record
 from trainer_consumer.collate import collate
 from trainer_consumer.learner import Learner, LearnerConfig
 from trainer_consumer.losses import (
@@ -15,7 +16,6 @@ from trainer_consumer.losses import (
     policy_loss,
     token_logprobs,
 )
-from trainer_consumer.synthetic import SequenceSpec, random_sequence, sample_record
 
 from .helpers import VOCAB, decode_round_trip, make_tiny_model
 

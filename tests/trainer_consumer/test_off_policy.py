@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from testkit.samples import random_sequence, sample_record
 from trainer_consumer.batching import BatchBuilder
 from trainer_consumer.behaviour import BehaviourScorer
 from trainer_consumer.learner import Learner, LearnerConfig
@@ -24,7 +25,6 @@ from trainer_consumer.mismatch import mismatch_stats
 from trainer_consumer.sample_view import TrainSample
 from trainer_consumer.settings import resolve_importance_sampling
 from trainer_consumer.staleness import StalenessBound
-from trainer_consumer.synthetic import random_sequence, sample_record
 
 from .helpers import VOCAB, decode_round_trip, make_tiny_model
 

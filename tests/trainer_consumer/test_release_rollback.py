@@ -20,16 +20,16 @@ from models.policy_store import PolicyStore
 from processors.release.controller import ReleaseState, initial_state, manual_decision, start_decision
 from processors.release.events import decision_record
 from processors.release.plan import load_plan
-from schemas import kafka_config
+from processors.stream.release_controller import publish_decision
 from schemas.codec import get_codec
-from schemas.release_follower import ReleaseFollower
-from tokentrail.commands.release_kafka import publish_decision
+from schemas.kafka import config as kafka_config
+from schemas.kafka.release_follower import ReleaseFollower
+from testkit.samples import random_sequence, sample_record
 from tokentrail.settings import Settings
 from trainer_consumer.batching import batches_from_samples
 from trainer_consumer.learner import Learner, LearnerConfig
 from trainer_consumer.policy import StorePublisher
-from trainer_consumer.release_follower import RELEASE_SEQUENCE, RollbackResumer, resume_due
-from trainer_consumer.synthetic import random_sequence, sample_record
+from trainer_consumer.rollback_resume import RELEASE_SEQUENCE, RollbackResumer, resume_due
 from trainer_consumer.trainer import TrainerState, TrainingLoop, TrainOptions, run_training
 
 from .helpers import VOCAB, decode_round_trip, make_tiny_model

@@ -93,7 +93,7 @@ class FamilyRun:
         from models.families.build import build_family
         from models.families.spec import family_named
         from producers.gateway.family_text_side import FamilyTextSide
-        from producers.gateway.testing import running_embedded_gateway
+        from testkit.gateway import running_embedded_gateway
 
         self.family, self.fmt = family, FORMATS[family]
         self.model = f"tokentrail-{family}"
@@ -125,8 +125,8 @@ def _cmd(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from schemas.topics import CALLS_TOPIC, ENV_TOPIC
+    from tokentrail.commands.conformance_drive import evidence, recorded_calls, run_corpus
     from tokentrail.commands.harnesses import HARNESSES, _records, _rollout_status, _run
-    from tokentrail.conformance.drive import evidence, recorded_calls, run_corpus
     from tokentrail.conformance.vllm_parsers import parse_with_vllm
 
     settings = get_settings()

@@ -21,7 +21,7 @@ import socket
 import sys
 
 from schemas.topics import CALLS_TOPIC, ENV_TOPIC
-from tokentrail.cli import CliError
+from tokentrail.errors import CliError
 from tokentrail.settings import Settings, get_settings
 
 
@@ -134,7 +134,7 @@ def _upstream(settings: Settings) -> object | None:
     """The vLLM upstream gated by the weight sync when ``weight_sync.in_gateway`` is on, else None (the
     wiring makes the settings' upstream)."""
     if settings.weight_sync.in_gateway and settings.gateway.upstream.strip() != "embedded":
-        from tokentrail.commands.weight_sync import gateway_upstream
+        from tokentrail.runtime.weight_sync import gateway_upstream
 
         return gateway_upstream(settings)  # vLLM kept on the trainer's versions; calls record theirs
     return None

@@ -133,7 +133,7 @@ def _run(harness: Harness, gateway_url: str, model: str, timeout_s: float) -> tu
 
 def _records(settings: Settings, topic: str, rollout_id: str, count: int, kind: str | None = None,
              timeout_s: float = 120.0) -> list[tuple[str, dict[str, Any]]]:
-    from tokentrail.reliability.kafka_read import first_records
+    from testkit.kafka_read import first_records
 
     return first_records(settings.kafka, topic, count, timeout_s=timeout_s,
                          where=lambda name, r: (kind is None or name == kind) and r.get("rollout_id") == rollout_id)
@@ -270,7 +270,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         else:
             from models.reference.build import build_model
             from models.reference.spec import HARNESS_SPEC
-            from producers.gateway.testing import running_embedded_gateway
+            from testkit.gateway import running_embedded_gateway
 
             model_dir = build_model(settings.model.harness_dir, spec=HARNESS_SPEC, progress=print)
             served = settings.model_copy(update={"model": settings.model.model_copy(

@@ -13,7 +13,7 @@ from models.families.spec import FAMILIES, family_named
 from models.reference.build import build_model
 from models.reference.fingerprint import read_manifest
 from models.reference.spec import DEFAULT_SPEC, SPECS, spec_named
-from tokentrail.cli import CliError
+from tokentrail.errors import CliError
 from tokentrail.settings import get_settings
 
 

@@ -5,32 +5,19 @@ the partitions; start more for more throughput, up to settings.kafka.partitions.
 killed leaves its partitions to the others after ``--session-timeout`` seconds; restarted, it
 restores its tables from their changelog topics and resumes from the committed offsets.
 
-``start_worker_process`` / ``stop_worker_process`` run a worker as a subprocess with given settings
-(the demo and the tests use them).
+``tokentrail.runtime.process`` runs a worker as a subprocess with given settings (``python -m`` this module).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import socket
-import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from processors.stream.worker import EXIT_STALLED, LOG_LEVELS, WorkerError
-from tokentrail.settings import REPO_ROOT, Settings, get_settings
-
-__all__ = [
-    "EXIT_STALLED", "WorkerError", "instance_id", "main", "register", "run_worker", "settings_env",
-    "start_worker_process", "stop_worker_process", "worker_command",
-]
-
-SETTINGS_SECTIONS = ("kafka", "clickhouse", "model", "gateway", "processors", "trainer")
-# What worker_command runs: this module, as ``python -m``.
-WORKER_MODULE = "tokentrail.commands.process"
+from tokentrail.errors import CliError
+from tokentrail.runtime.process import WORKER_MODULE, instance_id
+from tokentrail.settings import Settings, get_settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,18 +66,12 @@ def _settings_with(settings: Settings, app_id: str | None) -> Settings:
     return settings.model_copy(update={"processors": settings.processors.model_copy(update={"app_id": app_id})})
 
 
-def instance_id(given: str | None, settings: Settings) -> str | None:
-    """The worker's static member id: the flag, else the setting; "{hostname}" filled in."""
-    value = given if given is not None else settings.processors.instance_id
-    return value.replace("{hostname}", socket.gethostname()) if value else None
-
-
 def run_worker(args: argparse.Namespace, settings: Settings | None = None) -> int:
     """Resolve the worker's configuration from the settings and the flags, then run it
     (``processors.stream.worker``) with the kafka and processors sections."""
     from processors.errors import ConfigError
-    from processors.stream.config import StreamConfig
     from processors.stream.worker import run_worker as run_stream_worker
+    from processors.stream.worker_config import StreamConfig
 
     settings = _settings_with(settings or get_settings(), args.app_id)
     try:
@@ -105,62 +86,10 @@ def run_worker(args: argparse.Namespace, settings: Settings | None = None) -> in
 
 
 def _cmd_process(args: argparse.Namespace) -> int:
-    # Printed here rather than raised as tokentrail.cli.CliError: under `python -m tokentrail.cli` that
-    # module runs as __main__, and an imported CliError would be a different class there.
     try:
         return run_worker(args)
     except WorkerError as exc:
-        print(f"tokentrail process: {exc}", file=sys.stderr)
-        return 2
-
-
-# ---------------------------------------------------------------------------------- subprocesses
-
-
-def settings_env(settings: Settings, base: dict[str, str] | None = None) -> dict[str, str]:
-    """An environment that makes a child process see exactly ``settings``: every section as JSON,
-    and no other TOKENTRAIL_* variable that could override it."""
-    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("TOKENTRAIL_")}
-    for section in SETTINGS_SECTIONS:
-        env[f"TOKENTRAIL_{section.upper()}"] = getattr(settings, section).model_dump_json()
-    env["TOKENTRAIL_VAR_DIR"] = str(settings.var_dir)
-    return env
-
-
-def worker_command(topic_prefix: str = "", loglevel: str = "info", extra_args: Sequence[str] = ()) -> list[str]:
-    cmd = [sys.executable, "-m", WORKER_MODULE, "--loglevel", loglevel]
-    if topic_prefix:
-        cmd += ["--topic-prefix", topic_prefix]
-    return cmd + list(extra_args)
-
-
-def start_worker_process(settings: Settings | None = None, *, topic_prefix: str = "", loglevel: str = "info",
-                         log_path: Path | None = None, extra_args: Sequence[str] = ()) -> subprocess.Popen:
-    """Start ``python -m tokentrail.commands.process`` with these settings; its output goes to
-    ``log_path`` (appended) or to this process's stderr. Stop it with ``stop_worker_process``."""
-    settings = settings or get_settings()
-    if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-    out = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115 - owned by the child
-    try:
-        return subprocess.Popen(worker_command(topic_prefix, loglevel, extra_args), cwd=REPO_ROOT,
-                                env=settings_env(settings), stdin=subprocess.DEVNULL,
-                                stdout=out if out is not None else sys.stderr, stderr=subprocess.STDOUT)
-    finally:
-        if out is not None:
-            out.close()
-
-
-def stop_worker_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:
-    """SIGTERM (faust stops gracefully and commits), SIGKILL after ``timeout_s``; the exit code."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return int(proc.returncode)
+        raise CliError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,9 +34,15 @@ from processors.release.controller import (
 )
 from processors.release.events import DecisionLog, Record, decision_record
 from processors.release.plan import load_plan
+from processors.stream.release_controller import (
+    ControllerTopics,
+    ReleaseTopicError,
+    publish_decision,
+    read_decisions,
+    run_controller,
+)
 from schemas.topics import CALLS_TOPIC, RELEASE_DECISIONS_TOPIC, REWARDS_TOPIC
-from tokentrail.cli import CliError
-from tokentrail.commands.release_kafka import ControllerTopics, publish_decision, read_decisions, run_controller
+from tokentrail.errors import CliError
 from tokentrail.settings import Settings, get_settings
 
 _DESCRIPTION = """\
@@ -182,6 +188,8 @@ def _cmd_control(args: argparse.Namespace) -> int:
                               should_stop=stop.is_set, reward_source=settings.release.reward_source)
     except KafkaException as exc:
         raise CliError(f"the controller stopped on a Kafka error: {exc.args[0].str()}") from None
+    except ReleaseTopicError as exc:
+        raise CliError(str(exc)) from None
     for reason, count in sorted(feed.skipped.items()):
         print(f"controller: skipped {count} x {reason}")
     return 0
@@ -223,6 +231,8 @@ def _read_log(settings: Settings, args: argparse.Namespace) -> DecisionLog:
         read = read_decisions(settings.kafka, args.topic, _timeout(settings, args))
     except KafkaException as exc:
         raise CliError(f"cannot read {args.topic}: {exc.args[0].str()}") from None
+    except ReleaseTopicError as exc:
+        raise CliError(str(exc)) from None
     log = DecisionLog.fold(read.records)
     for reason in [*read.unreadable, *(why for _, why in log.rejected)]:
         print(f"skipped a record on {args.topic}: {reason}", file=sys.stderr)
@@ -235,6 +245,8 @@ def _write(settings: Settings, args: argparse.Namespace, state: ReleaseState, de
         publish_decision(settings.kafka, args.topic, record)
     except KafkaException as exc:
         raise CliError(f"cannot write the decision to {args.topic}: {exc.args[0].str()}") from None
+    except ReleaseTopicError as exc:
+        raise CliError(str(exc)) from None
     log = _read_log(settings, args)
     if any(r["event_id"] == record["event_id"] for r in log.stale):
         print(f"decision {record['sequence']} ({record['action']}) lost a race with another decision and changed "

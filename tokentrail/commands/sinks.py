@@ -13,7 +13,7 @@ from pathlib import Path
 from clickhouse_connect.driver.client import Client
 
 from sinks.client import ClickHouseConfigError, connect, is_embedded
-from tokentrail.cli import CliError
+from tokentrail.errors import CliError
 from tokentrail.settings import get_settings
 
 
@@ -87,8 +87,8 @@ def _counts(args: argparse.Namespace) -> int:
 def _sink(args: argparse.Namespace) -> int:
     from confluent_kafka.admin import AdminClient
 
-    from schemas.kafka_config import admin_config
-    from schemas.topics import ensure_topics
+    from schemas.kafka.config import admin_config
+    from schemas.kafka.topic_admin import ensure_topics
     from sinks.ddl import migrate
     from sinks.sink import SinkOptions, run_sink
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tokentrail.cli import CliError
+from tokentrail.errors import CliError
 from tokentrail.settings import get_settings
 from trainer_consumer.batching import FilterConfig
 from trainer_consumer.learner import LearnerConfig
@@ -101,7 +101,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise CliError("--max-staleness must be >= 0")
     settings = get_settings()
     ts = settings.trainer
-    staleness = args.max_staleness if args.max_staleness is not None else ts.max_staleness
     upstream = args.upstream or settings.gateway.upstream
     try:
         loss = LossConfig(clip_low=args.clip_low, clip_high=args.clip_high, dual_clip=args.dual_clip,
@@ -121,9 +120,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         max_batch_tokens=args.max_batch_tokens,
         run_id=args.run_id,
         group_id=args.group_id,
-        filters=FilterConfig(
-            max_staleness=staleness,
-            stale_rule=args.stale_rule or ts.stale_rule,
+        filters=FilterConfig.from_settings(
+            ts,
+            max_staleness=args.max_staleness,
+            stale_rule=args.stale_rule,
             max_tokens=args.max_sample_tokens,
             drop_zero_weight=not args.keep_zero_weight,
             drop_zero_advantage=args.drop_zero_advantage,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from processors.testing import AttemptSpec, attempt_events, growing_turns
 from producers.gateway.records import request_json
 from schemas.feedback import FeedbackValue, build_feedback
+from testkit.stages import AttemptSpec, attempt_events, growing_turns
 
 Event = tuple[str, dict]
 T0_US = 1_700_000_000_000_000  # a multiple of every window size the tests use

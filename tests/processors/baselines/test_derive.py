@@ -15,9 +15,9 @@ from processors.errors import PipelineInputError
 from processors.grouper import GroupingConfig
 from processors.pipeline import StageConfigs
 from processors.samples import SampleConfig, weight_by_rollout
+from reliability.pipeline import derive_outputs
 from schemas.codec import get_codec
 from schemas.local_paths import DEPLOY_CONFIG_DIR
-from tokentrail.reliability.pipeline import derive_outputs
 
 from .organic import T0_US, S, organic_rollout
 

@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
+from schemas.kafka_config import admin_config
+from testkit.kafka_read import delete_topics_by_prefix
 from tokentrail.settings import Settings
 
-from .stream_rig import StreamRig, delete_topics, make_rig
+from .stream_rig import StreamRig, make_rig
 
 
 @pytest.fixture
@@ -28,4 +30,5 @@ def make_stream_rig(kafka_bootstrap: str, tokentrail_settings: Settings,
     yield make
     for rig in rigs:
         rig.close()
-        delete_topics(rig.settings, [rig.topics.prefix, f"{rig.settings.processors.app_id}-"])
+        delete_topics_by_prefix(admin_config(rig.settings.kafka),
+                                [rig.topics.prefix, f"{rig.settings.processors.app_id}-"])

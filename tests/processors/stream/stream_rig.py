@@ -1,7 +1,7 @@
 """A private pipeline on the real broker: prefixed topics, worker subprocesses, output collection.
 
 The workloads, the outputs the pure core derives for them (what the stream must produce) and the output
-bookkeeping are shared with the reliability suite (tokentrail.reliability.pipeline)."""
+bookkeeping are shared with the reliability suite (reliability.pipeline)."""
 
 from __future__ import annotations
 
@@ -17,24 +17,23 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from processors.grouper import GroupingConfig
 from processors.pipeline import StageConfigs
-from processors.stream.config import load_grouping
 from processors.stream.topics import OUTPUT_SPECS, StreamTopics, ensure_stream_topics
 from processors.stream.worker import EXIT_STALLED
-from schemas.codec import DecodeError, get_codec
-from schemas.kafka_config import consumer_config, producer_config
-from tokentrail.commands.process import start_worker_process, stop_worker_process
-from tokentrail.reliability.pipeline import (  # noqa: F401 - re-exported for the tests
+from processors.stream.worker_config import load_grouping
+from reliability.pipeline import (  # noqa: F401 - re-exported for the tests
     OUTPUTS,
     Collected,
     Event,
     Record,
     comparable,
-    delete_topics,
     derive_outputs,
     group_events,
     interleave,
     worker_log_tail,
 )
+from schemas.codec import DecodeError, get_codec
+from schemas.kafka.config import consumer_config, producer_config
+from tokentrail.runtime.process import start_worker_process, stop_worker_process
 from tokentrail.settings import Settings
 
 OUTPUT_NAMES = OUTPUTS

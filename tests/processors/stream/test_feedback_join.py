@@ -24,6 +24,7 @@ from processors.feedback.join import (
     rollout_ref,
 )
 from processors.stream.topics import partition_for
+from reliability.sink_child import topic_map
 from schemas.feedback import FeedbackValue, build_feedback
 from schemas.ids import call_id
 from schemas.topics import FEEDBACK
@@ -32,7 +33,6 @@ from sinks.ddl import migrate
 from sinks.feedback_audit import feedback_accounting
 from sinks.feedback_store import load_feedback
 from sinks.sink import SinkOptions, run_sink
-from tokentrail.reliability.sink_child import topic_map
 
 from .stream_rig import Collected, StreamRig, group_events, interleave
 

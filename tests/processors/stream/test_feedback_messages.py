@@ -7,7 +7,7 @@ import pytest
 
 from processors.errors import InvalidEvent
 from processors.feedback.join import RolloutRef
-from processors.stream.feedback_messages import (
+from processors.stream.feedback.messages import (
     Source,
     feedback_message,
     index_messages,

@@ -11,7 +11,7 @@ from processors.grouper import GroupSlot, Member
 from processors.stream.clock import PartitionClocks
 from processors.stream.entries import DueEntry, GroupEntry, due_entries, pack_entry, read_body, read_head
 from processors.stream.topics import partition_for
-from schemas.kafka_config import producer_config
+from schemas.kafka.config import producer_config
 from tokentrail.settings import Settings
 
 
@@ -86,7 +86,7 @@ def test_input_commits_stop_at_what_the_agents_finished(tokentrail_settings: Set
     from faust.types import TP
 
     from processors.stream.app import ProcessorsApp
-    from processors.stream.config import StreamConfig
+    from processors.stream.worker_config import StreamConfig
 
     worker = ProcessorsApp(StreamConfig.resolve(tokentrail_settings.kafka, tokentrail_settings.processors,
                                                 topic_prefix="cap-test"))
@@ -134,7 +134,7 @@ def test_each_input_partition_is_processed_in_offset_order_from_its_committed_of
 
     from processors.stream import commits
     from processors.stream.app import ProcessorsApp
-    from processors.stream.config import StreamConfig
+    from processors.stream.worker_config import StreamConfig
 
     worker = ProcessorsApp(StreamConfig.resolve(tokentrail_settings.kafka, tokentrail_settings.processors,
                                                 topic_prefix="order-test"))

@@ -11,7 +11,7 @@ from confluent_kafka.admin import AdminClient
 from processors.stream.topics import record_key
 from schemas.builders import make_env, make_started
 from schemas.ids import call_id
-from schemas.kafka_config import admin_config
+from schemas.kafka.config import admin_config
 
 from .stream_rig import Collected, StreamRig, comparable, group_events, interleave
 

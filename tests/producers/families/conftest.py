@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from producers.gateway.testing import RunningGateway, running_embedded_gateway
+from testkit.gateway import RunningGateway, running_embedded_gateway
 from tokentrail.settings import Settings
 
 from .family_models import family_settings, family_text_side

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from producers.gateway.testing import RunningGateway, running_embedded_gateway
 from producers.gateway.text_side import ModelTextSide
+from testkit.gateway import RunningGateway, running_embedded_gateway
 from tokentrail.settings import Settings
 
 

@@ -29,10 +29,12 @@ import pytest
 
 from producers.gateway.sticky import mint_owned_rollout_id, owner_of
 from schemas.local_paths import REPO_ROOT
-from tokentrail.commands.process import settings_env
+from tokentrail.runtime.process import settings_env
 from tokentrail.settings import Settings
 
 from .helpers import read_records
+
+pytestmark = pytest.mark.e2e
 
 MODEL = "tokentrail-tiny"
 TURNS = 5

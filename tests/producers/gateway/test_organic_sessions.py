@@ -21,9 +21,9 @@ import pytest
 from processors.assembler import RolloutAssembly
 from producers.gateway.sessions import DEFAULT_KEY_SOURCES, KEY_SOURCES, key_part, rollout_id_for, session_key
 from producers.gateway.settings import GatewaySettings
-from producers.gateway.testing import embedded_gateway_app, running_gateway
 from producers.gateway.text_side import ModelTextSide
-from tokentrail.reliability.kafka_read import first_records
+from testkit.gateway import embedded_gateway_app, running_gateway
+from testkit.kafka_read import first_records
 from tokentrail.settings import Settings
 
 from .helpers import read_records

@@ -10,9 +10,9 @@ import openai
 import orjson
 
 from models.reference.task import LOOKUP_TOOL, task_messages
-from producers.gateway.testing import running_embedded_gateway
 from producers.sdk import Rollout
 from schemas.codec import get_codec
+from testkit.gateway import running_embedded_gateway
 from tokentrail.settings import Settings
 
 from .helpers import prompts_of, read_records

@@ -19,7 +19,6 @@ from processors.assembler import RolloutAssembly
 from producers.gateway.attempts import AttemptRegistry, Tombstone
 from producers.gateway.errors import GatewayError
 from producers.gateway.recovery import AttemptFold
-from producers.gateway.testing import RunningGateway, embedded_gateway_app, running_gateway
 from producers.gateway.text_side import ModelTextSide
 from producers.sdk import Rollout
 from schemas.builders import make_call, make_finished, make_started
@@ -27,6 +26,7 @@ from schemas.codec import get_codec
 from schemas.ids import call_id
 from schemas.prompt_delta import full_prompt
 from schemas.tokens import pack_ids
+from testkit.gateway import RunningGateway, embedded_gateway_app, running_gateway
 from tokentrail.settings import Settings
 
 from .helpers import is_token_prefix, output_of, prompts_of, read_records

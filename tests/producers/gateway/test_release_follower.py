@@ -15,11 +15,11 @@ from confluent_kafka import Producer
 from processors.release.controller import initial_state, manual_decision, start_decision
 from processors.release.events import decision_record
 from processors.release.plan import load_plan
-from producers.gateway.release_follower import ReleaseFollower
+from processors.stream.release_controller import publish_decision
 from producers.gateway.release_routed import ReleaseRoutedUpstream, session_key
 from producers.upstreams.base import UpstreamError
-from schemas.kafka_config import producer_config
-from tokentrail.commands.release_kafka import publish_decision
+from schemas.kafka.config import producer_config
+from schemas.kafka.release_follower import ReleaseFollower
 from tokentrail.settings import Settings
 
 PLAN = load_plan({"ramp": [0.2, 0.6]})

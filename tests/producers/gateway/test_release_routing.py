@@ -25,16 +25,16 @@ from processors.release.controller import (
 )
 from processors.release.events import decision_record
 from processors.release.plan import load_plan
+from processors.stream.release_controller import publish_decision
 from producers.delivery import CallPublisher
 from producers.gateway.release_routed import assignment
-from producers.gateway.testing import running_gateway
 from producers.gateway.text_side import ModelTextSide
 from producers.gateway.wiring import build_app
 from producers.sdk import Rollout
-from schemas.kafka_config import producer_config
+from schemas.kafka.config import producer_config
 from schemas.release_routing import route
 from schemas.release_traffic import TrafficLog
-from tokentrail.commands.release_kafka import publish_decision
+from testkit.gateway import running_gateway
 from tokentrail.settings import Settings
 
 from .helpers import read_records

@@ -12,7 +12,8 @@ import pytest
 
 from producers.upstreams.base import GenerateRequest, Sampling, UpstreamError
 from producers.upstreams.json_ids import PLACEHOLDER, load_with_ids
-from producers.upstreams.vllm import VLLMUpstream, _answer_root, _first_choice
+from producers.upstreams.vllm import VLLMUpstream
+from producers.upstreams.vllm.answers import answer_root, first_choice
 
 from .test_http1 import Server
 
@@ -28,13 +29,13 @@ def _completion(prompt_ids: Any, text: str = "ok", **extra: Any) -> dict[str, An
 
 def test_the_ids_are_cut_out_unparsed_where_they_belong() -> None:
     content = orjson.dumps(_completion(IDS))
-    answer, ids, raw = load_with_ids(content, "prompt_token_ids", _first_choice)
+    answer, ids, raw = load_with_ids(content, "prompt_token_ids", first_choice)
     assert ids is None and raw == orjson.dumps(IDS)
     assert answer["choices"][0]["prompt_token_ids"] == PLACEHOLDER
     assert answer["choices"][0]["token_ids"] == [7, 2] and answer["id"] == "cmpl-1"  # the rest as parsed
     # The generate endpoint keeps them at the top level; spaces around the array are allowed.
     content = b'{"request_id": "r", "prompt_token_ids" :\n [1, 2,3] , "choices": []}'
-    answer, ids, raw = load_with_ids(content, "prompt_token_ids", _answer_root)
+    answer, ids, raw = load_with_ids(content, "prompt_token_ids", answer_root)
     assert ids is None and raw == b"[1, 2,3]" and answer["choices"] == []
 
 
@@ -47,7 +48,7 @@ def test_the_ids_are_cut_out_unparsed_where_they_belong() -> None:
     (orjson.dumps({'x"prompt_token_ids': [9, 9], **_completion(IDS)}), False),
 ])
 def test_what_is_read_is_what_parsing_the_whole_answer_reads(content: bytes, cut: bool) -> None:
-    answer, ids, raw = load_with_ids(content, "prompt_token_ids", _first_choice)
+    answer, ids, raw = load_with_ids(content, "prompt_token_ids", first_choice)
     whole = orjson.loads(content)
     assert (raw is not None) == cut
     if raw is not None:  # the placeholder stands exactly for the cut array, the rest is as parsed
@@ -61,9 +62,9 @@ def test_what_is_read_is_what_parsing_the_whole_answer_reads(content: bytes, cut
 @pytest.mark.parametrize("value", [None, "ids", 3])
 def test_no_array_to_cut_is_read_as_it_is(value: Any) -> None:
     content = orjson.dumps(_completion(value))
-    answer, ids, raw = load_with_ids(content, "prompt_token_ids", _first_choice)
+    answer, ids, raw = load_with_ids(content, "prompt_token_ids", first_choice)
     assert answer == orjson.loads(content) and ids == value and raw is None
-    answer, ids, raw = load_with_ids(orjson.dumps({"choices": []}), "prompt_token_ids", _first_choice)
+    answer, ids, raw = load_with_ids(orjson.dumps({"choices": []}), "prompt_token_ids", first_choice)
     assert (ids, raw) == (None, None)
 
 

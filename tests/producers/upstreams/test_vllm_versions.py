@@ -160,8 +160,8 @@ def test_a_version_no_server_holds_is_a_503_and_calls_naming_none_go_to_the_serv
 def test_the_gateway_setting_composes_the_versioned_fleet_with_the_trainers_sync(tmp_path: Path) -> None:
     """``weight_sync.in_gateway`` + ``weight_sync.release_servers``: the gateway's upstream is the versioned fleet,
     loading through the weight sync, which follows the trainer and leaves the release's servers alone."""
-    from tokentrail.commands.vllm_versions import SyncLoader
-    from tokentrail.commands.weight_sync import gateway_upstream
+    from tokentrail.runtime.vllm_versions import SyncLoader
+    from tokentrail.runtime.weight_sync import gateway_upstream
     from tokentrail.settings import get_settings
 
     settings = get_settings()

@@ -11,6 +11,8 @@ import pytest
 from tokentrail import kafka_local
 from tokentrail.settings import KafkaSettings
 
+pytestmark = pytest.mark.e2e
+
 
 def _run(argv: list[str]) -> int:
     """This area's commands through argparse, without importing every CLI module."""

@@ -18,14 +18,15 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from schemas.kafka_config import admin_config, consumer_config, producer_config
-from schemas.topics import ALL_TOPICS, CALLS_TOPIC, ensure_topics
+from schemas.kafka.config import admin_config, consumer_config, producer_config
+from schemas.kafka.topic_admin import ensure_topics
+from schemas.topics import ALL_TOPICS, CALLS_TOPIC
 from tests.processors.stream.stream_rig import StreamRig, comparable, group_events, interleave, make_rig
 from tokentrail import kafka_local
-from tokentrail.commands.process import start_worker_process, stop_worker_process
+from tokentrail.runtime.process import start_worker_process, stop_worker_process
 from tokentrail.settings import KafkaSettings, Settings, get_settings
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.e2e, pytest.mark.kafka]
 
 USERS = {"broker": "broker-secret", "alice": "alice-secret"}
 ALICE = {"sasl.mechanism": "PLAIN", "sasl.username": "alice", "sasl.password": "alice-secret"}
@@ -154,7 +155,7 @@ async def _aiokafka_start(settings: Settings) -> str:
     import aiokafka
     from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-    from schemas.kafka_config import faust_app_settings
+    from schemas.kafka.config import faust_app_settings
 
     auth = credentials_to_aiokafka_auth(faust_app_settings(settings.kafka)["broker_credentials"])
     seen: list[str] = []

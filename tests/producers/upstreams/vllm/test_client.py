@@ -17,9 +17,9 @@ from producers.upstreams.vllm import (
     ChatPassthrough,
     VLLMError,
     VLLMUpstream,
-    _sse_json,
     rendezvous_order,
 )
+from producers.upstreams.vllm.answers import check_prompt, sse_json
 from schemas.tokens import int_list
 
 from .fake_vllm_server import FakeVLLM
@@ -105,8 +105,8 @@ def test_the_gateways_uint32_prompt_array_is_sent_and_checked_like_a_list(
     assert from_array.output_ids == from_list.output_ids and len(from_array.output_ids) == 24
     wrong = dataclasses.replace(as_array, prompt_ids=as_array.prompt_ids[::-1].copy())
     with pytest.raises(UpstreamError, match="differ from the"):
-        VLLMUpstream._check_prompt(wrong, orjson.dumps(wrong.prompt_ids, option=orjson.OPT_SERIALIZE_NUMPY),
-                                   list(as_list.prompt_ids), "server")
+        check_prompt(wrong, orjson.dumps(wrong.prompt_ids, option=orjson.OPT_SERIALIZE_NUMPY),
+                     list(as_list.prompt_ids), "server")
 
 
 def test_streaming_equals_non_streaming(fake_vllm: FakeVLLM, vllm_fixtures: Fixtures) -> None:
@@ -346,7 +346,7 @@ def _sse(body: bytes) -> _Body:
 
 def test_sse_parser_handles_errors_and_truncation() -> None:
     async def events(body: bytes) -> list[dict[str, Any]]:
-        return [e async for e in _sse_json(_sse(body), "s")]
+        return [e async for e in sse_json(_sse(body), "s")]
 
     ok = b': comment\n\nevent: completion\ndata: {"choices": []}\n\ndata: [DONE]\n\n'
     assert asyncio.run(events(ok)) == [{"choices": []}]

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from producers.upstreams.base import UpstreamError
-from producers.upstreams.vllm import (
-    VersionSpan,
+from producers.upstreams.vllm.labels import (
+    WeightLabelSpan,
     label_version,
     parse_spans,
     policy_spans,
@@ -24,7 +24,7 @@ ACROSS_AN_UPDATE = [{"version": "1", "start": 0, "end": 4}, {"version": "2", "st
 
 def test_spans_over_the_whole_output_are_read_and_kept_as_text() -> None:
     spans = parse_spans(ACROSS_AN_UPDATE, 400, "s")
-    assert spans == [VersionSpan("1", 0, 4), VersionSpan("2", 4, 400)]
+    assert spans == [WeightLabelSpan("1", 0, 4), WeightLabelSpan("2", 4, 400)]
     assert spans_text(spans) == "1:0-4,2:4-400"
     assert spans_from_text(spans_text(spans)) == spans
     assert spans_from_text("") == []
@@ -45,9 +45,9 @@ def test_spans_that_do_not_tile_the_output_are_refused(raw: object, n_tokens: in
 
 def test_a_call_records_the_version_of_its_first_token_and_foreign_labels_fall_back() -> None:
     assert (label_version("default"), label_version("12"), label_version("incomplete-3")) == (0, 12, None)
-    assert spans_version([VersionSpan("3", 0, 2), VersionSpan("4", 2, 5)], fallback=9) == 3
-    assert spans_version([VersionSpan("default", 0, 5)], fallback=9) == 0
-    assert spans_version([VersionSpan("incomplete-3", 0, 5)], fallback=9) == 9
+    assert spans_version([WeightLabelSpan("3", 0, 2), WeightLabelSpan("4", 2, 5)], fallback=9) == 3
+    assert spans_version([WeightLabelSpan("default", 0, 5)], fallback=9) == 0
+    assert spans_version([WeightLabelSpan("incomplete-3", 0, 5)], fallback=9) == 9
     assert spans_version([], fallback=9) == 9  # no token sampled
 
 
@@ -55,6 +55,6 @@ def test_spans_go_typed_into_the_result_only_when_they_name_more_than_the_calls_
     spans = parse_spans(ACROSS_AN_UPDATE, 400, "s")
     typed = policy_spans(spans, spans_version(spans, fallback=9))
     assert [(s.version, s.start, s.end) for s in typed] == [(1, 0, 4), (2, 4, 400)]
-    assert policy_spans([VersionSpan("3", 0, 5)], 3) == ()  # one version: the record's policy_version says it
-    assert policy_spans([VersionSpan("default", 0, 2), VersionSpan("1", 2, 5)], 0)[0].version == 0
-    assert policy_spans([VersionSpan("incomplete-3", 0, 2), VersionSpan("4", 2, 5)], 9) == ()  # foreign label
+    assert policy_spans([WeightLabelSpan("3", 0, 5)], 3) == ()  # one version: the record's policy_version says it
+    assert policy_spans([WeightLabelSpan("default", 0, 2), WeightLabelSpan("1", 2, 5)], 0)[0].version == 0
+    assert policy_spans([WeightLabelSpan("incomplete-3", 0, 2), WeightLabelSpan("4", 2, 5)], 9) == ()  # foreign label

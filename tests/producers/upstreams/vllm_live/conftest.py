@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from models.reference.build import build_model
-from producers.gateway.testing import RunningGateway, free_port, running_gateway
 from producers.gateway.text_side import ModelTextSide
+from testkit.gateway import RunningGateway, free_port, running_gateway
 from tokentrail.settings import Settings
 
 from .vllm_server import MIN_HEAD_DIM, VLLMServer, install_vllm, start_vllm
@@ -109,7 +109,7 @@ def vllm_gateway(vllm_server: VLLMServer, live_text_side: ModelTextSide, live_to
     from producers.delivery import CallPublisher
     from producers.gateway.app import GatewayOptions, create_app
     from producers.upstreams.vllm import VLLMUpstream
-    from schemas.kafka_config import producer_config
+    from schemas.kafka.config import producer_config
 
     @contextmanager
     def start(**options: Any) -> Iterator[RunningGateway]:

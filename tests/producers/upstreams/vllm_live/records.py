@@ -8,7 +8,7 @@ import numpy as np
 
 from schemas.prompt_delta import reconstruct_prompt
 from schemas.tokens import IdArray, unpack_floats, unpack_ids
-from tokentrail.reliability.kafka_read import first_records
+from testkit.kafka_read import first_records
 from tokentrail.settings import Settings
 
 

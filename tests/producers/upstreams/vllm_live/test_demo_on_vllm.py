@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from models.policy_store import PolicyStore
-from producers.gateway.testing import free_port
 from schemas.local_paths import REPO_ROOT
+from testkit.gateway import free_port
 
 from .test_weight_sync_live import restore_base
 from .vllm_server import VLLMServer
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 KEYS = ("reward_improved", "audit_passed", "versions_served_by_vllm", "calls", "failed_requests",
         "version_mismatches", "calls_without_vllm_version", "calls_checked_against_vllm")

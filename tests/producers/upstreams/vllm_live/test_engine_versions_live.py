@@ -23,7 +23,7 @@ from trainer_consumer.weight_sync import VLLMAdmin
 from .test_weight_sync_live import perturbed, restore_base
 from .vllm_server import VLLMServer
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 PROMPT = [5, 17, 33, 41, 12, 9, 100, 200]
 
@@ -37,10 +37,10 @@ class LongAnswers(VLLMUpstream):
     """The reference model ends its answers with EOS within about 30 tokens, faster than an update lands;
     ``ignore_eos`` keeps the request running (the ids, logprobs and spans are read as always)."""
 
-    async def generate_body(self, request: GenerateRequest, stream: bool) -> dict[str, Any]:
-        body = await super().generate_body(request, stream)
+    async def token_body(self, request: GenerateRequest, stream: bool) -> tuple[dict[str, Any], bytes]:
+        body, sent = await super().token_body(request, stream)
         body["sampling_params"]["ignore_eos"] = True
-        return body
+        return body, sent
 
 
 def request(request_id: str, max_tokens: int, temperature: float = 1.0) -> GenerateRequest:

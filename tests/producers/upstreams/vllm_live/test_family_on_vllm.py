@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from producers.gateway.testing import free_port
+from testkit.gateway import free_port
 from tests.producers.families.family_models import family_dir, family_text_side
 
 from .vllm_server import start_vllm

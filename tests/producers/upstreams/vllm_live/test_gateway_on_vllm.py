@@ -29,7 +29,7 @@ from .vllm_server import VLLMServer
 
 # Fixture setup can include installing vLLM (~2 min; 12+ with VLLM_INSTALLER=pip), building the model
 # (~4 min) and the server start (1-4 min): longer than the default per-test timeout.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # float32 on CPU in two implementations (vLLM's CPU kernels vs transformers): observed ~1e-6.
 LOGPROB_ATOL = 1e-3

@@ -26,16 +26,16 @@ from models.policy_store import PolicyStore
 from processors.release.controller import ReleaseState, initial_state, manual_decision, start_decision
 from processors.release.events import decision_record
 from processors.release.plan import load_plan
+from processors.stream.release_controller import publish_decision
 from producers.delivery import CallPublisher
-from producers.gateway.testing import free_port, running_gateway
 from producers.gateway.text_side import ModelTextSide
 from producers.gateway.wiring import build_app
 from producers.sdk import Rollout
 from producers.upstreams.vllm import label_version, spans_from_text
-from schemas.kafka_config import producer_config
+from schemas.kafka.config import producer_config
 from schemas.release_routing import route
-from tokentrail.commands.release_kafka import publish_decision
-from tokentrail.commands.vllm_versions import release_servers_upstream
+from testkit.gateway import free_port, running_gateway
+from tokentrail.runtime.vllm_versions import release_servers_upstream
 from tokentrail.settings import Settings
 
 from .conftest import LOGPROBS_MODE, SERVE_OPTIONS, SERVER_ENV, TIMINGS, VLLM_ARGS
@@ -43,7 +43,7 @@ from .records import read_calls
 from .test_weight_sync_live import perturbed, restore_base
 from .vllm_server import VLLMServer, start_vllm
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 SESSIONS = [f"vllm-release-{i:02d}" for i in range(8)]
 PLAN = load_plan({"ramp": [0.5]})

@@ -37,12 +37,13 @@ from safetensors.torch import load_file
 
 from bench.weight_sync_kill import KillTimeline, Victim, run_kill_scenario
 from models.policy_store import PolicyStore
-from producers.gateway.testing import RunningGateway, free_port, running_gateway
 from producers.gateway.text_side import ModelTextSide
 from producers.sdk import AsyncRollout
 from producers.upstreams.vllm import label_version, rendezvous_order, spans_from_text
-from tokentrail.commands.weight_sync import GatedUpstream, gate_upstream
-from tokentrail.reliability.kafka_read import first_records
+from producers.upstreams.weight_gate import GatedUpstream
+from testkit.gateway import RunningGateway, free_port, running_gateway
+from testkit.kafka_read import first_records
+from tokentrail.runtime.weight_sync import gate_upstream
 from tokentrail.settings import Settings
 from trainer_consumer.weight_sync import ServerStatus
 
@@ -50,7 +51,7 @@ from .conftest import LOGPROBS_MODE, SERVE_OPTIONS, SERVER_ENV, VLLM_ARGS
 from .test_weight_sync_live import restore_base
 from .vllm_server import VLLMServer, start_vllm
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 KILL_AFTER, DOWN_UPDATES, UPDATES = 2, 2, 6
 WORKERS = 4
@@ -135,7 +136,7 @@ def two_server_gateway(servers: list[str], store: PolicyStore, model_dir: Path, 
     from producers.delivery import CallPublisher
     from producers.gateway.app import create_app
     from producers.upstreams.vllm import VLLMUpstream
-    from schemas.kafka_config import producer_config
+    from schemas.kafka.config import producer_config
 
     inner = VLLMUpstream(servers, model=settings.model.name, logprobs_mode=LOGPROBS_MODE, token_endpoint="generate")
     upstream = gate_upstream(inner, store, base_dir=model_dir, interval_s=0.2)

@@ -22,17 +22,18 @@ import torch
 from safetensors.torch import load_file
 
 from models.policy_store import PolicyStore
-from producers.gateway.testing import RunningGateway, free_port, running_gateway
 from producers.gateway.text_side import ModelTextSide
 from producers.sdk import Rollout
-from tokentrail.commands.weight_sync import GatedUpstream, gate_upstream
+from producers.upstreams.weight_gate import GatedUpstream
+from testkit.gateway import RunningGateway, free_port, running_gateway
+from tokentrail.runtime.weight_sync import gate_upstream
 from tokentrail.settings import Settings
 from trainer_consumer.weight_sync import ServerStatus, WeightSync
 
 from .records import full_prompts, output_of, read_calls, reference_logprobs
 from .vllm_server import VLLMServer
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 LOGPROB_ATOL = 1e-3  # vLLM's CPU kernels vs transformers in float32 (observed ~1e-6)
 
@@ -62,7 +63,7 @@ def gated_gateway(server: VLLMServer, store: PolicyStore, model_dir: Path, setti
     from producers.delivery import CallPublisher
     from producers.gateway.app import create_app
     from producers.upstreams.vllm import VLLMUpstream
-    from schemas.kafka_config import producer_config
+    from schemas.kafka.config import producer_config
 
     upstream = gate_upstream(VLLMUpstream([server.url], model=server.model_name, logprobs_mode=server.logprobs_mode),
                              store, base_dir=model_dir, interval_s=0.2)

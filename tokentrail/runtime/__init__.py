@@ -1,0 +1,1 @@
+"""The shell's runtime: the pieces commands, tools and tests compose (child processes, in-process wiring)."""
