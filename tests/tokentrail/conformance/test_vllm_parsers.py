@@ -19,7 +19,8 @@ from tokentrail.conformance.vllm_parsers import ParseJob, parse_with_vllm
 
 pytestmark = pytest.mark.slow
 
-BROKEN = {"qwen3": '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"\n</tool_call>',
+BROKEN = {"qwen3": '<think>\nRun it.\n</think>\n\n'
+                   '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"\n</tool_call>',
           "qwen3-coder": "<tool_call>\n<function=bash>\n<parameter=command>\nls\n</tool_call>"}
 
 
