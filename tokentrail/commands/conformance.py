@@ -1,10 +1,10 @@
 """``tokentrail conformance``: the real harnesses and the conformance corpus on every model family (issue 28).
 
 Per family (``models/families``: built if needed) a gateway of its own on the family's tiny model; through it
-the corpus (``tokentrail/conformance/corpus.py``, one scripted rollout per conversation over OpenAI chat) and
+the corpus (``conformance/corpus.py``, one scripted rollout per conversation over OpenAI chat) and
 each harness's scripted task (``tokentrail harnesses check``'s: Claude Code, Codex CLI, Pi, OpenClaw; its
 script written in the family's output format). Every recorded call is judged by implementations we did not
-write (``tokentrail/conformance/judge.py``): ``renderers`` for the prompt ids, vLLM's parser of the family for
+write (``conformance/judge.py``): ``renderers`` for the prompt ids, vLLM's parser of the family for
 the parsed outputs (one batch in vLLM's environment at the end). Prints the matrix harness x family, then one
 JSON line of the figures.
 """
@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tokentrail.conformance.check import CallEvidence, judge_calls, parse_jobs
-from tokentrail.conformance.corpus import CONVERSATIONS, Output, ToolCall
-from tokentrail.conformance.formats import FORMATS, FamilyFormat
-from tokentrail.conformance.matrix import Cell, extends, summary, table
+from conformance.check import CallEvidence, judge_calls, parse_jobs
+from conformance.corpus import CONVERSATIONS, Output, ToolCall
+from conformance.formats import FORMATS, FamilyFormat
+from conformance.matrix import Cell, extends, summary, table
 from tokentrail.settings import Settings, get_settings
 
 DEFAULT_HARNESSES = ("claude", "codex", "pi", "openclaw")
@@ -113,8 +113,8 @@ def independent_renderer(fmt: FamilyFormat, model_dir: Path) -> Any:
         return None
     from transformers import AutoTokenizer
 
+    from conformance.judge import IndependentRenderer
     from producers.families.formats import use_local_harmony_vocab
-    from tokentrail.conformance.judge import IndependentRenderer
 
     if fmt.harmony:  # renderers' gpt-oss renderer is harmony's encoder: its o200k from the build, not the network
         use_local_harmony_vocab(model_dir)
@@ -124,10 +124,10 @@ def independent_renderer(fmt: FamilyFormat, model_dir: Path) -> Any:
 def _cmd(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
+    from conformance.vllm_parsers import parse_with_vllm
     from schemas.topics import CALLS_TOPIC, ENV_TOPIC
     from tokentrail.commands.conformance_drive import evidence, recorded_calls, run_corpus
     from tokentrail.commands.harnesses import HARNESSES, _records, _rollout_status, _run
-    from tokentrail.conformance.vllm_parsers import parse_with_vllm
 
     settings = get_settings()
     families, harnesses = _names(args.families), _names(args.harnesses)

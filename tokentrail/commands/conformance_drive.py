@@ -12,10 +12,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from tokentrail.conformance.check import CallEvidence
-from tokentrail.conformance.corpus import Conversation, Output, adapted, requests
-from tokentrail.conformance.formats import FamilyFormat
-from tokentrail.conformance.judge import normal_parse
+from conformance.check import CallEvidence
+from conformance.corpus import Conversation, Output, adapted, requests
+from conformance.formats import FamilyFormat
+from conformance.judge import normal_parse
 from tokentrail.settings import Settings
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from conformance.corpus import CONVERSATIONS, adapted, requests
+from conformance.formats import FORMATS
+from conformance.judge import drift_tokens, lost_tokens, normal_parse
 from producers.gateway.family_text_side import FamilyTextSide
 from tokentrail.commands.conformance import harness_script, independent_renderer
 from tokentrail.commands.harnesses import HARNESSES
-from tokentrail.conformance.corpus import CONVERSATIONS, adapted, requests
-from tokentrail.conformance.formats import FORMATS
-from tokentrail.conformance.judge import drift_tokens, lost_tokens, normal_parse
 
 
 def _renders(family: str, model_dir: Path) -> list[tuple[str, list[int], list[int]]]:

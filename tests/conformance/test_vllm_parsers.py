@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from conformance.corpus import CONVERSATIONS, adapted
+from conformance.formats import FORMATS
+from conformance.judge import normal_parse, parse_difference
+from conformance.vllm_parsers import ParseJob, parse_with_vllm
 from producers.gateway.family_text_side import FamilyTextSide
 from tokentrail.commands.conformance_drive import intended
-from tokentrail.conformance.corpus import CONVERSATIONS, adapted
-from tokentrail.conformance.formats import FORMATS
-from tokentrail.conformance.judge import normal_parse, parse_difference
-from tokentrail.conformance.vllm_parsers import ParseJob, parse_with_vllm
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokentrail.conformance.formats import FamilyFormat
+from conformance.formats import FamilyFormat
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("vllm_worker.py")

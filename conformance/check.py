@@ -12,15 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokentrail.conformance.formats import FamilyFormat
-from tokentrail.conformance.judge import (
+from conformance.formats import FamilyFormat
+from conformance.judge import (
     IndependentRenderer,
     Tally,
     lost_tokens,
     normal_parse,
     parse_difference,
 )
-from tokentrail.conformance.vllm_parsers import ParseJob, VllmParse
+from conformance.vllm_parsers import ParseJob, VllmParse
 
 Message = dict[str, Any]
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokentrail.conformance.judge import Tally
+from conformance.judge import Tally
 
 
 @dataclass

@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tokentrail.conformance.corpus import Capabilities, Output
+from conformance.corpus import Capabilities, Output
 
 
 def _qwen3(out: Output) -> str:
