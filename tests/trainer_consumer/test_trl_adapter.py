@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -46,28 +47,35 @@ def _near_policy(samples: list[TrainSample], model: torch.nn.Module, seed: int) 
     return out
 
 
+NORMALIZATIONS = ("weight", "tokens")
+
+
 @pytest.mark.e2e
-@pytest.mark.parametrize("normalization", ["weight", "tokens"])
-def test_trl_grpo_step_matches_tokentrail_loss(make_samples, tmp_path, normalization) -> None:
+def test_trl_grpo_step_matches_tokentrail_loss(make_samples, tmp_path) -> None:
     if not TRL_PYTHON.exists():
         pytest.fail(f"{TRL_PYTHON} is missing: run `make setup-trl` (TRL lives apart from the main venv)")
-    cfg = LossConfig(normalization=normalization)
     initial = make_tiny_model(seed=3)
     initial.save_pretrained(tmp_path / "model")
     steps = [_near_policy(make_samples(4, pack=2, seed=20 + k), initial, seed=k) for k in range(STEPS)]
     optimizer = {"lr": LR, "betas": (0.9, 0.999), "weight_decay": 0.0}
-    torch.save({"steps": [grpo_inputs(samples, cfg).inputs for samples in steps],
-                "loss": {"normalization": normalization}, "optimizer": optimizer}, tmp_path / "batches.pt")
-
+    calls = ["from trainer_consumer.adapters.trl_grpo_run import train_from_files"]
+    for norm in NORMALIZATIONS:  # one TRL process for both (its import is most of the cost)
+        cfg = LossConfig(normalization=norm)
+        torch.save({"steps": [grpo_inputs(samples, cfg).inputs for samples in steps],
+                    "loss": {"normalization": norm}, "optimizer": optimizer}, tmp_path / f"{norm}.pt")
+        calls.append(f"train_from_files({str(tmp_path / 'model')!r}, {str(tmp_path / f'{norm}.pt')!r}, "
+                     f"{str(tmp_path / f'{norm}-out.pt')!r})")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    call = ("from trainer_consumer.adapters.trl_grpo_run import train_from_files; "
-            f"train_from_files({str(tmp_path / 'model')!r}, {str(tmp_path / 'batches.pt')!r}, "
-            f"{str(tmp_path / 'out.pt')!r})")
-    run = subprocess.run([str(TRL_PYTHON), "-c", call], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=300)
+    run = subprocess.run([str(TRL_PYTHON), "-c", "; ".join(calls)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    trl = torch.load(tmp_path / "out.pt", weights_only=True)
+    for norm in NORMALIZATIONS:
+        _same_training(LossConfig(normalization=norm), steps,
+                       torch.load(tmp_path / f"{norm}-out.pt", weights_only=True))
 
+
+def _same_training(cfg: LossConfig, steps: list[list[TrainSample]], trl: dict[str, Any]) -> None:
+    """tokentrail's Learner on the same steps gives TRL's losses, per-step gradients and final weights."""
     ours = make_tiny_model(seed=3)
     learner = Learner(ours, LearnerConfig(layout="padded", micro_batch_tokens=None, learning_rate=LR,
                                           max_grad_norm=None, loss=cfg))
@@ -78,7 +86,7 @@ def test_trl_grpo_step_matches_tokentrail_loss(make_samples, tmp_path, normaliza
         our_grads.append({n: p.grad.detach().clone() for n, p in ours.named_parameters()})
         learner.optimizer.step()
     for k, (a, b) in enumerate(zip(our_losses, trl["losses"], strict=True)):
-        print(f"step {k}: tokentrail {a:.8f}  TRL GRPO (dapo) {b:.8f}", file=sys.stderr)
+        print(f"{cfg.normalization} step {k}: tokentrail {a:.8f}  TRL GRPO (dapo) {b:.8f}", file=sys.stderr)
     assert len(trl["losses"]) == STEPS
     assert trl["losses"] == pytest.approx(our_losses, rel=1e-4, abs=1e-6)
     assert len({round(x, 6) for x in our_losses}) == STEPS  # three different batches, three losses
