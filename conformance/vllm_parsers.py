@@ -17,7 +17,7 @@ from typing import Any
 
 from conformance.formats import FamilyFormat
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("vllm_worker.py")
 DEFAULT_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
@@ -67,7 +67,7 @@ def parse_with_vllm(jobs: Sequence[ParseJob], *, timeout_s: float = 600.0,
     run_env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     run_env.pop("PYTHONPATH", None)  # vLLM's environment, not ours
     done = subprocess.run([str(vllm_python()), str(WORKER)], input=json.dumps(batch), capture_output=True,
-                          text=True, timeout=timeout_s, env=run_env, cwd=str(WORKER.parent.parent.parent))
+                          text=True, timeout=timeout_s, env=run_env, cwd=str(REPO))
     if done.returncode != 0:
         raise VllmUnavailable(f"vLLM's parser worker failed (exit {done.returncode}): {done.stderr.strip()[-800:]}")
     out = json.loads(done.stdout.strip().splitlines()[-1])

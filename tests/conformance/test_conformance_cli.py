@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_pi_on_llama3_is_token_exact_and_vllm_parses_what_the_gateway_parsed(

@@ -14,6 +14,7 @@ from schemas.tokens import pack_mask
 from sinks import dashboards
 from sinks.client import ClickHouseConfigError, connect, parse_dsn
 from sinks.ddl import CALL_STORED_TOKEN_COLUMNS, MIGRATIONS, TABLE_NAMES, VIEWS, migrate, runner, schema_sql
+from sinks.ddl.drift_views import DRIFT_VIEWS
 from sinks.freshness import VIEWS as FRESHNESS_VIEWS
 from sinks.rows import TABLE_OF, to_row
 from sinks.sample_refs import REF_COLUMNS
@@ -108,9 +109,9 @@ def test_migrating_calls_stored_as_packed_bytes(
         with monkeypatch.context() as m:
             m.setattr(runner, "MIGRATIONS", MIGRATIONS[:2])  # what migrate() applies
             # The views of that time: v_stale_dropped reads trainer_steps columns from 0013, the freshness
-            # views the Kafka times from 0017.
-            m.setattr(runner, "VIEWS", {k: v for k, v in VIEWS.items()
-                                        if k != "v_stale_dropped" and k not in FRESHNESS_VIEWS})
+            # views the Kafka times from 0017, the drift views the request deltas from 0005.
+            m.setattr(runner, "VIEWS", {k: v for k, v in VIEWS.items() if k != "v_stale_dropped"
+                                        and k not in FRESHNESS_VIEWS and k not in DRIFT_VIEWS})
             assert migrate(client) == ["0001_tables", "0002_rollouts_final_output_text"]
         g = synthetic_group(GroupSpec(rollouts=2, turns=4, bodies="chat", tools=1))
         # Written before CallRecord.scripted, version_spans and release existed: read back with their defaults.
