@@ -381,8 +381,13 @@ class Gateway:
         if self.sessions is None:
             return None
         found = session_key(request.headers, raw, protocol, self.options.session_key_sources, self.options.admin_key)
-        tenant = self.ctx.tenants.of(presented_key(request.headers)) if self.ctx.tenants else None
+        presented = presented_key(request.headers)
+        tenant = self.ctx.tenants.of(presented) if self.ctx.tenants else None
         if found is None or tenant is None:
+            if found is not None and Tenants.tenant_of_session(found[0]) and not is_admin(presented,
+                                                                                         self.options.admin_key):
+                raise GatewayError(403, "session keys beginning 'tenant:' are the tenants' own", "permission",
+                                   code="wrong_tenant")  # else a caller could name itself into a tenant's session
             return found
         return Tenants.scope(tenant, found[0]), found[1]  # a tenant's sessions live in its own namespace
 

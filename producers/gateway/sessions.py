@@ -97,8 +97,10 @@ def _hex(*parts: str) -> str:
 
 
 def key_part(key: str) -> str:
-    """What every rollout id of the key's windows starts with (``session-`` + 16 hex of the key's hash)."""
-    return ROLLOUT_PREFIX + _hex(key)[:16]
+    """What every rollout id of the key's windows starts with (``session-`` + 16 hex of the key's hash). A
+    tenant's scoped key has the part of the key its calls carry (they are routed by it); its windows' rollout
+    ids still differ from another tenant's, by the window part (``rollout_id_for`` hashes the scoped key)."""
+    return ROLLOUT_PREFIX + _hex(Tenants.unscoped(key))[:16]
 
 
 def rollout_id_for(key: str, window_start_us: int) -> str:

@@ -26,6 +26,9 @@ class Tenants:
         empty = [name for name, key in (keys or {}).items() if not key]
         if empty:
             raise ValueError(f"gateway.tenant_keys: tenants {empty} have an empty key")
+        odd = [name for name in (keys or {}) if not name or ":" in name]
+        if odd:
+            raise ValueError(f"gateway.tenant_keys: tenant names {odd} must be non-empty, without ':'")
         self.keys = dict(keys or {})
         self.max_open_sessions = max_open_sessions
         self._remembered = remembered
@@ -46,6 +49,14 @@ class Tenants:
     @staticmethod
     def scope(tenant: str, session_key: str) -> str:
         return f"{SCOPE_PREFIX}{tenant}:{session_key}"
+
+    @staticmethod
+    def unscoped(session_key: str) -> str:
+        """The key as the caller sent it: what the front of ``--processes N`` routes by (it checks no keys),
+        so a scoped key's rollouts must be owned by the process the unscoped key routes to (sessions.key_part)."""
+        if not session_key.startswith(SCOPE_PREFIX):
+            return session_key
+        return session_key[len(SCOPE_PREFIX):].split(":", 1)[-1]
 
     @staticmethod
     def tenant_of_session(session_key: str) -> str | None:

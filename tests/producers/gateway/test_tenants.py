@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from processors.assembler import RolloutAssembly
+from producers.gateway.sessions import key_part, rollout_id_for
 from producers.gateway.tenants import Tenants
 from schemas.topics import FEEDBACK_TOPIC
 from tokentrail.settings import Settings
@@ -110,3 +111,10 @@ def test_a_tenant_key_and_its_scope() -> None:
         tenants.check_room("acme")
     with pytest.raises(ValueError, match="empty key"):
         Tenants({"x": ""})
+    with pytest.raises(ValueError, match="without ':'"):
+        Tenants({"a:b": "k"})
+    # Routed by the key its calls carry: a scoped key's windows start with the unscoped key's part (one owner
+    # with --processes N), yet two tenants' windows of one session id are different rollouts.
+    assert Tenants.unscoped(scoped) == "s1" and Tenants.unscoped("s1") == "s1"
+    assert key_part(scoped) == key_part("s1")
+    assert rollout_id_for(scoped, 1) != rollout_id_for(Tenants.scope("blue", "s1"), 1) != rollout_id_for("s1", 1)
