@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from tokentrail.runtime.process import descendants
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -19,21 +21,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(children.get(current, []))
-    return found
 
 
 SCHEDSTAT = Path("/proc/self/schedstat").exists()
@@ -47,7 +34,7 @@ def cpu_seconds(pid: int) -> float:
     schedstat, ``stat``'s ticks. One source for every reading, so differences compare like with like."""
     total = 0.0
     tick = os.sysconf("SC_CLK_TCK")
-    for p in _descendants(pid):
+    for p in [pid, *descendants(pid)]:
         if SCHEDSTAT:
             total += _thread_ns(p) / 1e9
             continue
@@ -77,7 +64,7 @@ def _thread_ns(pid: int) -> int:
 def rss_mib(pid: int) -> float:
     """Resident memory of a process and its descendants, MiB."""
     total_kib = 0
-    for p in _descendants(pid):
+    for p in [pid, *descendants(pid)]:
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):

@@ -26,6 +26,7 @@ from reliability.results import FaultResult
 from schemas.codec import get_codec
 from schemas.kafka import config as kafka_config
 from testkit.samples import random_sample_records
+from tokentrail.runtime.process import descendants
 from trainer_consumer.rank_launch import torchrun_command, torchrun_env
 from trainer_consumer.rank_options import options_to_json
 from trainer_consumer.step_audit import exactly_once
@@ -46,25 +47,10 @@ def _small_model(path: Path) -> None:
     Qwen2ForCausalLM(config).save_pretrained(path)
 
 
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def _rank_pid(torchrun_pid: int, rank: int) -> int | None:
-    for pid in _descendants(torchrun_pid):
+    for pid in descendants(torchrun_pid):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:

@@ -258,6 +258,36 @@ PANELS: tuple[Panel, ...] = (
         "version whatever the ramp, and kept out of the candidate/serving comparison.",
     ),
     # ---- end issue 22
+    # ---- issue 28: chat-template drift per harness, family and renderer version (sinks/drift_views.py)
+    Panel(
+        "Template drift: calls, spliced calls, breaks and parse failures per harness and family",
+        "SELECT harness, family, parser_version, sum(calls) AS calls, sum(spliced_calls) AS spliced,\n"
+        "       sum(calls_with_breaks) AS calls_with_breaks, sum(parse_failures) AS parse_failures\n"
+        "FROM v_family_drift WHERE $__timeFilter(time)\n"
+        "GROUP BY harness, family, parser_version ORDER BY harness, family, parser_version",
+        kind="table",
+        width=24,
+        description="Per (harness, family, renderer version): how many calls kept every earlier sampled token "
+        "(spliced), how many prompts broke the prefix, and how many outputs' tool-call markup did not parse.",
+    ),
+    Panel(
+        "Template drift: prefix breaks by cause",
+        "SELECT $__timeInterval(time) AS time, concat(family, ' / ', harness, ': ', cause) AS series,\n"
+        "       count() AS breaks\n"
+        "FROM v_prefix_break_causes WHERE $__timeFilter(time) GROUP BY time, series ORDER BY time",
+        description="Named causes (reasoning dropped, tool arguments re-serialized, compaction, ...) of the "
+        "prefix breaks the gateway recorded, per family and harness.",
+    ),
+    Panel(
+        "Template drift: outputs that did not parse",
+        "SELECT time, harness, family, parser_version, call_id, parse_error_texts\n"
+        "FROM v_call_conformance WHERE $__timeFilter(time) AND parse_errors > 0\n"
+        "ORDER BY time DESC LIMIT 200",
+        kind="table",
+        width=24,
+        description="Calls whose tool-call markup the family's parser could not parse (answered as content, as "
+        "the family's reference server answers it), with the parser's errors.",
+    ),
 )
 
 

@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "release": ("tokentrail.commands.release", "safe policy release: status | start | promote | rollback | pin"),
     "weight-sync": ("tokentrail.commands.weight_sync", "keep vLLM servers on the trainer's latest published policy"),
     "harnesses": ("tokentrail.commands.harnesses", "real agent harnesses through the gateway: check"),
+    "conformance": ("tokentrail.commands.conformance", "harnesses x model families, judged by renderers and vLLM"),
 }
 
 

@@ -753,6 +753,39 @@ CREATE OR REPLACE VIEW tokentrail.v_tokens_per_second AS SELECT toStartOfMinute(
         FROM tokentrail.calls FINAL
         GROUP BY time;
 
+CREATE OR REPLACE VIEW tokentrail.v_attempt_harness AS SELECT rollout_id, attempt_id, argMin(multiIf(JSONExtractString(request_json, 'headers', 'user-agent') LIKE 'claude-cli/%', 'claude-code', JSONExtractString(request_json, 'headers', 'user-agent') LIKE 'codex%' OR JSONExtractString(request_json, 'headers', 'originator') LIKE 'codex%', 'codex', positionCaseInsensitive(request_json, 'openclaw') > 0, 'openclaw', position(request_json, 'inside pi, a coding agent harness') > 0, 'pi', JSONExtractString(request_json, 'headers', 'user-agent') = '', 'unknown', JSONExtractString(request_json, 'headers', 'user-agent')), call_index) AS harness
+        FROM tokentrail.calls FINAL
+        WHERE request_base_call_id IS NULL
+        GROUP BY rollout_id, attempt_id;
+
+CREATE OR REPLACE VIEW tokentrail.v_call_conformance AS SELECT c.event_time AS time, c.call_id AS call_id, c.rollout_id AS rollout_id, c.call_index AS call_index,
+               ifNull(h.harness, 'unknown') AS harness, if(match(parser_version, '^[a-z0-9.-]+: '), extract(parser_version, '^([a-z0-9.-]+): '), 'reference') AS family,
+               c.chat_template_fingerprint AS template_fingerprint, c.parser_version AS parser_version,
+               c.spliced_outputs AS spliced_outputs, length(c.prefix_breaks) AS prefix_breaks,
+               JSONLength(c.sampling_extra_json, 'parse_errors') AS parse_errors,
+               JSONExtractArrayRaw(c.sampling_extra_json, 'parse_errors') AS parse_error_texts
+        FROM tokentrail.calls AS c FINAL
+        LEFT JOIN tokentrail.v_attempt_harness AS h ON c.rollout_id = h.rollout_id AND c.attempt_id = h.attempt_id;
+
+CREATE OR REPLACE VIEW tokentrail.v_prefix_break_causes AS SELECT time, call_id, rollout_id, harness, family, template_fingerprint, parser_version, cause
+        FROM (SELECT c.event_time AS time, c.call_id AS call_id, c.rollout_id AS rollout_id,
+                     ifNull(h.harness, 'unknown') AS harness, if(match(parser_version, '^[a-z0-9.-]+: '), extract(parser_version, '^([a-z0-9.-]+): '), 'reference') AS family,
+                     c.chat_template_fingerprint AS template_fingerprint, c.parser_version AS parser_version,
+                     c.prefix_breaks AS breaks
+              FROM tokentrail.calls AS c FINAL
+              LEFT JOIN tokentrail.v_attempt_harness AS h
+                  ON c.rollout_id = h.rollout_id AND c.attempt_id = h.attempt_id
+              WHERE notEmpty(c.prefix_breaks))
+        ARRAY JOIN arrayFlatten(arrayMap(brk -> if(match(brk, '^[a-z0-9.-]+ format: '), splitByString(', ', replaceRegexpOne(brk, '^[a-z0-9.-]+ format: ', '')), [trimBoth(replaceRegexpOne(replaceRegexpOne(brk, '^(call [0-9]+(, message [0-9]+)?|message [0-9]+|prompt): ', ''), '\\s*[(;].*$', ''))]), breaks)) AS cause;
+
+CREATE OR REPLACE VIEW tokentrail.v_family_drift AS SELECT toStartOfMinute(c.time) AS time, c.harness AS harness, c.family AS family,
+               c.template_fingerprint AS template_fingerprint, c.parser_version AS parser_version,
+               count() AS calls, countIf(c.spliced_outputs > 0) AS spliced_calls,
+               countIf(c.prefix_breaks > 0) AS calls_with_breaks, sum(c.prefix_breaks) AS breaks,
+               countIf(c.parse_errors > 0) AS parse_failures
+        FROM tokentrail.v_call_conformance AS c
+        GROUP BY time, harness, family, template_fingerprint, parser_version;
+
 CREATE OR REPLACE VIEW tokentrail.v_sample_latency AS SELECT s.time AS time, s.sample_id AS sample_id, r.rollout_id AS rollout_id,
                r.finished_us AS finished_at_us, s.ready_us AS group_ready_at_us,
                (r.on_kafka_ms * 1000 - r.finished_us) / 1000 AS finish_to_rollout_ms,

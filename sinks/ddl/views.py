@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sinks.ddl.drift_views import DRIFT_VIEWS
 from sinks.freshness import VIEWS as FRESHNESS_VIEWS
 
 # Helper views. Every view reads FINAL, so a person or a dashboard never sees a duplicate.
@@ -78,6 +79,7 @@ VIEWS: dict[str, str] = {
                countIf(status = 'ERROR') AS errors
         FROM {db}.calls FINAL
         GROUP BY time""",
+    **DRIFT_VIEWS,  # chat-template drift per harness, family and renderer version (sinks/ddl/drift_views.py)
 }
 VIEWS.update(FRESHNESS_VIEWS)  # trajectory -> sample latency, sample age at training (issue 30)
 

@@ -73,3 +73,21 @@ def stop_worker_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:
             proc.kill()
             proc.wait()
     return int(proc.returncode)
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` (children, their children, ...), read from /proc; ``root`` not included."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # the process ended while we read
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
