@@ -15,7 +15,9 @@ spool, f scale-out, g three-broker cluster with the calls leader killed -9, h re
 added and removed every 20-30 s; five minutes, about 75 s with --quick), i gateway restarted mid-session,
 j poison record (5 MB request, a record over the broker's limit), k disk-full spool, l the baseline agents'
 worker killed -9 twice mid-stream (Baseline events and the rewards, credits and samples measured against
-them equal a clean run's).
+them equal a clean run's), m hostile feedback, n a --processes 4 gateway with organic sessions (a worker
+killed -9 mid-window, then the whole gateway restarted: every session one COMPLETE rollout), o costly
+requests, p a trainer rank killed -9.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import time
 from pathlib import Path
 
 FAULTS = ("broker", "worker", "twice", "scale", "cluster", "chaos", "restart", "poison", "baselines", "rank",
-          "feedback", "costly")
+          "feedback", "sessions", "costly")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,7 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "restarted mid-session), poison (faults j+k: poison record, disk-full spool; needs root), "
                         "baselines (fault l: the baseline agents' worker killed -9), rank (fault p: one of 2 trainer "
                         "ranks killed -9 mid-step under torchrun --max-restarts), feedback (fault m: "
-                        "hostile feedback), costly (fault o: requests built for the most CPU per byte)")
+                        "hostile feedback), sessions (fault n: a --processes 4 gateway with organic sessions, a worker "
+                        "killed -9, then the gateway restarted), costly (fault o: requests built for the most CPU "
+                        "per byte)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where spools, private broker data, chDB and logs go (default: a temp dir)")
 
@@ -61,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         faults,
         gateway_restart,
         hostile_feedback_fault,
+        organic_sessions_fault,
         poison_and_disk,
         rank_kill,
         rebalance_chaos,
@@ -106,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
              ("rank", lambda: [rank_kill.rank_kill_fault(settings, workdir / "rank-kill", progress)]),
              ("feedback", lambda: [hostile_feedback_fault.hostile_feedback_fault(
                  settings, workdir / "hostile-feedback", progress)]),
+             ("sessions", lambda: [organic_sessions_fault.organic_sessions_fault(
+                 settings, workdir / "organic-sessions", progress)]),
              ("costly", lambda: [costly_requests_fault.costly_requests_fault(settings, workdir / "costly-requests",
                                                                              progress)])]
     for name, step in steps:

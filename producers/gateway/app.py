@@ -56,6 +56,7 @@ from producers.gateway.service import CallService, ErrorBody, PreparedCall, Resp
 from producers.gateway.sessions import DEFAULT_KEY_SOURCES, OrganicSessions, session_key
 from producers.gateway.settings import GatewayStackSettings
 from producers.gateway.sse import SSE_HEADERS
+from producers.gateway.tenants import Tenants
 from producers.upstreams.base import Upstream
 from schemas.codec import Codec, get_codec
 from schemas.tokens import TokenIds
@@ -99,6 +100,9 @@ class GatewayOptions:
     session_key_sources: tuple[str, ...] = DEFAULT_KEY_SOURCES
     # Who may send a release traffic label (identity.traffic_label_of; settings.py traffic_label_key).
     traffic_label_key: str = ""
+    # Tenants of organic traffic (tenants.py).
+    tenant_keys: tuple[tuple[str, str], ...] = ()
+    tenant_max_open_sessions: int = 1000
 
     @classmethod
     def from_settings(cls, settings: GatewayStackSettings) -> GatewayOptions:
@@ -109,7 +113,8 @@ class GatewayOptions:
                    registry_max_bytes=g.registry_max_bytes, attempt_idle_timeout_s=g.attempt_idle_timeout_s,
                    key_secret=g.key_secret, key_secret_dir=g.spool_dir,
                    organic_sessions=g.organic_sessions, session_idle_s=g.session_idle_s,
-                   session_key_sources=tuple(g.session_key_sources), traffic_label_key=g.traffic_label_key)
+                   session_key_sources=tuple(g.session_key_sources), traffic_label_key=g.traffic_label_key,
+                   tenant_keys=tuple(g.tenant_keys.items()), tenant_max_open_sessions=g.tenant_max_open_sessions)
 
     def make_registry(self) -> AttemptRegistry:
         secret = resolve_secret(self.key_secret, self.admin_key, self.key_secret_dir)
@@ -155,6 +160,7 @@ class Gateway:
                                   codec=codec or get_codec(), metrics=self.metrics,
                                   admin_key=options.admin_key, require_auth=options.require_auth,
                                   unattributed=options.unattributed, max_body_bytes=options.max_body_bytes,
+                                  tenants=Tenants(dict(options.tenant_keys), options.tenant_max_open_sessions),
                                   **(topics or {}))
         self.service = CallService(self.ctx, upstream, text, model_name=options.model_name,
                                    model_aliases=options.model_aliases, prefix_mode=options.prefix_mode)
@@ -360,7 +366,8 @@ class Gateway:
     def _named(self, request: Request) -> CallIdentity | None:
         """The attempt the call names (path, headers, minted key), None when it names none (identity.py)."""
         return resolve_named(request.path_params, request.headers, self.ctx.registry,
-                             require_auth=self.options.require_auth, admin_key=self.options.admin_key)
+                             require_auth=self.options.require_auth, admin_key=self.options.admin_key,
+                             tenants=self.ctx.tenants)
 
     async def _organic(self, request: Request, raw: dict[str, Any], protocol: Protocol) -> CallIdentity | None:
         """The organic session's attempt (started if it has none), None when off or there is no key."""
@@ -373,7 +380,16 @@ class Gateway:
     def _session_key(self, request: Request, raw: dict[str, Any], protocol: Protocol) -> tuple[str, str] | None:
         if self.sessions is None:
             return None
-        return session_key(request.headers, raw, protocol, self.options.session_key_sources, self.options.admin_key)
+        found = session_key(request.headers, raw, protocol, self.options.session_key_sources, self.options.admin_key)
+        presented = presented_key(request.headers)
+        tenant = self.ctx.tenants.of(presented) if self.ctx.tenants else None
+        if found is None or tenant is None:
+            if found is not None and Tenants.tenant_of_session(found[0]) and not is_admin(presented,
+                                                                                         self.options.admin_key):
+                raise GatewayError(403, "session keys beginning 'tenant:' are the tenants' own", "permission",
+                                   code="wrong_tenant")  # else a caller could name itself into a tenant's session
+            return found
+        return Tenants.scope(tenant, found[0]), found[1]  # a tenant's sessions live in its own namespace
 
     def _unnamed(self, request: Request, raw: dict[str, Any], protocol: Protocol) -> CallIdentity:
         """A call that names no attempt and starts none: its session's live organic attempt if there is one

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from producers.delivery.publisher import RecordQuarantined
@@ -12,6 +12,7 @@ from producers.gateway import records
 from producers.gateway.attempts import AttemptRegistry
 from producers.gateway.errors import GatewayError
 from producers.gateway.metrics import GatewayMetrics
+from producers.gateway.tenants import Tenants
 from schemas.codec import Codec
 from schemas.topics import CALLS_TOPIC, ENV_TOPIC
 
@@ -38,6 +39,7 @@ class GatewayContext:
     finish_wait_s: float = 30.0
     calls_topic: str = CALLS_TOPIC
     env_topic: str = ENV_TOPIC
+    tenants: Tenants = field(default_factory=Tenants)
 
     @property
     def max_record_bytes(self) -> int | None:

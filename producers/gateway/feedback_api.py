@@ -119,16 +119,31 @@ class FeedbackApi:
     def routes(self) -> list[Route]:
         return [Route("/v1/feedback", self.post_feedback, methods=["POST"])]
 
-    def _require_admin(self, request: Request) -> None:
-        if self.ctx.admin_key and not is_admin(presented_key(request.headers), self.ctx.admin_key):
-            raise GatewayError(401, "posting feedback needs the gateway admin key", "authentication",
-                               code="invalid_api_key")
+    def _require_admin(self, request: Request) -> str | None:
+        """None for the admin (or with keys off); a tenant's name for its key (its targets are checked)."""
+        presented = presented_key(request.headers)
+        tenant = self.ctx.tenants.of(presented) if self.ctx.tenants else None
+        if tenant is not None:
+            return tenant
+        if self.ctx.admin_key and not is_admin(presented, self.ctx.admin_key):
+            raise GatewayError(401, "posting feedback needs a tenant key or the gateway admin key",
+                               "authentication", code="invalid_api_key")
+        return None
+
+    def _check_tenant_target(self, tenant: str, record: dict[str, Any]) -> None:
+        """A tenant's feedback names a rollout of its own sessions' windows: feedback drives rewards and
+        release decisions, so one tenant must not move another's (tenants.py)."""
+        if record["target_kind"] != "ROLLOUT" or self.ctx.tenants.owner(record["target_id"]) != tenant:
+            raise GatewayError(403, "a tenant key posts feedback only on rollouts of its own sessions "
+                               "(target rollout_id)", "permission", code="wrong_tenant")
 
     async def post_feedback(self, request: Request) -> JSONResponse:
         try:
-            self._require_admin(request)
+            tenant = self._require_admin(request)
             body, _ = await read_model(request, FeedbackBody, self.ctx.max_body_bytes)
             record = feedback_record(body, now_us())
+            if tenant is not None:
+                self._check_tenant_target(tenant, record)
             key = record["target_id"]
             value = self.ctx.encode("Feedback", record, key)  # refused here if it cannot be stored
             await self.ctx.deliver(self.topic, key, "Feedback", record, value)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from producers.gateway.attempts import AttemptRegistry, AttemptState
 from producers.gateway.errors import GatewayError
@@ -115,7 +116,7 @@ def resolve_call(path_params: Mapping[str, str], headers: Mapping[str, str], reg
 
 
 def resolve_named(path_params: Mapping[str, str], headers: Mapping[str, str], registry: AttemptRegistry, *,
-                  require_auth: bool, admin_key: str) -> CallIdentity | None:
+                  require_auth: bool, admin_key: str, tenants: Any = None) -> CallIdentity | None:
     """The attempt the call names (path, headers or minted key), checked; None when it names none (and
     is allowed to: keys off, or the admin key). Organic sessions (sessions.py) take over from there."""
     session = session_id_of(headers)
@@ -136,9 +137,11 @@ def resolve_named(path_params: Mapping[str, str], headers: Mapping[str, str], re
             raise GatewayError(401, "unknown or expired rollout API key", "authentication",
                                code="invalid_api_key")
         return CallIdentity(registry.get_active(*ids), "api_key", session)
-    if auth_required(admin_key, require_auth) and not is_admin(key, admin_key):
+    if auth_required(admin_key, require_auth) and not is_admin(key, admin_key) and not (
+            tenants and tenants.of(key) is not None):  # a tenant's calls name no rollout (tenants.py)
         raise GatewayError(401, "this gateway requires a rollout API key (from POST /v1/rollouts) or, for "
-                           "calls that name no rollout, the admin key", "authentication", code="invalid_api_key")
+                           "calls that name no rollout, a tenant key or the admin key", "authentication",
+                           code="invalid_api_key")
     return None
 
 

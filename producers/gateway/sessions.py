@@ -45,6 +45,7 @@ from producers.gateway.env_api import EnvApi, Finish
 from producers.gateway.errors import GatewayError, not_found
 from producers.gateway.identity import SESSION_HEADERS, is_admin, presented_key
 from producers.gateway.keys import ORGANIC_ROLLOUT_PREFIX
+from producers.gateway.tenants import Tenants
 
 log = logging.getLogger("tokentrail.gateway")
 
@@ -96,8 +97,10 @@ def _hex(*parts: str) -> str:
 
 
 def key_part(key: str) -> str:
-    """What every rollout id of the key's windows starts with (``session-`` + 16 hex of the key's hash)."""
-    return ROLLOUT_PREFIX + _hex(key)[:16]
+    """What every rollout id of the key's windows starts with (``session-`` + 16 hex of the key's hash). A
+    tenant's scoped key has the part of the key its calls carry (they are routed by it); its windows' rollout
+    ids still differ from another tenant's, by the window part (``rollout_id_for`` hashes the scoped key)."""
+    return ROLLOUT_PREFIX + _hex(Tenants.unscoped(key))[:16]
 
 
 def rollout_id_for(key: str, window_start_us: int) -> str:
@@ -146,12 +149,17 @@ class OrganicSessions:
                 stale = self._live(key)
                 if stale is not None:  # idle past the window but not swept yet: that window is over
                     await self._end(stale, "idle")
+                tenant = Tenants.tenant_of_session(key)
+                if tenant is not None:  # a tenant's open windows are capped apart from RL attempts (tenants.py)
+                    self.ctx.tenants.check_room(tenant)
                 window_start_us = time.time_ns() // 1000
                 start = {"task_input": {}, "group_id": None, "group_key": {}, "expected_group_size": None,
                          "metadata": {"organic": True, "session": key, "session_source": source,
                                       "window_start_us": window_start_us}}
                 state = self.ctx.registry.start(rollout_id_for(key, window_start_us), start)
                 await self.env.publish_start(state, start)
+                if tenant is not None:
+                    self.ctx.tenants.remember(state.rollout_id, tenant)
                 self._hold(key, state)
                 self.started += 1
                 return state
@@ -173,12 +181,17 @@ class OrganicSessions:
         previous = self._open.get(key)
         if previous is not None:
             self._key_of.pop(previous.rollout_id, None)
+        elif (tenant := Tenants.tenant_of_session(key)) is not None:
+            self.ctx.tenants.open[tenant] += 1
+            self.ctx.tenants.remember(state.rollout_id, tenant)
         self._open[key], self._key_of[state.rollout_id] = state, key
 
     def _release(self, state: AttemptState) -> None:
         key = self._key_of.pop(state.rollout_id, None)
         if key is not None and self._open.get(key) is state:
             del self._open[key]
+            if (tenant := Tenants.tenant_of_session(key)) is not None:
+                self.ctx.tenants.open[tenant] -= 1
 
     def _stale(self, state: AttemptState) -> bool:
         return not state.in_flight and time.monotonic() - state.last_seen >= self.idle_s
@@ -260,9 +273,13 @@ class OrganicSessions:
     async def end_route(self, request: Request) -> JSONResponse:
         key = request.path_params["key"][:MAX_KEY_CHARS]
         try:
-            if self.ctx.admin_key and not is_admin(presented_key(request.headers), self.ctx.admin_key):
-                raise GatewayError(401, "ending a session needs the gateway admin key", "authentication",
-                                   code="invalid_api_key")
+            presented = presented_key(request.headers)
+            tenant = self.ctx.tenants.of(presented) if self.ctx.tenants else None
+            if tenant is not None:  # a tenant names its own sessions: another tenant's are not there for it
+                key = Tenants.scope(tenant, key)
+            elif self.ctx.admin_key and not is_admin(presented, self.ctx.admin_key):
+                raise GatewayError(401, "ending a session needs a tenant key or the gateway admin key",
+                                   "authentication", code="invalid_api_key")
             body = validate(Finish, await read_json(request, self.ctx.max_body_bytes, allow_empty=True))
             state = self._live(key)
             if state is None:

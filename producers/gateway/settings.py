@@ -68,6 +68,12 @@ class GatewaySettings(BaseModel):
     # and status need the attempt's own key (minted by POST /v1/rollouts) or this key; calls that name no
     # rollout need this key. Empty: no keys, and `tokentrail gateway` listens on loopback only.
     admin_key: str = ""
+    # Tenants of organic traffic (tenants.py): tenant name -> its API key, e.g.
+    # TOKENTRAIL_GATEWAY__TENANT_KEYS='{"acme": "sk-..."}'. A tenant key may make calls that name no rollout
+    # (with the admin key set too); its sessions, their ends and its feedback stay within the tenant.
+    tenant_keys: dict[str, str] = Field(default_factory=dict)
+    # Open organic session windows per tenant; beyond it a new session is refused (429 tenant_session_limit).
+    tenant_max_open_sessions: int = Field(default=1000, gt=0)
     # Deprecated: keys are on whenever admin_key is set. Alone (no admin key) it still turns on the attempts'
     # keys for model calls and the attempt routes, but starting rollouts stays open.
     require_auth: bool = False

@@ -1,0 +1,120 @@
+"""Tenants of organic traffic (tenants.py, issue 29 #6), through the real gateway, the openai SDK and the
+broker, with the admin key set: a tenant key makes calls that name no rollout, its sessions complete, its
+feedback on its own rollout reaches Kafka; another tenant cannot join, end or post feedback on them (its
+call with the same X-Session-Id is a window of its own; its end is a 404, its feedback a 403); the first
+tenant's calls after those attempts still reach Kafka; a tenant's open sessions are capped (429)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from processors.assembler import RolloutAssembly
+from producers.gateway.sessions import key_part, rollout_id_for
+from producers.gateway.tenants import Tenants
+from schemas.topics import FEEDBACK_TOPIC
+from tokentrail.settings import Settings
+
+from .helpers import read_records
+
+MODEL = "tokentrail-tiny"
+ADMIN = "admin-key-for-tenancy"
+KEYS = (("acme", "sk-acme-tenant"), ("blue", "sk-blue-tenant"))
+
+
+def _client(gw: Any, key: str, session: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.openai_base_url, api_key=key, max_retries=0,
+                         default_headers={"x-session-id": session})
+
+
+def _call(client: openai.OpenAI, text: str) -> str:
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}],
+                                           max_tokens=4, temperature=0)
+    return reply.id.removeprefix("chatcmpl-")
+
+
+def _end(gw: Any, key: str, session: str) -> httpx.Response:
+    return httpx.post(f"{gw.url}/v1/sessions/{session}/end", json={}, timeout=60,
+                      headers={"Authorization": f"Bearer {key}"})
+
+
+def _feedback(gw: Any, key: str, rollout_id: str) -> httpx.Response:
+    return httpx.post(f"{gw.url}/v1/feedback", timeout=60, headers={"Authorization": f"Bearer {key}"},
+                      json={"target": {"rollout_id": rollout_id}, "kind": "rating", "rating": 4,
+                            "rating_scale": [1, 5]})
+
+
+def test_tenant_keys_work_with_the_admin_key_and_keep_sessions_and_feedback_to_their_tenant(
+    start_gateway, topics: dict[str, str], tokentrail_settings: Settings
+) -> None:
+    acme, blue = KEYS[0][1], KEYS[1][1]
+    with start_gateway(organic_sessions=True, admin_key=ADMIN, tenant_keys=KEYS,
+                       tenant_max_open_sessions=2) as gw:
+        # No key, or a made-up one: refused as before (calls naming no rollout need a known key).
+        with pytest.raises(openai.AuthenticationError):
+            _call(_client(gw, "sk-nobody", "s1"), "hello")
+        rl = httpx.post(f"{gw.url}/v1/rollouts", json={"task_input": {}}, timeout=60,
+                        headers={"Authorization": f"Bearer {ADMIN}"}).json()  # an RL attempt, idle meanwhile
+        a = _client(gw, acme, "s1")
+        first = [_call(a, "hello"), _call(a, "and again")]
+        # Blue sends acme's session id: a window of its own, not a join of acme's.
+        blue_call = _call(_client(gw, blue, "s1"), "let me in")
+        rollouts = {r["call_id"]: r["rollout_id"] for _, r in read_records(
+            tokentrail_settings, topics["calls_topic"], 3, where={"session_id": "s1"})}
+        acme_rollout = rollouts[first[0]]
+        assert rollouts[first[1]] == acme_rollout != rollouts[blue_call]
+        # Blue cannot post feedback on acme's rollout, nor on one it does not name as a rollout.
+        refused = [_feedback(gw, blue, acme_rollout),
+                   httpx.post(f"{gw.url}/v1/feedback", headers={"Authorization": f"Bearer {blue}"}, timeout=60,
+                              json={"target": {"session_id": "s1"}, "kind": "binary", "binary": False})]
+        assert [r.status_code for r in refused] == [403, 403]
+        assert {r.json()["error"]["code"] for r in refused} == {"wrong_tenant"}  # the caller's protocol
+        good = _feedback(gw, acme, acme_rollout)
+        assert good.status_code == 201, good.text
+        # Blue ends "s1": its own window; acme's is still open and takes acme's next call.
+        blue_end = _end(gw, blue, "s1")
+        assert blue_end.status_code == 200 and blue_end.json()["rollout_id"] == rollouts[blue_call]
+        assert _end(gw, blue, "s1").status_code == 404  # nothing of blue's left; acme's is not visible to it
+        after = _call(a, "still mine")
+        acme_end = _end(gw, acme, "s1")
+        # The cap: acme may hold 2 open windows here; a third is refused, and RL attempts are not touched.
+        capped = [_call(_client(gw, acme, f"cap-{n}"), "hi") for n in range(2)]
+        with pytest.raises(openai.RateLimitError) as over:
+            _call(_client(gw, acme, "cap-2"), "one too many")
+        assert over.value.body["code"] == "tenant_session_limit"  # type: ignore[index]
+        rl_call = openai.OpenAI(base_url=gw.openai_base_url, api_key=rl["api_key"], max_retries=0)
+        assert _call(rl_call, "the RL attempt still answers")  # organic starts did not push it out
+    assert acme_end.status_code == 200 and acme_end.json()["rollout_id"] == acme_rollout
+    assert acme_end.json()["call_count"] == 3
+    where = {"rollout_id": acme_rollout}
+    records = [*read_records(tokentrail_settings, topics["env_topic"], 2, where=where),
+               *read_records(tokentrail_settings, topics["calls_topic"], 3, where=where)]
+    assert {r["call_id"] for name, r in records if name == "CallRecord"} == {*first, after}
+    assembly = RolloutAssembly(acme_rollout)
+    (rollout,) = [out for name, r in records for out in assembly.accept(name, r).rollouts]
+    assert rollout["status"] == "COMPLETE"
+    (_, stored), = read_records(tokentrail_settings, FEEDBACK_TOPIC, 1, where={"event_id": good.json()["event_id"]})
+    assert stored["target_id"] == acme_rollout
+    assert len(capped) == 2
+
+
+def test_a_tenant_key_and_its_scope() -> None:
+    tenants = Tenants(dict(KEYS), max_open_sessions=1)
+    assert tenants.of("sk-acme-tenant") == "acme" and tenants.of("sk-acme-tenan") is None and tenants.of(None) is None
+    scoped = Tenants.scope("acme", "s1")
+    assert Tenants.tenant_of_session(scoped) == "acme" and Tenants.tenant_of_session("s1") is None
+    tenants.open["acme"] = 1
+    with pytest.raises(Exception, match="open sessions"):
+        tenants.check_room("acme")
+    with pytest.raises(ValueError, match="empty key"):
+        Tenants({"x": ""})
+    with pytest.raises(ValueError, match="without ':'"):
+        Tenants({"a:b": "k"})
+    # Routed by the key its calls carry: a scoped key's windows start with the unscoped key's part (one owner
+    # with --processes N), yet two tenants' windows of one session id are different rollouts.
+    assert Tenants.unscoped(scoped) == "s1" and Tenants.unscoped("s1") == "s1"
+    assert key_part(scoped) == key_part("s1")
+    assert rollout_id_for(scoped, 1) != rollout_id_for(Tenants.scope("blue", "s1"), 1) != rollout_id_for("s1", 1)
