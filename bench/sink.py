@@ -69,6 +69,7 @@ from schemas.codec import get_codec
 from schemas.prompt_delta import full_prompt
 from sinks.client import connect
 from sinks.ddl import CALL_STORED_TOKEN_COLUMNS, TABLES, VERSION_SPAN_COLUMNS, migrate
+from sinks.freshness import SRC_TIME_COLUMN
 from sinks.request_bodies import CHECK_COLUMNS, DELTA_COLUMNS, RequestBodyDeltas
 from sinks.rows import to_row
 from sinks.sample_refs import SampleRefs
@@ -179,7 +180,8 @@ def full_prompt_calls(client: object) -> None:
     client.command("ALTER TABLE calls_full_bytes MODIFY SETTING min_bytes_for_wide_part = 0")  # type: ignore
     # Migration 0014's columns (version spans, release arm) are not about prompts: both layouts carry them,
     # so the ratio compares prompt storage, not a column count.
-    for table, spec in VERSION_SPAN_COLUMNS:
+    # Nor is 0017's Kafka record time.
+    for table, spec in [*VERSION_SPAN_COLUMNS, ("calls", SRC_TIME_COLUMN)]:
         if table == "calls":
             client.command(f"ALTER TABLE calls_full_bytes ADD COLUMN {spec.split(' AFTER ')[0]}")  # type: ignore
     cache = CallTokenCache(client)  # type: ignore[arg-type]
