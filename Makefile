@@ -65,8 +65,8 @@ test: setup setup-harnesses setup-trl
 
 # The inner loop: every test but the e2e tier (demos, live vLLM, reliability faults, harness binaries,
 # multi-process gateways, faust worker processes; README "Tests"), so it needs no harnesses or .venv-vllm.
-# Wall time: not yet measured to the end. On this 2-core machine shared by 8 (load 13-22) its first ~500
-# of ~1,000 tests took 32 min; the target (issue 27) is under 5 minutes on a quiet machine.
+# Wall time on the 2-core machine: 12.5 min for ~1,050 tests (6.6 min of CPU; other test runs shared the cores
+# for most of it); the target (issue 27) is under 5 minutes.
 test-quick: setup
 	$(BIN)/pytest -m "not e2e"
 
