@@ -56,9 +56,12 @@ class SampleStream:
         # between publishing a policy and committing its batch must not train that batch twice.
         self._start_after = {(t, int(p)): int(o) for t, p, o in (start_after or [])}
         self._frontier: dict[tuple[str, int], int] = dict(self._start_after)
+        # True while the consumer holds the assignment of a completed rebalance (see ``next_batch``).
+        self._assigned = False
         self.consumer.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._assigned = True  # also when the assignment is empty: the group has settled
         if not self._start_after:
             return  # the client assigns at the committed offsets
         committed = consumer.committed(partitions, timeout=30)
@@ -83,6 +86,7 @@ class SampleStream:
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Uncommitted records of a lost partition will be read again by its new owner: forget them.
+        self._assigned = False  # a rebalance is under way until the next assignment
         lost = {(tp.topic, tp.partition) for tp in partitions}
         self.builder.retain(lambda pos: (pos[0], pos[1]) not in lost)
         self._backlog = deque(m for m in self._backlog if (m.topic(), m.partition()) not in lost)
@@ -102,7 +106,13 @@ class SampleStream:
     def next_batch(self, idle_timeout_s: float, flush_partial: bool) -> Batch[Position] | None:
         """A full batch as soon as there is one. When no record arrives for ``idle_timeout_s``:
         the partial batch if ``flush_partial`` (and anything is pending), else None (pending
-        records stay for the next call)."""
+        records stay for the next call).
+
+        Idle time counts only while the consumer holds its assignment: waiting for a rebalance to
+        complete is not an idle topic. After a restart the group may hold a dead member until its
+        session expires (a process killed without leaving the group); a consumer that stopped as
+        idle meanwhile would stop having read nothing. The broker completes every rebalance within
+        the rebalance time-out (``max.poll.interval.ms``), so the wait is bounded."""
         last_arrival = time.monotonic()
         while True:
             while self._backlog and not self.builder.full():
@@ -120,7 +130,7 @@ class SampleStream:
                     self._backlog.append(msg)
                 elif err.code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(err)
-            if messages:
+            if messages or not self._assigned:
                 last_arrival = time.monotonic()
         if flush_partial and self.builder.has_pending():
             return self.builder.take()

@@ -17,6 +17,10 @@ from trainer_consumer.staleness import DEFAULT_MAX_STALENESS
 
 class TrainerSettings(BaseModel):
     group_id: str = "tokentrail-trainer"
+    # The samples reader's Kafka session (session.timeout.ms): a trainer killed without leaving the group
+    # holds its partitions this long, so a restarted one waits at most this for them (librdkafka's default,
+    # 45 s, is most of a short run). The broker's group.min.session.timeout.ms (6 s by default) is the floor.
+    session_timeout_s: float = Field(default=10.0, ge=6.0)
     checkpoint_dir: Path = VAR_DIR / "policies"
     max_staleness: int = DEFAULT_MAX_STALENESS
     # What the bound does to a sample with loss tokens older than current - max_staleness

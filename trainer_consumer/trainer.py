@@ -36,7 +36,7 @@ from trainer_consumer.ranks import RankGroup
 from trainer_consumer.rollback_resume import RELEASE_SEQUENCE, Resume, RollbackResumer
 
 if TYPE_CHECKING:
-    from trainer_consumer.settings import TrainerStackSettings
+    from trainer_consumer.settings import TrainerSettings, TrainerStackSettings
 
 Progress = Callable[[str], None]
 
@@ -292,6 +292,20 @@ class TrainOptions:
     release_topic: str | None = None
 
 
+def reader_membership(ts: TrainerSettings, group_id: str, group: RankGroup | None) -> dict[str, Any]:
+    """Consumer settings for the samples reader's membership of its Kafka group.
+
+    On several ranks the reader (rank 0) is a static member (``group.instance.id``, one per group: the
+    rank design has one reader per group). ``torchrun`` restarts a group by stopping the surviving ranks
+    with SIGTERM, so the old reader never leaves the group; as a static member the restarted reader takes
+    its place back at once, where a new dynamic member would wait for the old one's session to expire."""
+    session_ms = int(ts.session_timeout_s * 1000)
+    conf: dict[str, Any] = {"session.timeout.ms": session_ms, "heartbeat.interval.ms": max(session_ms // 4, 500)}
+    if group is not None and group.distributed:
+        conf["group.instance.id"] = f"{group_id}.rank-0"
+    return conf
+
+
 def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOptions(),
                  progress: Progress = _quiet, group: RankGroup | None = None) -> RunSummary:
     """Consume samples, train, publish policy versions and emit TrainerStep events, in-process.
@@ -337,7 +351,8 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
     state = TrainerState(step=policy.step, version=policy.version)
     builder: BatchBuilder[Any] = BatchBuilder(options.batch_size, options.max_batch_tokens,
                                               filter_cfg.build(), staleness=filter_cfg.staleness())
-    stream = SampleStream(kafka_config.consumer_config(settings.kafka, group_id),
+    stream = SampleStream(kafka_config.consumer_config(settings.kafka, group_id,
+                                                       **reader_membership(ts, group_id, group)),
                           options.samples_topic or topics.SAMPLES_TOPIC, builder,
                           current_version=lambda: state.version, dead_letter=steps.dead_letter,
                           start_after=consumed)
@@ -366,9 +381,11 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
     try:
         return loop.run(options.max_steps, options.until_idle, options.idle_timeout_s, options.flush_partial)
     finally:
-        if isinstance(learner, RankLearner):
-            learner.stop_followers()
-        stream.close()
-        steps.close()
-        if follower is not None:
-            follower.close()
+        try:
+            if isinstance(learner, RankLearner):
+                learner.stop_followers()  # raises when a rank has died: the consumer is closed all the same
+        finally:
+            stream.close()
+            steps.close()
+            if follower is not None:
+                follower.close()

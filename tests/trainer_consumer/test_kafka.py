@@ -186,3 +186,44 @@ def test_iterable_dataset_yields_batches_and_commits_only_when_told(
         assert tail is not None and tail.sample_ids == [extra["event_id"]] and tail.positions[0][2] == 5
     finally:
         stream.close()
+
+
+def test_idle_time_counts_only_once_the_group_has_assigned_the_partitions(
+        kafka_bootstrap, tokentrail_settings, new_topic) -> None:
+    """A restarted reader whose group still holds an old member (here one that does not answer the
+    rebalance until it closes, as a killed one would not until its session expires) must not stop as
+    idle before it holds its partitions: it waits for the assignment, then reads the records."""
+    import threading
+
+    from trainer_consumer.batching import BatchBuilder, FilterConfig
+    from trainer_consumer.dataset import SampleStream
+
+    settings = tokentrail_settings
+    topic = new_topic(1)
+    group = f"test-idle-{uuid.uuid4().hex[:8]}"
+
+    def stream() -> SampleStream:
+        builder: BatchBuilder = BatchBuilder(batch_size=8, filters=FilterConfig().build())
+        return SampleStream(kafka_config.consumer_config(settings.kafka, group), topic, builder,
+                            current_version=lambda: 0)
+
+    old = stream()
+    deadline = time.monotonic() + 60
+    while not old.consumer.assignment():  # the old member holds the partition
+        assert time.monotonic() < deadline, "the first member got no assignment"
+        old.consumer.consume(timeout=0.5)
+    rng = np.random.default_rng(2)
+    records = [sample_record([random_sequence(rng, VOCAB, 4, 2, f"i{i}")]) for i in range(3)]
+    _produce(settings, topic, [(0, get_codec().encode("Sample", r)) for r in records])
+    new = stream()
+    # The old member is not polled, so it does not rejoin: the rebalance waits for it until it leaves,
+    # well after the new reader's idle time-out.
+    leave = threading.Timer(3.0, old.close)
+    leave.start()
+    try:
+        batch = new.next_batch(idle_timeout_s=1.0, flush_partial=True)
+        assert batch is not None, "stopped as idle before the partitions were assigned"
+        assert batch.sample_ids == [r["event_id"] for r in records]
+    finally:
+        leave.join()
+        new.close()
