@@ -4,6 +4,7 @@ offsets are committed after every rank's step; and the rank-aware sample stream 
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import uuid
@@ -52,6 +53,9 @@ def _as_rank(rank: int, port: int, body: Callable[[RankGroup], None]) -> None:
 
 def _fork_two(body: Callable[[RankGroup], None]) -> None:
     # Forked: the children inherit torch and transformers already imported (seconds, not a minute).
+    # Earlier tests' garbage may hold Kafka clients; collected in a forked child, their destructors join
+    # librdkafka threads that do not exist there (seen: a hang, or SIGSEGV in the child's first GC).
+    gc.collect()
     mp.start_processes(_as_rank, args=(_free_port(), body), nprocs=2, join=True, start_method="fork")
 
 
