@@ -27,7 +27,7 @@ TEXT_CHARS = 16_000
 # reach it within a short test (the worker is given these; the defaults hold 1000 items and 4 MiB).
 JOIN_CONFIG = {"name": "hostile-feedback", "wait_s": dict.fromkeys(("BINARY", "RATING", "OUTCOME", "TASK_OUTCOME",
                                                                     "TEXT"), 6.0),
-               "watermark_lag_s": 1, "match_wait_s": 20, "closed_retention_s": 60, "combine": "latest"}
+               "watermark_lag_s": 1, "match_wait_s": 60, "closed_retention_s": 60, "combine": "latest"}
 MAX_ITEMS = 12
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import faust
 import orjson
 
+from processors.feedback.combine import counted_time_us
 from processors.feedback.config import FeedbackRewardConfig
 from processors.feedback.join import UnmatchedFeedback, unmatched_reason
 from processors.stream import state_budget, tables
@@ -68,7 +69,7 @@ class FeedbackResolver(FeedbackStage):
                         waiting["forwarded"] = True
             elif incoming["type"] == "feedback":
                 feedback = incoming["feedback"]
-                event_us = int(feedback["event_time_us"])
+                event_us = counted_time_us(feedback)  # never after it was made, as in the join (agent.py)
                 if any(w["feedback"]["event_id"] == feedback["event_id"] for w in entry["waiting"]):
                     return  # a re-delivery of feedback still waiting
                 waiting = {"feedback": feedback, "source": incoming["source"].to_data(),
