@@ -56,7 +56,7 @@ def test_hostile_feedback_is_bounded_dead_lettered_and_good_feedback_still_joins
         return [r for r in rig.collected.records["Reward"] if r["reward_config_id"] == cfg.id]
 
     got = rig.collect(lambda c: len({r["rollout_id"] for r in rewards(c)}) == 4
-                      and len(c.ids("Sample")) > 0, timeout_s=120)
+                      and len(c.ids("Sample")) > 0, timeout_s=180)
     got = rig.settle()
     fates = feedback_outcomes(plan, rewards(got), got.records["DeadLetter"])
     print("what became of each kind of feedback:", {k: dict(v) for k, v in fates.items()})
