@@ -43,10 +43,11 @@ class FeedbackLetters:
         self.stats["feedback.late"] += 1
         return self._encoded(record, feedback)
 
-    def overflow(self, feedback: Record, source: Source, reason: str) -> Encoded:
-        """Feedback shed from a rollout's join state to keep it within its budget (``StateOverflow``): the letter
-        points at the feedback on tokentrail.feedback, as if it had been refused when it arrived."""
-        record = dead_letter(stage=STAGE, source_topic=source.topic, partition=source.partition, offset=source.offset,
+    def overflow(self, feedback: Record, source: Source, reason: str, stage: str = STAGE) -> Encoded:
+        """Feedback shed from a key's state to keep it within its budget (``StateOverflow``), by the join or the
+        resolver (``stage``): the letter points at the feedback on tokentrail.feedback, as if it had been
+        refused when it arrived."""
+        record = dead_letter(stage=stage, source_topic=source.topic, partition=source.partition, offset=source.offset,
                              key=feedback["target_id"].encode(), value=self.codec.encode("Feedback", feedback),
                              error=reason, error_type="StateOverflow", created_at_us=int(feedback["created_at_us"]))
         return self._encoded(record, feedback)
