@@ -3,7 +3,8 @@ that it did not. Pure: the feedback to send for a group of rollouts, and the acc
 
 * oversized: one feedback whose ``details`` alone is most of a Kafka record; kept three times in its
   rollout's join entry it made a changelog record Kafka refuses, and the worker crash-looped on it.
-* flooding: many 16k-character text posts on one rollout (bytes), many small ratings on another (count).
+* flooding: many 16k-character text posts on one rollout (bytes), many small ratings on another (count), and
+  many ratings on a rollout's session (the resolver's per-session state, before the session's calls are known).
 * future-dated: one event time a century ahead with an honest creation time (it must count as made, not
   close windows), and one whose creation time is forged a century ahead too (refused on arrival).
 
@@ -27,7 +28,7 @@ TEXT_CHARS = 16_000
 # reach it within a short test (the worker is given these; the defaults hold 1000 items and 4 MiB).
 JOIN_CONFIG = {"name": "hostile-feedback", "wait_s": dict.fromkeys(("BINARY", "RATING", "OUTCOME", "TASK_OUTCOME",
                                                                     "TEXT"), 6.0),
-               "watermark_lag_s": 1, "match_wait_s": 20, "closed_retention_s": 60, "combine": "latest"}
+               "watermark_lag_s": 1, "match_wait_s": 60, "closed_retention_s": 60, "combine": "latest"}
 MAX_ITEMS = 12
 
 
@@ -45,22 +46,28 @@ class HostileFeedback:
         return record
 
 
-def _post(target: str, kind: str, at_us: int, value: FeedbackValue, n: int, made_us: int | None = None) -> Record:
-    return build_feedback(source="hostile", target_kind="ROLLOUT", target_id=target, kind=kind, value=value,
+def _post(target: str, kind: str, at_us: int, value: FeedbackValue, n: int, made_us: int | None = None,
+          target_kind: str = "ROLLOUT") -> Record:
+    return build_feedback(source="hostile", target_kind=target_kind, target_id=target, kind=kind, value=value,
                           event_time_us=at_us, created_at_us=made_us if made_us is not None else at_us + 5,
                           source_feedback_id=f"h-{n}")
 
 
-def hostile_feedback(rollouts: list[str], close_us: int, now_us: int, *, oversized_bytes: int, floods: int
-                     ) -> HostileFeedback:
+def hostile_feedback(rollouts: list[str], close_us: int, now_us: int, *, oversized_bytes: int, floods: int,
+                     session: str | None = None) -> HostileFeedback:
     """For four rollouts: good feedback on the first, the oversized one on the second, a text flood on the
     third, a rating flood on the fourth, the two future-dated ones on the first, then good feedback on the
-    first again (the one its ``latest`` reward must use). ``now_us``: about when it reaches Kafka."""
+    first again (the one its ``latest`` reward must use). ``now_us``: about when it reaches Kafka.
+    ``session``: the second rollout's calls' session id, which then gets a rating flood of its own (it reaches
+    the rollout through the resolver's per-session state)."""
     first, second, third, fourth = rollouts
     plan, n = HostileFeedback(), iter(range(1_000_000))
     plan.add("good", _post(first, "RATING", close_us + 1 * S, FeedbackValue(rating=0.2), next(n)))
     plan.add("oversized", _post(second, "RATING", close_us + 1 * S, FeedbackValue(
         rating=0.9, details={"blob": "x" * oversized_bytes}), next(n)))
+    for i in range(floods if session else 0):
+        plan.add("session flood", _post(session or "", "RATING", close_us + S + i, FeedbackValue(rating=0.3),
+                                        next(n), target_kind="SESSION"))
     for i in range(floods):
         plan.add("text flood", _post(third, "TEXT", close_us + S + i, FeedbackValue(text="t" * TEXT_CHARS), next(n)))
     for i in range(floods):

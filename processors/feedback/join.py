@@ -205,6 +205,22 @@ class FeedbackJoin:
                 out += self._match(pending, rid)
         return out + self._advance(counted_time_us(feedback))
 
+    def waiting_unmatched(self) -> list[str]:
+        """Feedback that waits and has met no rollout yet, oldest arrival first."""
+        return [fid for fid, p in self.pending.items() if not p.matched]
+
+    def withdraw(self, feedback_id: str) -> Record:
+        """Forget a feedback that waits and has met no rollout (so no reward and no late record can name it);
+        the stream sheds such feedback, newest first, to make room in a rollout's bounded state for the
+        rollout's own attempt. Returns the feedback."""
+        pending = self.pending[feedback_id]
+        assert not pending.matched, f"feedback {feedback_id} met a rollout: it cannot be withdrawn"
+        del self.pending[feedback_id]
+        key = target_key(pending.feedback)
+        assert key is not None
+        self._discard(self.pending_by_target, key, feedback_id)
+        return pending.feedback
+
     def tick(self, now_us: int) -> list[Output]:
         """Advance event time without an input (an idle partition; the end of a replay)."""
         return self._advance(now_us)

@@ -27,6 +27,15 @@ class StateBudget:
     max_bytes: int  # one entry, header and key included; below what Kafka takes as one record
     max_items: int  # things one entry holds (feedback, rollout ids, ...); 0: bytes only
 
+    def exceeded(self, size: int, items: int = 0) -> bool:
+        """Whether an entry of ``size`` bytes holding ``items`` things is over this budget."""
+        return size > self.max_bytes or bool(self.max_items and items > self.max_items)
+
+    def describe(self, size: int, items: int = 0) -> str:
+        """What an entry of this size and count passes (for a dead letter's reason)."""
+        return (f"{size:,} bytes against a budget of {self.max_bytes:,} (processors.max_key_state_bytes), "
+                f"{items:,} items against {self.max_items:,} (processors.max_key_state_items)")
+
     def check(self, table: str, key: bytes, size: int, items: int = 0) -> None:
         """Raise StateOverflow naming the table, the key and the bound an entry of ``size`` bytes and
         ``items`` things passes."""
@@ -42,6 +51,10 @@ class StateBudget:
 def bind(table: Any, budget: StateBudget) -> None:
     """Give ``table`` its budget (read by ``admit`` and by every ``tables.put``)."""
     table.state_budget = budget
+
+
+def budget_of(table: Any) -> StateBudget | None:
+    return getattr(table, "state_budget", None)
 
 
 def admit(table: Any, key: bytes, value: bytes, items: int = 0) -> None:

@@ -27,7 +27,8 @@ from starlette.types import Receive, Scope, Send
 
 from producers.gateway import anthropic_adapter, openai_adapter, records, responses_adapter
 from producers.gateway.attempts import DEFAULT_MAX_BYTES, AttemptRegistry
-from producers.gateway.body import read_json, read_model, validate
+from producers.gateway.body import parse_json_object, read_limited, read_model, validate
+from producers.gateway.body_checks import BodyChecks
 from producers.gateway.chat import CallOutcome, InternalCall, SamplingSpec
 from producers.gateway.context import GatewayContext
 from producers.gateway.env_api import EnvApi
@@ -82,6 +83,10 @@ class GatewayOptions:
     prefix_mode: str = "splice"
     unattributed: str = "record"
     max_body_bytes: int = 8 * 1024 * 1024
+    # Large bodies checked off the event loop first (body_checks.py; settings.py offload_body_bytes).
+    offload_body_bytes: int = 256 * 1024
+    body_check_processes: int = 1
+    body_check_queue: int = 4
     max_tokens_limit: int = 4096
     # Set: every route but /health and /metrics needs a key (identity.py, docs/operations.md "Security").
     admin_key: str = ""
@@ -109,6 +114,8 @@ class GatewayOptions:
         g = settings.gateway
         return cls(model_name=settings.model.name, model_aliases=dict(g.model_aliases),
                    prefix_mode=g.prefix_mode, unattributed=g.unattributed, max_body_bytes=g.max_body_bytes,
+                   offload_body_bytes=g.offload_body_bytes, body_check_processes=g.body_check_processes,
+                   body_check_queue=g.body_check_queue,
                    max_tokens_limit=g.max_tokens_limit, admin_key=g.admin_key, require_auth=g.require_auth,
                    registry_max_bytes=g.registry_max_bytes, attempt_idle_timeout_s=g.attempt_idle_timeout_s,
                    key_secret=g.key_secret, key_secret_dir=g.spool_dir,
@@ -165,6 +172,8 @@ class Gateway:
         self.service = CallService(self.ctx, upstream, text, model_name=options.model_name,
                                    model_aliases=options.model_aliases, prefix_mode=options.prefix_mode)
         self.env_api = EnvApi(self.ctx)
+        self.body_checks = BodyChecks(options.offload_body_bytes, options.body_check_processes,
+                                      options.body_check_queue)
         if options.organic_sessions and options.session_idle_s >= options.attempt_idle_timeout_s:
             raise ValueError("gateway.session_idle_s must be below gateway.attempt_idle_timeout_s (an organic "
                              "session would be dropped unfinished before it ends)")
@@ -345,7 +354,9 @@ class Gateway:
         received = records.now_us()
         try:
             named = self._named(request)
-            raw = await read_json(request, self.options.max_body_bytes)
+            body = await read_limited(request, self.options.max_body_bytes)
+            await self.body_checks.check(body, self.service.structure_limit())  # a large body, off the loop
+            raw = parse_json_object(body)
             # Timings run from the body's end: a client that trickles its body must not make the policy that
             # serves it look slow (the release controller compares total_ms between versions).
             started = time.perf_counter()
@@ -633,6 +644,7 @@ def create_app(settings: GatewayStackSettings, upstream: Upstream, publisher: An
                     with contextlib.suppress(asyncio.CancelledError):
                         await sweeper
                 await gateway.drain()
+                gateway.body_checks.close()
                 if manage_publisher and hasattr(publisher, "close"):
                     await publisher.close()
                 if close_upstream:

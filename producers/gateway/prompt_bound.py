@@ -11,9 +11,21 @@ the model's context is refused before it is rendered, with the error the rendere
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from producers.gateway.chat import InternalCall
+from producers.gateway.errors import GatewayError
+
+
+@dataclass(frozen=True)
+class StructureLimit:
+    """What a conversation's structure is measured against: the model's context, and the longest token's
+    bytes (0: text is not counted)."""
+
+    context: int
+    max_token_bytes: int = 0
+
 
 # Content blocks that become a message or a tool call of their own (text blocks may be empty and join others).
 _STRUCTURAL_BLOCKS = frozenset({"tool_use", "tool_result", "function_call", "custom_tool_call",
@@ -64,3 +76,12 @@ def min_prompt_tokens_raw(body: dict[str, Any], max_token_bytes: int = 0) -> int
     if max_token_bytes > 0:
         floor += text // (TEXT_SLACK * max_token_bytes)
     return floor
+
+
+def structure_error(floor: int, context: int) -> GatewayError | None:
+    """The refusal of a conversation whose structure alone (``floor`` tokens) is longer than the context."""
+    if floor < context:
+        return None
+    return GatewayError(400, f"This model's maximum context length is {context} tokens; the prompt has at least "
+                        f"{floor} (one per message, tool call and tool), which leaves no room for output",
+                        "invalid_request", param="messages", code="context_length_exceeded")

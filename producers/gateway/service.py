@@ -27,7 +27,7 @@ from producers.gateway.errors import GatewayError, bad_request, internal_error
 from producers.gateway.generation import Generated, PromptSink, run_generation
 from producers.gateway.identity import CallIdentity
 from producers.gateway.ports import Rendered, TextSide
-from producers.gateway.prompt_bound import min_prompt_tokens, min_prompt_tokens_raw
+from producers.gateway.prompt_bound import StructureLimit, min_prompt_tokens, min_prompt_tokens_raw, structure_error
 from producers.gateway.release_routed import session_key
 from producers.rendering import RenderError, check_template_kwargs
 from producers.upstreams.base import (
@@ -161,18 +161,26 @@ class CallService:
                             started, request_json, adapter_version, tool_call_prefix, passthrough, forced,
                             traffic_label)
 
+    def structure_limit(self) -> StructureLimit | None:
+        """What a request body's structure is measured against before validation; None: nothing (the upstream
+        renders, or the context is not known)."""
+        context = getattr(self.upstream, "max_model_len", None)
+        if self.prefix_mode == "upstream" or not context:
+            return None
+        return StructureLimit(int(context), getattr(self.text, "max_token_bytes", 0))
+
     def check_structure(self, body: dict[str, Any]) -> None:
         """Refuse a request body whose structure alone is longer than the context, before validating it."""
-        if self.prefix_mode != "upstream":
-            self._fit_structure(min_prompt_tokens_raw(body, getattr(self.text, "max_token_bytes", 0)))
+        limit = self.structure_limit()
+        if limit is not None:
+            self._fit_structure(min_prompt_tokens_raw(body, limit.max_token_bytes))
 
     def _fit_structure(self, floor: int) -> None:
         """Refuse a conversation whose structure alone is longer than the context (prompt_bound.py)."""
         context = getattr(self.upstream, "max_model_len", None)
-        if context and floor >= int(context):
-            raise GatewayError(400, f"This model's maximum context length is {context} tokens; the prompt has at "
-                               f"least {floor} (one per message, tool call and tool), which leaves no room for "
-                               "output", "invalid_request", param="messages", code="context_length_exceeded")
+        error = structure_error(floor, int(context)) if context else None
+        if error is not None:
+            raise error
 
     def _fit_output(self, call: InternalCall, prompt_len: int) -> None:
         """Cut the output budget to what the model's context leaves after the prompt; refuse (in the

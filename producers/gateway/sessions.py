@@ -17,10 +17,11 @@ window's start time is in the ``AttemptStarted`` metadata, so a restart that reb
 Kafka (recovery.py) finds the same rollout (``adopt``).
 
 The window's first call starts its attempt (attempt 1 of its rollout) and puts its ``AttemptStarted`` on
-Kafka (the same code path as ``POST /v1/rollouts``; empty task input; metadata ``organic``, ``session``
-(the key), ``session_source`` and ``window_start_us``) before that call gets its index. The attempt ends with
-an ``AttemptFinished`` stating the counts (status SUCCESS, as the schema has no dedicated one;
-``final_artifacts`` says how it ended) on ``POST /v1/sessions/{key}/end``, or after
+Kafka (the same code path as ``POST /v1/rollouts``; empty task input; metadata ``organic``, ``session_ref``
+(``session_ref``: a hash of the key, behind its tenant's scope; never the key itself, which may be a user id,
+as the rollout id hashes it too), ``session_source`` and ``window_start_us``) before that call gets its
+index. The attempt ends with an ``AttemptFinished`` stating the counts (status SUCCESS, as the schema has no
+dedicated one; ``final_artifacts`` says how it ended) on ``POST /v1/sessions/{key}/end``, or after
 ``gateway.session_idle_s`` with no call (swept in the background, as the registry expires idle attempts).
 A later call with the same key opens the key's next window: a new rollout.
 """
@@ -103,6 +104,25 @@ def key_part(key: str) -> str:
     return ROLLOUT_PREFIX + _hex(Tenants.unscoped(key))[:16]
 
 
+def session_ref(key: str) -> str:
+    """What stands for a session key in records and in memory: ``sha256:`` + 32 hex of the key, behind its
+    tenant's scope for a tenant's key (``tenant:<name>:sha256:...``, so the tenant stays known)."""
+    ref = "sha256:" + _hex(key)[:32]
+    tenant = Tenants.tenant_of_session(key)
+    return ref if tenant is None else Tenants.scope(tenant, ref)
+
+
+def ref_of_start(metadata: Mapping[str, Any]) -> str | None:
+    """The session ref of an organic attempt from its AttemptStarted metadata; None for any other attempt.
+    An AttemptStarted written before refs carries the key itself (``session``): its ref is computed."""
+    if not metadata.get("organic"):
+        return None
+    ref, key = metadata.get("session_ref"), metadata.get("session")
+    if isinstance(ref, str):
+        return ref
+    return session_ref(key) if isinstance(key, str) else None
+
+
 def rollout_id_for(key: str, window_start_us: int) -> str:
     """The rollout of the key's window that began at ``window_start_us`` (its first call's arrival, unix
     microseconds). Deterministic in the two, so a restart rebuilding the window from its AttemptStarted
@@ -116,9 +136,10 @@ class OrganicSessions:
 
     def __init__(self, env: EnvApi, idle_s: float) -> None:
         self.env, self.ctx, self.idle_s = env, env.ctx, idle_s
-        self._open: dict[str, AttemptState] = {}  # session key -> its current window's attempt (swept)
-        self._key_of: dict[str, str] = {}  # rollout id of an open window -> its session key
-        self._locks: dict[str, asyncio.Lock] = {}  # one start at a time per session key
+        # By the session's ref (session_ref): the keys themselves are not kept.
+        self._open: dict[str, AttemptState] = {}  # session ref -> its current window's attempt (swept)
+        self._key_of: dict[str, str] = {}  # rollout id of an open window -> its session ref
+        self._locks: dict[str, asyncio.Lock] = {}  # one start at a time per session
         # Ends in progress: a sweep, an end request and a call that finds the session stale share one.
         self._ending: dict[tuple[str, str], asyncio.Future[dict[str, Any]]] = {}
         self.started = 0
@@ -128,7 +149,7 @@ class OrganicSessions:
 
     def current(self, key: str) -> AttemptState | None:
         """The key's live window, if any (no start; for count_tokens)."""
-        state = self._live(key)
+        state = self._live(session_ref(key))
         if state is not None and not self._stale(state):
             # Through get_active, so the registry's LRU order (idle expiry, room for new attempts) sees the use.
             return self.ctx.registry.get_active(state.rollout_id, state.attempt_id)
@@ -140,13 +161,14 @@ class OrganicSessions:
         state = self.current(key)
         if state is not None:
             return state
-        lock = self._locks.setdefault(key, asyncio.Lock())
+        ref = session_ref(key)
+        lock = self._locks.setdefault(ref, asyncio.Lock())
         try:
             async with lock:  # concurrent first calls: one start, the others join it
                 state = self.current(key)
                 if state is not None:
                     return state
-                stale = self._live(key)
+                stale = self._live(ref)
                 if stale is not None:  # idle past the window but not swept yet: that window is over
                     await self._end(stale, "idle")
                 tenant = Tenants.tenant_of_session(key)
@@ -154,22 +176,22 @@ class OrganicSessions:
                     self.ctx.tenants.check_room(tenant)
                 window_start_us = time.time_ns() // 1000
                 start = {"task_input": {}, "group_id": None, "group_key": {}, "expected_group_size": None,
-                         "metadata": {"organic": True, "session": key, "session_source": source,
+                         "metadata": {"organic": True, "session_ref": ref, "session_source": source,
                                       "window_start_us": window_start_us}}
                 state = self.ctx.registry.start(rollout_id_for(key, window_start_us), start)
                 await self.env.publish_start(state, start)
                 if tenant is not None:
                     self.ctx.tenants.remember(state.rollout_id, tenant)
-                self._hold(key, state)
+                self._hold(ref, state)
                 self.started += 1
                 return state
         finally:
-            if not lock.locked() and self._locks.get(key) is lock:
-                del self._locks[key]
+            if not lock.locked() and self._locks.get(ref) is lock:
+                del self._locks[ref]
 
-    def _live(self, key: str) -> AttemptState | None:
-        """The key's current window if its attempt is still live in the registry (else forgotten here)."""
-        state = self._open.get(key)
+    def _live(self, ref: str) -> AttemptState | None:
+        """The session's current window if its attempt is still live in the registry (else forgotten here)."""
+        state = self._open.get(ref)
         if state is None:
             return None
         if self.ctx.registry.active(state.rollout_id, state.attempt_id) is not state:
@@ -177,20 +199,20 @@ class OrganicSessions:
             return None
         return state
 
-    def _hold(self, key: str, state: AttemptState) -> None:
-        previous = self._open.get(key)
+    def _hold(self, ref: str, state: AttemptState) -> None:
+        previous = self._open.get(ref)
         if previous is not None:
             self._key_of.pop(previous.rollout_id, None)
-        elif (tenant := Tenants.tenant_of_session(key)) is not None:
+        elif (tenant := Tenants.tenant_of_session(ref)) is not None:
             self.ctx.tenants.open[tenant] += 1
             self.ctx.tenants.remember(state.rollout_id, tenant)
-        self._open[key], self._key_of[state.rollout_id] = state, key
+        self._open[ref], self._key_of[state.rollout_id] = state, ref
 
     def _release(self, state: AttemptState) -> None:
-        key = self._key_of.pop(state.rollout_id, None)
-        if key is not None and self._open.get(key) is state:
-            del self._open[key]
-            if (tenant := Tenants.tenant_of_session(key)) is not None:
+        ref = self._key_of.pop(state.rollout_id, None)
+        if ref is not None and self._open.get(ref) is state:
+            del self._open[ref]
+            if (tenant := Tenants.tenant_of_session(ref)) is not None:
                 self.ctx.tenants.open[tenant] -= 1
 
     def _stale(self, state: AttemptState) -> bool:
@@ -221,8 +243,8 @@ class OrganicSessions:
         """End the sessions idle for ``idle_s``; returns how many ended. Attempts finished or dropped by
         other means are only forgotten here."""
         ended = 0
-        for key in list(self._open):
-            state = self._live(key)
+        for ref in list(self._open):
+            state = self._live(ref)
             if state is None or not self._stale(state):
                 continue
             try:
@@ -249,15 +271,15 @@ class OrganicSessions:
                 continue
             with contextlib.suppress(GatewayError):
                 metadata = self.ctx.registry.start_info(state.rollout_id).get("metadata") or {}
-                key = metadata.get("session")
-                if not metadata.get("organic") or not isinstance(key, str):
+                ref = ref_of_start(metadata)
+                if ref is None:
                     continue
-                held = self._open.get(key)
+                held = self._open.get(ref)
                 if held is state:
                     continue
                 if held is not None and held.last_seen >= state.last_seen:
                     continue  # two open windows of a key (a crash between an end and a start): the newer wins
-                self._hold(key, state)
+                self._hold(ref, state)
                 adopted += 1
         return adopted
 
@@ -280,8 +302,12 @@ class OrganicSessions:
             elif self.ctx.admin_key and not is_admin(presented, self.ctx.admin_key):
                 raise GatewayError(401, "ending a session needs a tenant key or the gateway admin key",
                                    "authentication", code="invalid_api_key")
+            elif Tenants.tenant_of_session(key) and not is_admin(presented, self.ctx.admin_key):
+                # as for calls (app._session_key): else a caller without a key ends a tenant's session by name
+                raise GatewayError(403, "session keys beginning 'tenant:' are the tenants' own", "permission",
+                                   code="wrong_tenant")
             body = validate(Finish, await read_json(request, self.ctx.max_body_bytes, allow_empty=True))
-            state = self._live(key)
+            state = self._live(session_ref(key))
             if state is None:
                 raise not_found("no open session for this key", code="unknown_session")
             rid = state.rollout_id

@@ -62,6 +62,14 @@ class GatewaySettings(BaseModel):
     render_memo_max_bytes: int = Field(default=16 * 1024 * 1024, ge=0)
     output_memo_max_bytes: int = Field(default=8 * 1024 * 1024, ge=0)
     max_body_bytes: int = 8 * 1024 * 1024
+    # Bodies of at least offload_body_bytes are parsed and measured against the context in a pool of
+    # body_check_processes processes before the event loop parses them (producers/gateway/body_checks.py): a
+    # body of tens of thousands of tiny objects no longer holds every other call on the worker while it is
+    # refused. At most body_check_queue such bodies wait per gateway process; more get 503 overloaded.
+    # 0 (either): every body is parsed on the event loop.
+    offload_body_bytes: int = Field(default=256 * 1024, ge=0)
+    body_check_processes: int = Field(default=1, ge=0, le=16)
+    body_check_queue: int = Field(default=4, ge=1)
     max_tokens_limit: int = 4096
     # Authentication (docs/operations.md, "Security"). Set (TOKENTRAIL_GATEWAY__ADMIN_KEY): every route but
     # /health and /metrics needs a key. Starting rollouts needs this admin key; model calls, events, finish

@@ -50,6 +50,7 @@ def build_worker_app(settings: GatewayStackSettings, index: int, peer_ports: lis
     if recovery is not None:
         recovery = dataclasses.replace(recovery, owns=lambda rollout_id: owner_of(rollout_id, processes) == index)
     app = build_app(own, options=options, recovery=recovery, topics=topics, **build_kwargs)
+    app.state.gateway.body_checks.warm()  # its processes start now, not on the first large body
     peers = [f"http://{PEER_HOST}:{port}" for port in peer_ports]
     return StickyRouter(app, index, peers, routing_policy(settings), settings.gateway.max_body_bytes)
 

@@ -121,6 +121,7 @@ def _run(args: argparse.Namespace) -> int:
                         topics=_topics(args))
     except (OSError, ValueError) as exc:
         raise CliError(str(exc)) from exc
+    app.state.gateway.body_checks.warm()  # its processes start now, not on the first large body
     g = settings.gateway
     print(f"tokentrail gateway on http://{g.host}:{g.port}  upstream={g.upstream}  "
           f"prefix_mode={g.prefix_mode}  kafka={settings.kafka.bootstrap_servers}  spool={g.spool_dir}",

@@ -18,10 +18,12 @@ the rollout (every attempt of it), since a completed rollout does not carry its 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from processors.feedback.combine import counted_time_us
 from processors.feedback.join import (
     FeedbackJoin,
     FeedbackReward,
@@ -51,16 +53,38 @@ class _State:
         self.held = held
         self.used = used
 
-    def to_bytes(self) -> bytes:
-        # Only feedback the join still holds (waiting or admitted to an open window) can be reported on later.
+    def live_held(self) -> dict[str, list[Any]]:
+        """The held feedback the join can still report on (waiting, or admitted to an open window)."""
         live = set(self.join.pending) | {fid for w in self.join.open.values() for fid in w.admitted}
-        self.held = {fid: v for fid, v in self.held.items() if fid in live}
-        self.used = {rid: ids for rid, ids in self.used.items() if rid in self.join.closed}
-        return orjson.dumps({"join": self.join.snapshot(), "held": self.held, "used": self.used})
+        return {fid: v for fid, v in self.held.items() if fid in live}
+
+    def to_bytes(self) -> bytes:
+        used = {rid: ids for rid, ids in self.used.items() if rid in self.join.closed}
+        return orjson.dumps({"join": self.join.snapshot(), "held": self.live_held(), "used": used})
 
     def items(self) -> int:
         """What the entry holds, for its budget: the feedback held and the rollout attempts known."""
-        return len(self.held) + len(self.join.open) + len(self.join.closed)
+        return len(self.live_held()) + len(self.join.open) + len(self.join.closed)
+
+    def mark_used(self, produced: list[Output]) -> None:
+        """Remember what each reward produced here admitted (its entry keeps it while the attempt is known)."""
+        for item in produced:
+            if isinstance(item, FeedbackReward):
+                self.used[item.rollout_event_id] = list(item.admitted_ids)
+
+
+@dataclass
+class _Folded:
+    """One input folded into a rollout's join: the state after it, its outputs, the entry to store (None:
+    delete), the stream time it moves the partition's clock to, letters for feedback shed to fit it, and how
+    much feedback waited unmatched before it."""
+
+    state: _State
+    produced: list[Output]
+    entry: bytes | None
+    event_us: int
+    shed: list[tuple[str, Record, Source]]  # feedback id, the feedback, where it sits on tokentrail.feedback
+    waiting: int  # feedback that waited for a rollout and had met none, before this input
 
 
 class FeedbackJoinAgent(FeedbackStage):
@@ -79,37 +103,89 @@ class FeedbackJoinAgent(FeedbackStage):
             except (BAD_INPUT, AttributeError, UnicodeDecodeError) as exc:
                 await self.outputs.dead_letter(STAGE, message, str(exc))
                 return
-            state = self._load(self.table.data.get(message.key))
-            if incoming["type"] == "rollout":
-                event_us = incoming["ref"].closed_at_us
-                produced = state.join.add_rollout(incoming["ref"])
-            elif incoming["type"] == "feedback":
-                feedback = incoming["feedback"]
-                if incoming["via"] == "session":  # joined as naming the rollout (module docstring)
-                    feedback = dict(feedback, target_kind="ROLLOUT", target_id=rollout_id, call_id=None)
-                state.held[feedback["event_id"]] = [incoming["feedback"], incoming["source"].to_data()]
-                event_us = int(feedback["event_time_us"])
-                produced = state.join.add_feedback(feedback)
-            else:
+            if incoming["type"] not in ("rollout", "feedback"):
                 await self.outputs.dead_letter(STAGE, message, f"a {incoming['type']} message on {message.topic}")
                 return
-            out = self._encode(produced, state, rollout_id)
-            entry = self._entry(message.partition, state)
-            try:  # the rollout's entry within its budget, checked before anything of this input is sent
-                state_budget.admit(self.table, message.key, entry or b"", state.items())
-            except StateOverflow as exc:
-                await self.outputs.dead_letter(STAGE, message, overflow_of(incoming, exc))
+            stored = self.table.data.get(message.key)
+            folded = self._fold(stored, incoming, rollout_id, message.partition)
+            overflow, why = self._overflow(message.key, folded), ""
+            if incoming["type"] == "rollout" and overflow is not None:
+                why = (f"withdrawn to make room for rollout {rollout_id}'s completed attempt "
+                       f"{incoming['ref'].attempt_id} ({overflow})")
+                folded = self._shed_for_rollout(stored, incoming, rollout_id, message.partition, folded)
+                overflow = self._overflow(message.key, folded)
+            if overflow is not None:  # the entry within its budget, checked before anything of this input is sent
+                await self.outputs.dead_letter(STAGE, message, overflow_of(incoming, overflow))
                 return
-            self.clock.observe(message.partition, event_us)
-            await self.outputs.send(out)
-            await self._write(message.partition, message.key, entry)
+            self.clock.observe(message.partition, folded.event_us)
+            letters = [self.letters.overflow(feedback, source, f"feedback {fid}: {why}")
+                       for fid, feedback, source in folded.shed]
+            self.stats["feedback.shed"] += len(letters)
+            await self.outputs.send(letters + self._encode(folded.produced, folded.state, rollout_id))
+            await self._write(message.partition, message.key, folded.entry)
+
+    def _fold(self, stored: bytes | None, incoming: Record, rollout_id: str, partition: int, shed: int = 0
+              ) -> _Folded:
+        """The rollout's join with ``incoming`` folded in: what it produced and its new entry (nothing sent or
+        counted yet). ``shed``: for a rollout, first withdraw that many of the newest feedback waiting for it."""
+        state = self._load(stored)
+        withdrawn: list[tuple[str, Record, Source]] = []
+        waiting = len(state.join.waiting_unmatched())
+        if incoming["type"] == "rollout":
+            for fid in state.join.waiting_unmatched()[::-1][:shed]:
+                state.join.withdraw(fid)
+                feedback, source = state.held.pop(fid)
+                withdrawn.append((fid, feedback, Source.of(source)))
+            event_us = incoming["ref"].closed_at_us
+            produced = state.join.add_rollout(incoming["ref"])
+        else:
+            feedback = incoming["feedback"]
+            if incoming["via"] == "session":  # joined as naming the rollout (module docstring)
+                feedback = dict(feedback, target_kind="ROLLOUT", target_id=rollout_id, call_id=None)
+            state.held[feedback["event_id"]] = [incoming["feedback"], incoming["source"].to_data()]
+            # Its stream time is when it counts (never after it was made), as in the join itself: an event time
+            # claimed ahead would otherwise move the partition's clock and close other rollouts' windows early.
+            event_us = counted_time_us(feedback)
+            produced = state.join.add_feedback(feedback)
+        state.mark_used(produced)
+        return _Folded(state, produced, self._entry(partition, state), event_us, withdrawn, waiting)
+
+    def _overflow(self, key: bytes, folded: _Folded) -> StateOverflow | None:
+        try:
+            state_budget.admit(self.table, key, folded.entry or b"", folded.state.items())
+        except StateOverflow as exc:
+            return exc
+        return None
+
+    def _shed_for_rollout(self, stored: bytes | None, incoming: Record, rollout_id: str, partition: int,
+                          folded: _Folded) -> _Folded:
+        """A completed attempt is what the join is for: feedback that arrived before it and filled the rollout's
+        entry must not keep it out (the attempt would get no reward, and that feedback would end unmatched).
+        The fewest of the newest feedback still waiting are withdrawn that let the entry with the attempt fit,
+        each dead-lettered as StateOverflow, as it would have been had it arrived after the attempt; the
+        attempt is refused only when it does not fit even without them. Sizes shrink with every feedback
+        withdrawn, so the fewest is found by bisection."""
+        key, waiting = rollout_id.encode(), folded.waiting
+        most = self._fold(stored, incoming, rollout_id, partition, shed=waiting)
+        if waiting == 0 or self._overflow(key, most) is not None:
+            return folded
+        low, high = 0, waiting  # low does not fit, high does
+        fits = most
+        while high - low > 1:
+            middle = (low + high) // 2
+            candidate = self._fold(stored, incoming, rollout_id, partition, shed=middle)
+            if self._overflow(key, candidate) is None:
+                high, fits = middle, candidate
+            else:
+                low = middle
+        self.stats["feedback.shed_for_rollout"] += 1
+        return fits
 
     def _encode(self, produced: list[Output], state: _State, rollout_id: str) -> list[Encoded]:
         out: list[Encoded] = []
         for item in produced:
             if isinstance(item, FeedbackReward):
                 out += self.outputs.encode([("Reward", reward_record(item))])
-                state.used[item.rollout_event_id] = list(item.admitted_ids)
                 self.stats["feedback.rewards"] += 1
                 continue
             feedback, source = state.held[item.feedback_id]
@@ -153,7 +229,9 @@ class FeedbackJoinAgent(FeedbackStage):
             scanned = tables.scan(self.table, owned, self.clock)
             for key, value, partition, now in due_entries(scanned, self.clock):
                 state = self._load(value)
-                await self.outputs.send(self._encode(state.join.tick(now), state, key.decode()))
+                produced = state.join.tick(now)
+                state.mark_used(produced)
+                await self.outputs.send(self._encode(produced, state, key.decode()))
                 await self._store(partition, key, state)
                 if not self.health.ready():
                     return

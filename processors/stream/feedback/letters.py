@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from processors.feedback.join import LateFeedback, UnmatchedFeedback, late_dead_letter, unmatched_dead_letter
+from processors.dead_letters import dead_letter
+from processors.feedback.join import STAGE, LateFeedback, UnmatchedFeedback, late_dead_letter, unmatched_dead_letter
 from processors.stream.feedback.messages import Source
 from processors.stream.outputs import Encoded
 from processors.stream.topics import StreamTopics
@@ -40,4 +41,13 @@ class FeedbackLetters:
                                   offset=source.offset, key=key, value=self.codec.encode("Feedback", feedback),
                                   created_at_us=int(feedback["created_at_us"]))
         self.stats["feedback.late"] += 1
+        return self._encoded(record, feedback)
+
+    def overflow(self, feedback: Record, source: Source, reason: str, stage: str = STAGE) -> Encoded:
+        """Feedback shed from a key's state to keep it within its budget (``StateOverflow``), by the join or the
+        resolver (``stage``): the letter points at the feedback on tokentrail.feedback, as if it had been
+        refused when it arrived."""
+        record = dead_letter(stage=stage, source_topic=source.topic, partition=source.partition, offset=source.offset,
+                             key=feedback["target_id"].encode(), value=self.codec.encode("Feedback", feedback),
+                             error=reason, error_type="StateOverflow", created_at_us=int(feedback["created_at_us"]))
         return self._encoded(record, feedback)

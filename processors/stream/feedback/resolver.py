@@ -18,6 +18,7 @@ from typing import Any
 import faust
 import orjson
 
+from processors.feedback.combine import counted_time_us
 from processors.feedback.config import FeedbackRewardConfig
 from processors.feedback.join import UnmatchedFeedback, unmatched_reason
 from processors.stream import state_budget, tables
@@ -63,12 +64,13 @@ class FeedbackResolver(FeedbackStage):
                 event_us = int(incoming["event_us"])
                 if incoming["rollout_id"] not in entry["rollouts"]:
                     entry["rollouts"].append(incoming["rollout_id"])
+                    out += self._shed_for_index(message.key, message.partition, entry, incoming["rollout_id"])
                     for waiting in entry["waiting"]:
                         out.append(self._forward(waiting, incoming["rollout_id"], via))
                         waiting["forwarded"] = True
             elif incoming["type"] == "feedback":
                 feedback = incoming["feedback"]
-                event_us = int(feedback["event_time_us"])
+                event_us = counted_time_us(feedback)  # never after it was made, as in the join (agent.py)
                 if any(w["feedback"]["event_id"] == feedback["event_id"] for w in entry["waiting"]):
                     return  # a re-delivery of feedback still waiting
                 waiting = {"feedback": feedback, "source": incoming["source"].to_data(),
@@ -89,6 +91,35 @@ class FeedbackResolver(FeedbackStage):
             self.clock.observe(message.partition, event_us)
             await self.outputs.send(out)
             await tables.put(self.table, message.partition, message.key, packed)
+
+    def _shed_for_index(self, key: bytes, partition: int, entry: Record, rollout_id: str) -> list[Encoded]:
+        """The rollout a call id or session belongs to is what its feedback waits for: feedback that came first
+        and filled the target's entry must not keep the index out (its feedback would never reach the
+        rollout). The newest feedback that has reached no rollout yet is withdrawn, one at a time, until the
+        entry with the index fits its budget; each is dead-lettered StateOverflow, as it would have been had
+        it come after the index. Each withdrawal takes exactly its own bytes and a comma off the entry."""
+        budget = state_budget.budget_of(self.table)
+        if budget is None:
+            return []
+        size = len(key) + len(self._entry(partition, entry))
+        items = len(entry["rollouts"]) + len(entry["waiting"])
+        first = f"{budget.describe(size, items)}" if budget.exceeded(size, items) else ""
+        shed: list[Encoded] = []
+        while budget.exceeded(size, items):
+            unreached = [w for w in entry["waiting"] if not w["forwarded"]]
+            if not unreached:
+                break  # nothing to withdraw: the index is refused when the entry is stored
+            newest = unreached[-1]
+            entry["waiting"].remove(newest)
+            size -= len(orjson.dumps(newest)) + (1 if entry["waiting"] else 0)
+            items -= 1
+            fid = newest["feedback"]["event_id"]
+            shed.append(self.letters.overflow(
+                newest["feedback"], Source.of(newest["source"]),
+                f"feedback {fid}: withdrawn to make room for the index of rollout {rollout_id} ({first})",
+                stage=STAGE))
+        self.stats["feedback.shed"] += len(shed)
+        return shed
 
     def _entry(self, partition: int, entry: Record) -> bytes:
         lag = self.cfg.lag_us

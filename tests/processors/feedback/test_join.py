@@ -236,3 +236,21 @@ def test_replay_admits_the_late_feedback_and_differs_exactly_there() -> None:
     assert replayed["ev-r1"] == live["ev-r1"]  # no late feedback there: the same reward
     assert (live["ev-r0"].reward, replayed["ev-r0"].reward) == (1.0, 0.5)
     assert set(replayed["ev-r0"].used_ids) - set(live["ev-r0"].used_ids) == {late_down["event_id"]}
+
+
+def test_feedback_waiting_for_its_rollout_can_be_withdrawn_and_is_then_never_reported() -> None:
+    """The stream sheds feedback that waits (newest first) to make room for the rollout's own attempt in a
+    bounded state (issue 29): withdrawn feedback is in no reward and never reported late or unmatched."""
+    join = FeedbackJoin(config())
+    early = feedback("ROLLOUT", "r0", "RATING", 1, n=1, value=FeedbackValue(rating=0.2))
+    newest = feedback("ROLLOUT", "r0", "RATING", 2, n=2, value=FeedbackValue(rating=0.9))
+    assert join.add_feedback(early) + join.add_feedback(newest) == []
+    assert join.waiting_unmatched() == [early["event_id"], newest["event_id"]]
+    assert join.withdraw(newest["event_id"]) == newest
+    assert join.add_rollout(rollout(0, 0)) == []
+    with pytest.raises(AssertionError, match="met a rollout"):  # admitted to a window: it is not shed
+        join.withdraw(early["event_id"])
+    [reward] = close_all(join)  # the reward alone: nothing late or unmatched names the withdrawn feedback
+    assert isinstance(reward, FeedbackReward)
+    assert reward.admitted_ids == (early["event_id"],) and reward.reward == 0.2
+    assert newest["event_id"] not in join.pending

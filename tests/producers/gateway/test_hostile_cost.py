@@ -91,3 +91,48 @@ def test_costly_requests_are_refused_before_they_cost_the_loop(start_gateway: An
     assert refusal.status_code == 400 and refusal.json()["error"]["code"] == "context_length_exceeded"
     assert "at least 32002" in refusal.json()["error"]["message"]  # 16k tools + 16k calls + 2 messages
     assert all(o.status == 400 and o.answered_s < 2.0 for o in outcomes), [o.line() for o in outcomes]
+
+
+def _thread_cpu_s(name: str) -> float:
+    """CPU seconds the thread called ``name`` has used (the gateway's event loop, served in that thread)."""
+    import threading
+
+    [thread] = [t for t in threading.enumerate() if t.name == name]
+    assert thread.ident is not None
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+def test_a_large_body_is_parsed_and_refused_off_the_event_loop(start_gateway: Any) -> None:
+    """Fault (o)'s Anthropic body (2.7 MB of tiny blocks) through the real gateway: the body check process
+    parses and measures it, so the event loop's thread spends a fraction of the CPU that parsing and counting
+    it there takes (measured in this process, per-thread CPU: load does not move it), and the refusal is the
+    one the loop gives. Small calls before and after are served."""
+    import orjson
+
+    from producers.gateway.body import parse_json_object
+    from producers.gateway.prompt_bound import min_prompt_tokens_raw
+    from reliability.costly_requests import costly_anthropic
+
+    model = "tokentrail-tiny"
+    raw = orjson.dumps(costly_anthropic(model, 16_000))
+    small = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+    on_loop = min(_cpu_s(lambda body: min_prompt_tokens_raw(parse_json_object(body)), raw) for _ in range(2))
+    with start_gateway() as gw:
+        headers = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
+        with httpx.Client(base_url=gw.url, timeout=120, headers=headers) as client:
+            assert client.post("/v1/messages", json=small).status_code == 200
+            unparsable = client.post("/v1/messages", content=b"{" + b" " * (300 * 1024))  # starts the process
+            loop = f"gateway-{gw.url.rsplit(':', 1)[1]}"
+            before = _thread_cpu_s(loop)
+            refused = client.post("/v1/messages", content=raw)
+            spent = _thread_cpu_s(loop) - before
+            assert client.post("/v1/messages", json=small).status_code == 200
+        checks = gw.gateway.body_checks
+    print(f"event loop CPU for the 2.7 MB body: {spent * 1000:.0f} ms; parsing and counting it there: "
+          f"{on_loop * 1000:.0f} ms")
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["type"] == "invalid_request_error"
+    assert "at least 48003" in refused.json()["error"]["message"]  # 16k tools, uses, results + 3 messages
+    assert unparsable.status_code == 400 and "not valid JSON" in unparsable.json()["error"]["message"]
+    assert checks.checked == 2 and checks.refused == 2  # both refusals came from the check process
+    assert spent < on_loop / 3, f"the loop spent {spent * 1000:.0f} ms (parsing it there: {on_loop * 1000:.0f})"

@@ -19,7 +19,15 @@ import pydantic
 import pytest
 
 from processors.assembler import RolloutAssembly
-from producers.gateway.sessions import DEFAULT_KEY_SOURCES, KEY_SOURCES, key_part, rollout_id_for, session_key
+from producers.gateway.sessions import (
+    DEFAULT_KEY_SOURCES,
+    KEY_SOURCES,
+    key_part,
+    ref_of_start,
+    rollout_id_for,
+    session_key,
+    session_ref,
+)
 from producers.gateway.settings import GatewaySettings
 from producers.gateway.text_side import ModelTextSide
 from testkit.gateway import embedded_gateway_app, running_gateway
@@ -62,7 +70,7 @@ def _windows(settings: Settings, topics: dict[str, str], key: str, count: int) -
     """The AttemptStarted of the key's first ``count`` session windows, in the order they started."""
     found = first_records(settings.kafka, topics["env_topic"], count, timeout_s=60.0,
                           where=lambda name, r: name == "AttemptStarted"
-                          and orjson.loads(r["metadata_json"]).get("session") == key)
+                          and orjson.loads(r["metadata_json"]).get("session_ref") == session_ref(key))
     assert len(found) == count, f"expected {count} windows of {key!r}, found {len(found)}"
     return sorted((r for _, r in found), key=lambda r: orjson.loads(r["metadata_json"])["window_start_us"])
 
@@ -156,8 +164,9 @@ def test_harness_sessions_with_no_rollout_become_complete_rollouts(
                                          attempt_id=first["attempt_id"])
         assert [name for name, _ in env_records] == ["AttemptStarted", "AttemptFinished"]  # start first
         assert orjson.loads(started["task_input_json"]) == {} and started["attempt_number"] == 1
-        assert metadata == {"organic": True, "session": key, "session_source": source,
+        assert metadata == {"organic": True, "session_ref": session_ref(key), "session_source": source,
                             "window_start_us": metadata["window_start_us"]}
+        assert key not in orjson.dumps(started).decode()  # the user's or harness's id is not stored
     _complete(tokentrail_settings, topics, ended[2].json()["rollout_id"], 2)  # indices 0 and 1 of one attempt
     (_, bare_call), = read_records(tokentrail_settings, topics["calls_topic"], 1, where={"session_id": None,
                                                                                          "protocol": "openai.chat"})
@@ -215,3 +224,17 @@ def test_a_restarted_gateway_rebuilds_an_open_organic_session(
     (started,) = _windows(tokentrail_settings, topics, "cc-restart-1", 1)  # one window across the restart
     assert ended["rollout_id"] == started["rollout_id"]
     _complete(tokentrail_settings, topics, ended["rollout_id"], 3)
+
+
+def test_a_session_is_known_by_a_hash_of_its_key_and_old_starts_still_read() -> None:
+    """AttemptStarted metadata carries ``session_ref``, a hash of the key behind its tenant's scope, never the
+    key (a user id); a window started before refs carries the key itself, and a restart still adopts it."""
+    from producers.gateway.tenants import Tenants
+
+    ref = session_ref("end-user-42")
+    assert ref.startswith("sha256:") and "end-user-42" not in ref and ref == session_ref("end-user-42")
+    scoped = session_ref(Tenants.scope("acme", "end-user-42"))
+    assert Tenants.tenant_of_session(scoped) == "acme" and scoped != Tenants.scope("acme", ref) != ref
+    assert ref_of_start({"organic": True, "session_ref": ref, "window_start_us": 1}) == ref
+    assert ref_of_start({"organic": True, "session": "end-user-42", "window_start_us": 1}) == ref  # old record
+    assert ref_of_start({"session": "end-user-42"}) is None and ref_of_start({"organic": True}) is None

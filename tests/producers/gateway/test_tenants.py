@@ -118,3 +118,36 @@ def test_a_tenant_key_and_its_scope() -> None:
     assert Tenants.unscoped(scoped) == "s1" and Tenants.unscoped("s1") == "s1"
     assert key_part(scoped) == key_part("s1")
     assert rollout_id_for(scoped, 1) != rollout_id_for(Tenants.scope("blue", "s1"), 1) != rollout_id_for("s1", 1)
+
+
+def test_a_caller_without_a_tenant_key_cannot_name_itself_into_a_tenants_session(
+    start_gateway, topics: dict[str, str], tokentrail_settings: Settings
+) -> None:
+    """Tenant keys with auth off: a caller with no key that sends acme's scoped session key (``tenant:acme:s1``,
+    which is what acme's own calls are filed under) in a session header, the OpenAI ``user``, the Anthropic
+    ``metadata.user_id`` or an end request is refused 403 ``wrong_tenant`` in its protocol; a tenant that sends
+    it gets a window in its own namespace. Acme's window is untouched: its next call continues it, and acme's
+    end counts its two calls."""
+    acme, blue = KEYS[0][1], KEYS[1][1]
+    spoof = Tenants.scope("acme", "s1")
+    chat = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    with start_gateway(organic_sessions=True, tenant_keys=KEYS) as gw:
+        a = _client(gw, acme, "s1")
+        mine = _call(a, "hello")
+        refused = [httpx.post(f"{gw.url}/v1/chat/completions", json=chat, headers={"x-session-id": spoof},
+                              timeout=60),
+                   httpx.post(f"{gw.url}/v1/chat/completions", json={**chat, "user": spoof}, timeout=60),
+                   httpx.post(f"{gw.url}/v1/messages", json={**chat, "metadata": {"user_id": spoof}}, timeout=60,
+                              headers={"anthropic-version": "2023-06-01"}),
+                   httpx.post(f"{gw.url}/v1/sessions/{spoof}/end", json={}, timeout=60)]
+        blue_call = _call(_client(gw, blue, spoof), "a key that looks like acme's")
+        after = _call(a, "still mine")
+        acme_end = _end(gw, acme, "s1")
+    assert [r.status_code for r in refused] == [403, 403, 403, 403], [r.text for r in refused]
+    assert [r.json()["error"].get("code") for r in refused[:2] + refused[3:]] == ["wrong_tenant"] * 3
+    assert refused[2].json()["error"]["type"] == "permission_error"  # Anthropic's shape
+    assert acme_end.status_code == 200 and acme_end.json()["call_count"] == 2
+    # The refused calls left nothing: the first three records are the three calls served.
+    calls = {r["call_id"]: r["rollout_id"] for _, r in read_records(tokentrail_settings, topics["calls_topic"], 3)}
+    assert set(calls) == {mine, after, blue_call}
+    assert calls[mine] == calls[after] == acme_end.json()["rollout_id"] != calls[blue_call]

@@ -1,0 +1,108 @@
+"""Large request bodies are checked in a separate process before the event loop parses them (issue 29, fault (o)).
+
+Parsing JSON runs on the serving event loop, and its cost is out of proportion to the bytes for a body of tens of
+thousands of tiny objects: 2.7 MB of Anthropic tool blocks took the loop about 0.3 s to parse and as much again
+to count, while every other call on the worker waited, only to be refused for its length. A body of at least
+``gateway.offload_body_bytes`` is first decoded, parsed and measured against the model's context
+(``prompt_bound.min_prompt_tokens_raw``) by a small process pool; only a body that passes is parsed on the loop,
+and such a body is bounded by the context, so its parse is work the call needs anyway. A refusal comes back
+as the same error, in the caller's protocol, that the loop would have given.
+
+The pool's queue is bounded (``gateway.body_check_queue`` bodies waiting or in progress per gateway process):
+past it a large body is refused at once with 503 ``overloaded`` rather than held in memory behind others.
+Processes are spawned (the gateway has threads), lazily or by ``warm`` when the gateway starts serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import multiprocessing
+from typing import Any
+
+from producers.gateway.errors import GatewayError
+from producers.gateway.prompt_bound import StructureLimit
+
+log = logging.getLogger(__name__)
+
+
+def check_body(raw: bytes, limit: StructureLimit | None) -> dict[str, Any] | None:
+    """In the pool: the refusal of ``raw`` as GatewayError fields, or None when the loop may parse it.
+    Pure, and the same checks in the same order as on the loop (body.parse_json_object, then the structure)."""
+    from producers.gateway.body import parse_json_object
+    from producers.gateway.prompt_bound import min_prompt_tokens_raw, structure_error
+
+    try:
+        body = parse_json_object(raw)
+        if limit is not None:
+            error = structure_error(min_prompt_tokens_raw(body, limit.max_token_bytes), limit.context)
+            if error is not None:
+                raise error
+    except GatewayError as exc:
+        return {"status": exc.status, "message": exc.message, "kind": exc.kind, "param": exc.param,
+                "code": exc.code}
+    return None
+
+
+def _ready() -> bool:
+    """In the pool: import what ``check_body`` needs, once, at start."""
+    return check_body(b"{}", None) is None
+
+
+class BodyChecks:
+    """The pool and its bounded queue; ``min_bytes`` 0 or ``processes`` 0: every body is left to the loop."""
+
+    def __init__(self, min_bytes: int, processes: int = 1, queue: int = 4) -> None:
+        self.min_bytes = min_bytes
+        self.processes = processes
+        self.queue = queue
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._waiting = 0
+        self.checked = 0  # bodies checked in the pool (ever)
+        self.refused = 0  # of which refused there
+
+    @property
+    def enabled(self) -> bool:
+        return self.min_bytes > 0 and self.processes > 0
+
+    def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                self.processes, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def warm(self) -> None:
+        """Start the processes now (their imports take a second), not on the first large body."""
+        if self.enabled:
+            for _ in range(self.processes):
+                self._executor().submit(_ready)
+
+    async def check(self, raw: bytes, limit: StructureLimit | None) -> None:
+        """Raise the GatewayError the loop would raise for ``raw`` (bad UTF-8 or JSON, not an object, a
+        structure longer than the context), checked in the pool when ``raw`` is large; else return."""
+        if not self.enabled or len(raw) < self.min_bytes:
+            return
+        if self._waiting >= self.queue:
+            raise GatewayError(503, f"{self._waiting} large request bodies (of {self.min_bytes:,} bytes or more) are "
+                               "being checked on this gateway process; retry shortly", "overloaded",
+                               code="overloaded")
+        self._waiting += 1
+        try:
+            refusal = await asyncio.wrap_future(self._executor().submit(check_body, raw, limit))
+        except concurrent.futures.process.BrokenProcessPool:  # a check process died: a new pool next time
+            log.warning("a body check process died; this body is checked on the event loop")
+            self._pool = None
+            return
+        finally:
+            self._waiting -= 1
+        self.checked += 1
+        if refusal is not None:
+            self.refused += 1
+            raise GatewayError(refusal["status"], refusal["message"], refusal["kind"], param=refusal["param"],
+                               code=refusal["code"])
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
