@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas.codec import Codec, DecodeError
+from schemas.codec import CONFLUENT_MAGIC, SINGLE_OBJECT_MAGIC, Codec, DecodeError
 
 # A run shorter than this matches too much by chance (a 500-token vocabulary repeats 3-grams in any large
 # store), so it is refused rather than reported as residue.
@@ -53,6 +53,8 @@ RecordDecoder = Callable[[bytes], Any]
 def record_decoder(codec: Codec) -> RecordDecoder:
     """The contract's records through ``codec``; anything it cannot read (ciphertext, other bytes) is None."""
     def decode(data: bytes) -> Any:
+        if data[:2] != SINGLE_OBJECT_MAGIC and data[:1] != CONFLUENT_MAGIC:
+            return None  # not framed as a record (packed ids, text): no need to ask the codec
         try:
             return codec.decode(data)[1]
         except DecodeError:
@@ -124,12 +126,15 @@ class Matcher:
         self.needles = needles
         self._decode = decode
         self._canary_text = [(f"canary[{i}]", sorted(_text_forms(c))) for i, c in enumerate(needles.canaries)]
-        self._canary_bytes = [(label, [f.encode() for f in forms]) for label, forms in self._canary_text]
         self._runs_u32 = [(f"tokens[{i}]", np.asarray(r, dtype=_U32).tobytes())
                           for i, r in enumerate(needles.token_runs)]
         self._runs_i64 = [(f"tokens[{i}]", np.asarray(r, dtype=_I64).tobytes())
                           for i, r in enumerate(needles.token_runs)]
-        self._runs_written = [(f"tokens[{i}]", _written_list(r)) for i, r in enumerate(needles.token_runs)]
+        # (label, the run's first id as text, the pattern): the regex runs only where its first id occurs, which
+        # a substring test finds far faster than the pattern's look-behind lets the regex engine.
+        self._runs_written = [(f"tokens[{i}]", str(r[0]), _written_list(r)) for i, r in enumerate(needles.token_runs)]
+        self._flat_text = [(label, form) for label, forms in self._canary_text for form in forms]
+        self._flat_bytes = [(label, form.encode()) for label, form in self._flat_text]
 
     # ---- raw bytes (a Kafka key, value or header; a file; a spool frame) -------------------------------
 
@@ -138,20 +143,20 @@ class Matcher:
         if not data:
             return []
         blob = bytes(data)
-        hits = [Hit(where, label) for label, forms in self._canary_bytes if any(f in blob for f in forms)]
-        for (label, packed), (_, written) in zip(self._runs_u32, self._runs_written, strict=True):
-            if packed in blob or written.search(blob):
+        hits = [Hit(where, label) for label, form in self._flat_bytes if form in blob]
+        for (label, packed), (_, first, written) in zip(self._runs_u32, self._runs_written, strict=True):
+            if packed in blob or (first.encode() in blob and written.search(blob)):
                 hits.append(Hit(where, label))
-        return hits
+        return list(dict.fromkeys(hits))
 
     # ---- decoded values ---------------------------------------------------------------------------------
 
     def in_text(self, text: str, where: str) -> list[Hit]:
-        hits = [Hit(where, label) for label, forms in self._canary_text if any(f in text for f in forms)]
-        if self._runs_written:
-            raw = text.encode("utf-8", "surrogatepass")
-            hits += [Hit(where, label) for label, written in self._runs_written if written.search(raw)]
-        return hits
+        hits = [Hit(where, label) for label, form in self._flat_text if form in text]
+        for label, first, written in self._runs_written:
+            if first in text and written.search(text.encode("utf-8", "surrogatepass")):
+                hits.append(Hit(where, label))
+        return list(dict.fromkeys(hits))
 
     def in_ints(self, values: Any, where: str) -> list[Hit]:
         """Token runs as contiguous sub-sequences of one integer array (a list or a numpy array)."""
@@ -183,7 +188,8 @@ class Matcher:
             return
         if isinstance(value, str):
             yield from self.in_text(value, where)
-            yield from self._json_inside(value, where, depth)
+            if value[:1] in ("{", "["):
+                yield from self._json_inside(value, where, depth)
         elif isinstance(value, bytes | bytearray | memoryview):
             blob = bytes(value)
             yield from self.in_bytes(blob, where)
@@ -216,8 +222,7 @@ class Matcher:
 
     def _json_inside(self, text: str, where: str, depth: int) -> Iterator[Hit]:
         """Token lists inside a JSON document held in a string (a request body with token-id prompts)."""
-        stripped = text.lstrip()
-        if depth >= MAX_DEPTH or stripped[:1] not in ("{", "[") or len(text) > MAX_JSON_CHARS:
+        if depth >= MAX_DEPTH or len(text) > MAX_JSON_CHARS:
             return
         try:
             parsed = json.loads(text)
