@@ -48,6 +48,11 @@ _I64 = np.dtype("<i8")
 
 # Decodes bytes that may be an encoded record (a topic's value, a dead letter's value); None when they are not one.
 RecordDecoder = Callable[[bytes], Any]
+# Opens bytes that may be sealed content with any data key that still exists (the key store, unwrapped by the
+# master key); the opened content (bytes, text or a record), or None when they are not sealed or no key opens
+# them. With it the scan proves more than "the stores hold ciphertext": nothing of a forgotten subject can be
+# read by anyone who holds the master key and every key that is left.
+Unsealer = Callable[[bytes], Any]
 
 
 def record_decoder(codec: Codec) -> RecordDecoder:
@@ -122,9 +127,10 @@ def _find_aligned(haystack: bytes, needle: bytes, stride: int) -> bool:
 class Matcher:
     """Finds the needles in raw bytes, in strings, in integer arrays, and in decoded values (recursively)."""
 
-    def __init__(self, needles: Needles, decode: RecordDecoder | None = None) -> None:
+    def __init__(self, needles: Needles, decode: RecordDecoder | None = None, unseal: Unsealer | None = None) -> None:
         self.needles = needles
         self._decode = decode
+        self._unseal = unseal
         self._canary_text = [(f"canary[{i}]", sorted(_text_forms(c))) for i, c in enumerate(needles.canaries)]
         self._runs_u32 = [(f"tokens[{i}]", np.asarray(r, dtype=_U32).tobytes())
                           for i, r in enumerate(needles.token_runs)]
@@ -173,11 +179,16 @@ class Matcher:
         return [Hit(where, label) for label, packed in self._runs_u32 if _find_aligned(data, packed, 4)]
 
     def in_encoded(self, data: bytes | None, where: str) -> list[Hit]:
-        """An encoded record (a Kafka value, a spool frame), decoded and walked; nothing if it does not decode."""
-        if not data or self._decode is None:
+        """An encoded record (a Kafka value, a spool frame), decoded and walked; a value that is not a record
+        but sealed content, opened and walked; nothing if neither."""
+        if not data:
             return []
-        record = self._decode(bytes(data))
-        return [] if record is None else self.in_value(record, where)
+        blob = bytes(data)
+        record = self._decode(blob) if self._decode is not None else None
+        if record is not None:
+            return self.in_value(record, where)
+        opened = self._unseal(blob) if self._unseal is not None else None
+        return [] if opened is None else self.in_value(opened, f"{where}>unsealed")
 
     def in_value(self, value: Any, where: str, depth: int = 0) -> list[Hit]:
         """Walk a decoded record, a ClickHouse row value or parsed JSON; duplicates removed, order kept."""
@@ -198,6 +209,10 @@ class Matcher:
                 decoded = self._decode(blob)
                 if decoded is not None:
                     yield from self._walk(decoded, f"{where}>decoded", depth + 1)
+            if depth < MAX_DEPTH and self._unseal is not None:
+                opened = self._unseal(blob)
+                if opened is not None:
+                    yield from self._walk(opened, f"{where}>unsealed", depth + 1)
             if blob[:1] in (b"{", b"["):
                 try:
                     yield from self._json_inside(blob.decode("utf-8"), where, depth)

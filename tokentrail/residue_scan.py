@@ -18,7 +18,7 @@ from clickhouse_connect.driver.client import Client
 from producers.delivery.residue import scan_spool
 from schemas.codec import get_codec
 from schemas.kafka.residue import TopicSelection, scan_topics
-from schemas.residue import Matcher, Needles, Tally, record_decoder
+from schemas.residue import Matcher, Needles, Tally, Unsealer, record_decoder
 from sinks.client import connect
 from sinks.residue import scan_clickhouse, scan_reports
 from tokentrail.settings import Settings, get_settings
@@ -50,11 +50,13 @@ def default_reports(var_dir: Path) -> tuple[Path, ...]:
 
 
 def scan_residue(needles: Needles, targets: ScanTargets = ScanTargets(), *, settings: Settings | None = None,
-                 client: Client | None = None, progress: Progress | None = None) -> Tally:
+                 client: Client | None = None, unseal: Unsealer | None = None,
+                 progress: Progress | None = None) -> Tally:
     """Scan the targets for the needles; the tally says where readable content remains, and whether every
-    store was read to its end."""
+    store was read to its end. ``unseal`` opens sealed content with every data key still in the key store:
+    given it, content sealed under a key that was not destroyed counts as readable."""
     settings = settings or get_settings()
-    matcher = Matcher(needles, record_decoder(get_codec()))
+    matcher = Matcher(needles, record_decoder(get_codec()), unseal)
     tally = Tally()
     if targets.kafka:
         scan_topics(settings.kafka, matcher, tally, selection=targets.topics, timeout_s=targets.kafka_timeout_s,

@@ -10,9 +10,11 @@ import os
 
 import numpy as np
 import pytest
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from schemas.residue import Hit, Needles, Tally
+from schemas.codec import get_codec
+from schemas.residue import Hit, Matcher, Needles, Tally, record_decoder
 from schemas.tokens import pack_ids
 from tests.residue_data import CANARY, ODD_CANARY, RUN, call_record, encode, matcher
 
@@ -55,6 +57,34 @@ def test_content_under_aes_gcm_is_not_readable_and_decrypted_it_is() -> None:
     assert m.in_value({"request_json": base64.b64encode(sealed).decode(), "sealed": sealed}, "") == []
     opened = AESGCM(key).decrypt(sealed[:12], sealed[12:], b"subject-1")  # the key, while it exists, reads it
     assert needles_of(m.in_encoded(opened, "decoded")) == {"canary[0]", "tokens[0]"}
+
+
+def test_sealed_content_is_readable_while_any_key_opens_it_and_not_once_the_key_is_destroyed() -> None:
+    """With an unsealer over the keys that are left, the scan shows what the master-key holder could still
+    read: a key that forgetting failed to destroy is caught, a destroyed one leaves nothing."""
+    keys = {b"key-0001": AESGCM.generate_key(bit_length=256)}
+
+    def seal(key_id: bytes, plaintext: bytes) -> bytes:
+        nonce = os.urandom(12)
+        return key_id + nonce + AESGCM(keys[key_id]).encrypt(nonce, plaintext, key_id)
+
+    def unseal(blob: bytes) -> bytes | None:
+        key = keys.get(blob[:8])
+        if key is None or len(blob) < 8 + 12 + 16:
+            return None
+        try:
+            return AESGCM(key).decrypt(blob[8:20], blob[20:], blob[:8])
+        except InvalidTag:
+            return None
+
+    envelope = seal(b"key-0001", json.dumps({"content": CANARY, "prompt": [1, *RUN]}).encode())
+    m = Matcher(Needles((CANARY,), (RUN,)), record_decoder(get_codec()), unseal)
+    record = {"request_json": "", "sealed": envelope}  # content fields blank, the content sealed beside them
+    assert needles_of(m.in_value(record, "")) == {"canary[0]", "tokens[0]"}
+    assert needles_of(m.in_encoded(envelope, "value")) == {"canary[0]", "tokens[0]"}
+    del keys[b"key-0001"]  # the forget: the key is destroyed
+    assert m.in_value(record, "") == []
+    assert m.in_encoded(envelope, "value") == []
 
 
 def test_a_token_run_is_found_in_a_packed_array_a_list_and_json() -> None:
