@@ -1,4 +1,4 @@
-"""The residue scan of ClickHouse and of the HTML reports (``schemas.residue`` does the matching).
+"""The residue scan of ClickHouse (``schemas.residue`` does the matching).
 
 ClickHouse: every table of the database (views are computed from the tables and skipped; a materialized
 view's storage is a table of its own and is scanned), every column that can hold content (String,
@@ -6,22 +6,18 @@ FixedString, Array, Map, Tuple, JSON and their Nullable/LowCardinality forms; no
 which store nothing), every physical row. Rows are read without FINAL: an older copy of a row that a
 replacement has not yet been merged away is still readable, so it counts. Strings are read as bytes, so
 packed token bytes and invalid UTF-8 are seen as stored. Each table is one streamed query.
-
-Reports: each HTML file is searched as raw bytes (the matcher knows the HTML-escaped form of a canary).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
-from pathlib import Path
+from collections.abc import Callable
 
 from clickhouse_connect.driver.client import Client
 
 from schemas.residue import Matcher, Tally
 
 STORE = "clickhouse"
-REPORT_STORE = "report"
 _CONTENT_TYPE = re.compile(r"String|Array|Map|Tuple|JSON|Object|Dynamic|Variant")
 _VIEW_ENGINES = ("View", "MaterializedView", "LiveView", "WindowView")
 # A row is named by its event id where the table has one, else by its position in the scan.
@@ -82,15 +78,3 @@ def _scan_table(client: Client, db: str, table: str, matcher: Matcher, tally: Ta
                 tally.add(STORE, f"{db}.{table} {label}", hits)
     tally.count("clickhouse_rows", count)
     return count
-
-
-def scan_reports(paths: Iterable[Path], matcher: Matcher, tally: Tally) -> None:
-    """Each report file as raw bytes; a path that does not exist is noted as skipped."""
-    for path in paths:
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            tally.skipped.append(f"report {path} (does not exist)")
-            continue
-        tally.count("report_files")
-        tally.add(REPORT_STORE, str(path), matcher.in_bytes(data, "file"))

@@ -20,7 +20,7 @@ from schemas.codec import get_codec
 from schemas.kafka.residue import TopicSelection, scan_topics
 from schemas.residue import Matcher, Needles, Tally, Unsealer, record_decoder
 from sinks.client import connect
-from sinks.residue import scan_clickhouse, scan_reports
+from sinks.residue import scan_clickhouse
 from tokentrail.settings import Settings, get_settings
 
 Progress = Callable[[str], None]
@@ -39,14 +39,38 @@ class ScanTargets:
     dsn: str | None = None
     database: str | None = None
     reports: tuple[Path, ...] | None = None  # default: every *.html under var_dir
+    paths: tuple[Path, ...] = ()  # further files or folders searched raw (local caches, exports, copies)
+
+
+def _files_under(path: Path, suffix: str = "") -> list[Path]:
+    if path.is_file():
+        return [path]
+    found: list[Path] = []
+    for folder, _dirs, names in os.walk(path):
+        found += [Path(folder) / n for n in sorted(names) if n.endswith(suffix)]
+    return found
 
 
 def default_reports(var_dir: Path) -> tuple[Path, ...]:
     """Every HTML file under ``var_dir``: ``tokentrail report`` and the demos write their reports there."""
-    found: list[Path] = []
-    for folder, _dirs, names in os.walk(var_dir):
-        found += [Path(folder) / n for n in sorted(names) if n.endswith(".html")]
-    return tuple(found)
+    return tuple(_files_under(var_dir, ".html"))
+
+
+def scan_files(paths: tuple[Path, ...], store: str, matcher: Matcher, tally: Tally) -> None:
+    """Every file (under every folder) of ``paths`` as raw bytes: the reports (the matcher knows the
+    HTML-escaped form of a canary), and any further path. A path that does not exist is noted as skipped."""
+    for path in paths:
+        if not path.exists():
+            tally.skipped.append(f"{store} {path} (does not exist)")
+            continue
+        for file in _files_under(path):
+            try:
+                data = file.read_bytes()
+            except OSError as exc:
+                tally.incomplete.append(f"{store} {file}: {exc}")
+                continue
+            tally.count(f"{store}_files")
+            tally.add(store, str(file), matcher.in_bytes(data, "file"))
 
 
 def scan_residue(needles: Needles, targets: ScanTargets = ScanTargets(), *, settings: Settings | None = None,
@@ -67,7 +91,8 @@ def scan_residue(needles: Needles, targets: ScanTargets = ScanTargets(), *, sett
         ch = client or connect(settings.clickhouse, dsn=targets.dsn, database=targets.database)
         scan_clickhouse(ch, matcher, tally, database=targets.database or ch.database, progress=progress)
     reports = targets.reports if targets.reports is not None else default_reports(settings.var_dir)
-    scan_reports(reports, matcher, tally)
+    scan_files(reports, "report", matcher, tally)
+    scan_files(targets.paths, "file", matcher, tally)
     if progress:
-        progress(f"reports: {len(reports)} files")
+        progress(f"reports: {len(reports)} files; other paths: {tally.scanned['file_files']} files")
     return tally

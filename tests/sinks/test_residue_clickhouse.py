@@ -1,12 +1,10 @@
-"""The residue scan of real chDB tables (written as the sink writes them) and of HTML report files."""
+"""The residue scan of real chDB tables, written as the sink writes them."""
 
 from __future__ import annotations
 
 import base64
-import html
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
@@ -15,9 +13,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from schemas.codec import get_codec
 from schemas.examples import example_record
 from schemas.residue import Tally
-from sinks.residue import content_columns, scan_clickhouse, scan_reports
+from sinks.residue import content_columns, scan_clickhouse
 from sinks.store import write_records
-from tests.residue_data import CANARY, ODD_CANARY, RUN, call_record, matcher
+from tests.residue_data import CANARY, RUN, call_record, matcher
 
 
 def _call(i: int, prompt: list[int], output: list[int], body: str = "{}") -> dict[str, Any]:
@@ -53,15 +51,3 @@ def test_every_table_and_content_column_is_scanned_and_only_readable_rows_are_re
     assert tally.scanned["clickhouse_views_skipped"] == views
     assert {"request_json", "prompt_ids_arr", "output_ids_arr"} <= set(content_columns(ch, db, "calls"))
     assert any(line.endswith("calls 4 rows") for line in lines)
-
-
-def test_a_report_file_is_searched_for_the_escaped_canary(tmp_path: Path) -> None:
-    report = tmp_path / "report.html"
-    report.write_text(f"<html><td>{html.escape(ODD_CANARY)}</td></html>", encoding="utf-8")
-    clean = tmp_path / "clean.html"
-    clean.write_text("<html><td>nothing here</td></html>", encoding="utf-8")
-    tally = Tally()
-    scan_reports([report, clean, tmp_path / "missing.html"], matcher(ODD_CANARY), tally)
-    assert [(loc.store, loc.where) for loc in tally.locations] == [("report", str(report))]
-    assert tally.scanned["report_files"] == 2
-    assert tally.skipped == [f"report {tmp_path / 'missing.html'} (does not exist)"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -12,10 +13,12 @@ from confluent_kafka import Producer
 
 from producers.delivery.spool import Spool
 from schemas.kafka.config import producer_config
+from schemas.residue import Tally
 from sinks.store import write_records
-from tests.residue_data import CANARY, RUN, call_record, encode
+from tests.residue_data import CANARY, ODD_CANARY, RUN, call_record, encode, matcher
 from tests.sinks.conftest import ch, chdb_dsn  # noqa: F401 (fixtures: one migrated chDB database)
 from tokentrail.cli import main
+from tokentrail.residue_scan import default_reports, scan_files
 from tokentrail.settings import Settings
 
 
@@ -62,3 +65,21 @@ def test_a_token_run_too_short_to_mean_anything_is_refused(capsys: pytest.Captur
     assert main(["scan-residue", "--tokens", "1,2", "--no-kafka", "--no-clickhouse", "--no-spool",
                  "--no-reports"]) == 2
     assert "fewer than 4" in capsys.readouterr().err
+
+
+def test_reports_and_further_paths_are_searched_raw_with_the_escaped_canary(tmp_path: Path) -> None:
+    report = tmp_path / "report.html"
+    report.write_text(f"<html><td>{html.escape(ODD_CANARY)}</td></html>", encoding="utf-8")
+    (tmp_path / "clean.html").write_text("<html><td>nothing here</td></html>", encoding="utf-8")
+    cache = tmp_path / "cache" / "deep"
+    cache.mkdir(parents=True)
+    (cache / "memo.bin").write_bytes(b"\x00" + json.dumps({"c": ODD_CANARY}).encode())
+    tally = Tally()
+    m = matcher(ODD_CANARY)
+    scan_files((report, tmp_path / "clean.html", tmp_path / "missing.html"), "report", m, tally)
+    scan_files((tmp_path / "cache",), "file", m, tally)
+    assert [(loc.store, loc.where) for loc in tally.locations] == [("report", str(report)),
+                                                                  ("file", str(cache / "memo.bin"))]
+    assert (tally.scanned["report_files"], tally.scanned["file_files"]) == (2, 1)
+    assert tally.skipped == [f"report {tmp_path / 'missing.html'} (does not exist)"]
+    assert default_reports(tmp_path) == (tmp_path / "clean.html", report)

@@ -52,7 +52,8 @@ def _scan(args: argparse.Namespace) -> int:
         kafka=not args.no_kafka, topics=TopicSelection(args.topics, tuple(args.topic)),
         kafka_timeout_s=args.kafka_timeout_s, spool=not args.no_spool,
         spool_dirs=tuple(args.spool) or None, clickhouse=not args.no_clickhouse, dsn=args.dsn,
-        database=args.database, reports=tuple(args.report) or (() if args.no_reports else None))
+        database=args.database, reports=tuple(args.report) or (() if args.no_reports else None),
+        paths=tuple(args.path))
     began = time.monotonic()
 
     def progress(line: str) -> None:
@@ -97,6 +98,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="spool directory (repeatable; default: settings gateway.spool_dir)")
     p.add_argument("--report", action="append", default=[], type=Path, metavar="FILE",
                    help="report file (repeatable; default: every *.html under settings var_dir)")
+    p.add_argument("--path", action="append", default=[], type=Path, metavar="PATH",
+                   help="a further file or folder to search raw (local caches, exports, copies of topics; repeatable)")
     p.add_argument("--dsn", help="chdb:///abs/dir or http(s)://host:8123 (default: settings clickhouse.dsn)")
     p.add_argument("--database", help="database name (default: settings clickhouse.database)")
     p.add_argument("--no-kafka", action="store_true", help="leave Kafka out")
