@@ -92,6 +92,9 @@ class Needles:
                                  "by chance, give a longer one")
             if any(not 0 <= t <= 0xFFFFFFFF for t in run):
                 raise ValueError(f"tokens[{i}] holds an id outside uint32")
+            if len(set(run)) == 1:
+                raise ValueError(f"tokens[{i}] repeats one id; it would match padding and blanked (zero-filled) "
+                                 "token arrays, give a run of the subject's own tokens")
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Needles:

@@ -118,6 +118,8 @@ def test_a_run_across_the_boundary_of_two_arrays_is_not_a_false_positive() -> No
 def test_needles_refuse_what_would_match_by_chance() -> None:
     with pytest.raises(ValueError, match="fewer than 4"):
         Needles((), ((1, 2, 3),))
+    with pytest.raises(ValueError, match="zero-filled"):
+        Needles((), ((0, 0, 0, 0, 0),))  # what a blanked token array holds
     with pytest.raises(ValueError, match="nothing to look for"):
         Needles()
     with pytest.raises(ValueError, match="at least 4"):
