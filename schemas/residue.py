@@ -27,7 +27,7 @@ import html
 import json
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +104,18 @@ class Needles:
 
     def to_json(self) -> dict[str, Any]:
         return {"canaries": list(self.canaries), "token_runs": [list(run) for run in self.token_runs]}
+
+
+def canary_token_run(encode: Callable[[str], Sequence[int]], canary: str, trim: int = 1) -> tuple[int, ...]:
+    """The token ids a canary leaves in any prompt or output: its encoding between spaces with ``trim``
+    tokens cut from each end, which can merge with the text around it. ``encode``: the model's tokenizer
+    (no special tokens). Raises ValueError when what is left is too short to be a needle."""
+    ids = [int(t) for t in encode(f" {canary} ")]
+    run = tuple(ids[trim:len(ids) - trim])
+    if len(run) < MIN_TOKEN_RUN:
+        raise ValueError(f"the canary encodes to {len(ids)} tokens, {len(run)} after trimming; "
+                         f"use a longer one (at least {MIN_TOKEN_RUN} tokens must be left)")
+    return run
 
 
 def _text_forms(canary: str) -> set[str]:

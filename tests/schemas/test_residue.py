@@ -7,14 +7,16 @@ import base64
 import html
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from transformers import AutoTokenizer
 
 from schemas.codec import get_codec
-from schemas.residue import Hit, Matcher, Needles, Tally, record_decoder
+from schemas.residue import Hit, Matcher, Needles, Tally, canary_token_run, record_decoder
 from schemas.tokens import pack_ids
 from tests.residue_data import CANARY, ODD_CANARY, RUN, call_record, encode, matcher
 
@@ -143,3 +145,19 @@ def test_the_tally_counts_locations_once_with_every_needle() -> None:
     assert summary["complete"] is True
     tally.incomplete.append("kafka t[1]: not read to its end")
     assert tally.summary()["complete"] is False
+
+
+def test_a_canary_s_token_run_is_found_in_a_prompt_the_real_tokenizer_made(model_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    run = canary_token_run(encode, CANARY)
+    m = Matcher(Needles((), (run,)))
+    for text in (f"my key is {CANARY}, ok?", f'{{"k": "{CANARY}"}}', f"{CANARY}\n{CANARY}"):
+        prompt = encode(text)
+        assert m.in_packed(pack_ids(prompt), "ids") == [Hit("ids", "tokens[0]")], text
+    assert m.in_packed(pack_ids(encode("my key is canary-7f3b9c-zebra")), "ids") == []
+    with pytest.raises(ValueError, match="use a longer one"):
+        canary_token_run(encode, "ab")
