@@ -79,10 +79,12 @@ class Hit:
 class Needles:
     canaries: tuple[str, ...] = ()
     token_runs: tuple[tuple[int, ...], ...] = ()
+    # The forgotten subjects: a data key of theirs still in a key topic's log is reported (``KeyLog``).
+    subjects: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.canaries and not self.token_runs:
-            raise ValueError("nothing to look for: give at least one canary string or token run")
+        if not self.canaries and not self.token_runs and not self.subjects:
+            raise ValueError("nothing to look for: give at least one canary string, token run or subject")
         for i, canary in enumerate(self.canaries):
             if len(canary) < 4:
                 raise ValueError(f"canary[{i}] has {len(canary)} characters; use a unique string of at least 4")
@@ -98,12 +100,14 @@ class Needles:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Needles:
-        """``{"canaries": [...], "token_runs": [[...], ...]}`` (what ``to_json`` writes)."""
+        """``{"canaries": [...], "token_runs": [[...], ...], "subjects": [...]}`` (what ``to_json`` writes)."""
         return cls(tuple(str(c) for c in data.get("canaries", ())),
-                   tuple(tuple(int(t) for t in run) for run in data.get("token_runs", ())))
+                   tuple(tuple(int(t) for t in run) for run in data.get("token_runs", ())),
+                   tuple(str(s) for s in data.get("subjects", ())))
 
     def to_json(self) -> dict[str, Any]:
-        return {"canaries": list(self.canaries), "token_runs": [list(run) for run in self.token_runs]}
+        return {"canaries": list(self.canaries), "token_runs": [list(run) for run in self.token_runs],
+                "subjects": list(self.subjects)}
 
 
 def canary_token_run(encode: Callable[[str], Sequence[int]], canary: str, trim: int = 1) -> tuple[int, ...]:
@@ -193,13 +197,17 @@ class Matcher:
             return []
         return [Hit(where, label) for label, packed in self._runs_u32 if _find_aligned(data, packed, 4)]
 
+    def decoded(self, data: bytes | None) -> Any:
+        """The record ``data`` encodes, or None (no decoder, or not a record it can read)."""
+        return self._decode(bytes(data)) if data and self._decode is not None else None
+
     def in_encoded(self, data: bytes | None, where: str) -> list[Hit]:
         """An encoded record (a Kafka value, a spool frame), decoded and walked; a value that is not a record
         but sealed content, opened and walked; nothing if neither."""
         if not data:
             return []
         blob = bytes(data)
-        record = self._decode(blob) if self._decode is not None else None
+        record = self.decoded(blob)
         if record is not None:
             return self.in_value(record, where)
         opened = self._unseal(blob) if self._unseal is not None else None
@@ -259,6 +267,44 @@ class Matcher:
         except ValueError:
             return
         yield from self._walk(parsed, f"{where}>json", depth + 1)
+
+
+# The fields of a data-key record (``SubjectKey``) of the key topic.
+_KEY_FIELDS = frozenset({"key_id", "subject", "wrapped_key"})
+
+
+@dataclass
+class KeyLog:
+    """The forgotten subjects' data keys met in a key topic's log, read in offset order per partition.
+
+    A key whose record is not followed by a tombstone is live: every process holding the master key opens
+    the subject's content with it, so the forget did not destroy it and it counts as readable residue. A key
+    followed by a tombstone is destroyed for every tokentrail reader, but its wrapped bytes stay in the log
+    until compaction: counted apart (``data_keys_awaiting_compaction``), readable only to someone with the
+    raw log and the master key.
+    """
+
+    subjects: tuple[str, ...]
+    live: dict[str, tuple[str, str]] = field(default_factory=dict)  # key id -> (where, needle label)
+    tombstoned: dict[str, str] = field(default_factory=dict)  # key id -> where its value still is
+
+    def is_key_record(self, record: Any) -> bool:
+        return isinstance(record, Mapping) and record.keys() >= _KEY_FIELDS
+
+    def value(self, key_id: str, record: Mapping[str, Any], where: str) -> None:
+        subject = str(record.get("subject"))
+        if subject in self.subjects:
+            self.live[key_id] = (where, f"subject[{self.subjects.index(subject)}]")
+            self.tombstoned.pop(key_id, None)
+
+    def tombstone(self, key_id: str) -> None:
+        if key_id in self.live:
+            self.tombstoned[key_id] = self.live.pop(key_id)[0]
+
+    def settle(self, tally: Tally, store: str) -> None:
+        for where, label in self.live.values():
+            tally.add(store, where, [Hit("live data key", label)])
+        tally.count("data_keys_awaiting_compaction", len(self.tombstoned))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """The residue scan of Kafka: every partition of every selected topic, from its first stored offset to its end.
 
 Each record's key, value and headers are searched as raw bytes, and its value decoded by the codec where
-it can be (``schemas.residue``). The consumer reads uncommitted data too (``read_uncommitted``): records of
+it can be (``schemas.residue``). Data-key records of the forgotten subjects (a key topic's ``SubjectKey``
+values) are followed to their tombstones: a live one is residue, a tombstoned one awaiting compaction is
+counted apart (``schemas.residue.KeyLog``). The consumer reads uncommitted data too (``read_uncommitted``): records of
 aborted transactions stay in the log and are readable by such a consumer, so they count as residue. A
 tombstone (no value) holds nothing. A partition is done at its end-of-partition event; one that is not done
 by the time-out makes the scan incomplete (its zero is no proof).
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from schemas.kafka.config import KafkaSettings, consumer_config
-from schemas.residue import Matcher, Tally
+from schemas.residue import KeyLog, Matcher, Tally
 
 STORE = "kafka"
 # Every tokentrail topic, the processors' changelogs (``tokentrail-processors-...-changelog``) and prefixed
@@ -66,12 +68,14 @@ def scan_topics(kafka: KafkaSettings, matcher: Matcher, tally: Tally, *, selecti
                      f"{len(assign)} with records")
         if assign:
             consumer.assign(assign)
-        _consume(consumer, pending, matcher, tally, timeout_s, progress, progress_every_s)
+        keys = KeyLog(matcher.needles.subjects)
+        _consume(consumer, pending, matcher, tally, keys, timeout_s, progress, progress_every_s)
+        keys.settle(tally, STORE)
     finally:
         consumer.close()
 
 
-def _consume(consumer: Consumer, pending: dict[tuple[str, int], int], matcher: Matcher, tally: Tally,
+def _consume(consumer: Consumer, pending: dict[tuple[str, int], int], matcher: Matcher, tally: Tally, keys: KeyLog,
              timeout_s: float, progress: Callable[[str], None] | None, progress_every_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     next_report = time.monotonic() + progress_every_s
@@ -86,7 +90,7 @@ def _consume(consumer: Consumer, pending: dict[tuple[str, int], int], matcher: M
                 tally.incomplete.append(f"kafka {where[0]}[{where[1]}]: {error.str()}")
                 pending.pop(where, None)
                 continue
-            _scan_record(msg, matcher, tally)
+            _scan_record(msg, matcher, tally, keys)
             if where in pending and msg.offset() + 1 >= pending[where]:
                 pending.pop(where)  # read up to where the partition ended when the scan began
         if progress and time.monotonic() >= next_report:
@@ -96,11 +100,18 @@ def _consume(consumer: Consumer, pending: dict[tuple[str, int], int], matcher: M
     tally.incomplete += [f"kafka {t}[{p}]: not read to its end in {timeout_s:g} s" for t, p in sorted(pending)]
 
 
-def _scan_record(msg: Message, matcher: Matcher, tally: Tally) -> None:
+def _scan_record(msg: Message, matcher: Matcher, tally: Tally, keys: KeyLog) -> None:
     tally.count("kafka_records")
+    where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
     value = msg.value()
     hits = matcher.in_bytes(msg.key(), "key") + matcher.in_bytes(value, "value")
     for name, header in msg.headers() or ():
         hits += matcher.in_text(name, f"header:{name}") + matcher.in_bytes(header, f"header:{name}")
     hits += matcher.in_encoded(value, "decoded")
-    tally.add(STORE, f"{msg.topic()}[{msg.partition()}]@{msg.offset()}", hits)
+    tally.add(STORE, where, hits)
+    if keys.subjects and msg.key():
+        key_id = f"{msg.topic()}/{msg.key().decode('utf-8', 'replace')}"
+        if value is None:
+            keys.tombstone(key_id)
+        elif keys.is_key_record(record := matcher.decoded(value)):
+            keys.value(key_id, record, where)

@@ -126,7 +126,8 @@ def test_needles_refuse_what_would_match_by_chance() -> None:
         Needles()
     with pytest.raises(ValueError, match="at least 4"):
         Needles(("abc",))
-    assert Needles.from_json(Needles((CANARY,), (RUN,)).to_json()) == Needles((CANARY,), (RUN,))
+    needles = Needles((CANARY,), (RUN,), ("tenant-a/user-1",))
+    assert Needles.from_json(needles.to_json()) == needles
 
 
 def test_the_tally_counts_locations_once_with_every_needle() -> None:

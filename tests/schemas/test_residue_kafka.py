@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from schemas.codec import get_codec
 from schemas.kafka.config import producer_config
 from schemas.kafka.residue import TopicSelection, scan_topics
-from schemas.residue import Matcher, Needles, Tally, record_decoder
+from schemas.residue import Hit, Matcher, Needles, Tally, record_decoder
 from tests.residue_data import CANARY, RUN, call_record, encode
 from tokentrail.settings import Settings
 
@@ -88,3 +88,34 @@ def test_topics_are_selected_by_name_pattern() -> None:
     assert TopicSelection().select(available) == [
         "run7.tokentrail.samples", "tokentrail-processors-assembler-changelog", "tokentrail.calls"]
     assert TopicSelection(names=("other.topic", "gone")).select(available) == ["other.topic"]
+
+
+def test_a_forgotten_subject_s_live_key_is_residue_and_a_tombstoned_one_awaits_compaction(
+        new_topic: NewTopic, kafka_bootstrap: str, tokentrail_settings: Settings) -> None:
+    """Data-key records (shaped as the key topic's SubjectKey; JSON here so the test does not depend on the
+    key topic's schema) followed to their tombstones in offset order."""
+    topic = new_topic(partitions=1)
+
+    def key_record(key_id: str) -> bytes:
+        return json.dumps({"key_id": key_id, "subject": key_id.split("#")[0], "wrapped_key": "00" * 44}).encode()
+
+    producer = Producer(producer_config(tokentrail_settings.kafka))
+    for key, value in ((b"alice#1", key_record("alice#1")), (b"alice#2", key_record("alice#2")),
+                       (b"bob#1", key_record("bob#1")), (b"alice#2", None)):
+        producer.produce(topic, key=key, value=value, partition=0)
+    assert producer.flush(60) == 0
+
+    def decode(data: bytes) -> object:
+        try:
+            return json.loads(data)
+        except ValueError:
+            return None
+
+    tally = Tally()
+    scan_topics(tokentrail_settings.kafka, Matcher(Needles(subjects=("alice",)), decode), tally,
+                selection=TopicSelection(names=(topic,)), timeout_s=120)
+    assert tally.complete, tally.incomplete
+    assert [(loc.where, loc.hits) for loc in tally.locations] == [
+        (f"{topic}[0]@0", (Hit("live data key", "subject[0]"),))]  # alice#1: never tombstoned
+    assert tally.scanned["data_keys_awaiting_compaction"] == 1  # alice#2: tombstoned, its value still in the log
+    assert tally.scanned["kafka_records"] == 4

@@ -28,6 +28,7 @@ def _token_run(text: str) -> tuple[int, ...]:
 def _needles(args: argparse.Namespace) -> Needles:
     canaries = list(args.canary)
     runs = list(args.tokens)
+    subjects = list(args.subject)
     if args.needles:
         try:
             data = json.loads(Path(args.needles).read_text())
@@ -36,8 +37,9 @@ def _needles(args: argparse.Namespace) -> Needles:
             raise CliError(f"cannot read needles from {args.needles}: {exc}") from exc
         canaries += loaded.canaries
         runs += loaded.token_runs
+        subjects += loaded.subjects
     try:
-        return Needles(tuple(canaries), tuple(runs))
+        return Needles(tuple(canaries), tuple(runs), tuple(dict.fromkeys(subjects)))
     except ValueError as exc:
         raise CliError(str(exc)) from exc
 
@@ -85,8 +87,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--canary", action="append", default=[], metavar="TEXT", help="a planted string (repeatable)")
     p.add_argument("--tokens", action="append", default=[], type=_token_run, metavar="ID,ID,...",
                    help="a subject's token run, at least 4 ids (repeatable)")
+    p.add_argument("--subject", action="append", default=[], metavar="S",
+                   help="a forgotten subject: a data key of it still live in a key topic counts as residue "
+                   "(repeatable)")
     p.add_argument("--needles", metavar="FILE",
-                   help='JSON file {"canaries": [...], "token_runs": [[...], ...]} (added to the flags)')
+                   help='JSON file {"canaries": [...], "token_runs": [[...], ...], "subjects": [...]} '
+                   "(added to the flags)")
     p.add_argument("--topics", default="tokentrail", metavar="REGEX",
                    help="scan the topics whose name matches (default: tokentrail, which also takes the "
                    "processors' changelogs and prefixed runs' topics)")
