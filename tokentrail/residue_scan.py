@@ -77,8 +77,9 @@ def scan_residue(needles: Needles, targets: ScanTargets = ScanTargets(), *, sett
                  client: Client | None = None, unseal: Unsealer | None = None,
                  progress: Progress | None = None) -> Tally:
     """Scan the targets for the needles; the tally says where readable content remains, and whether every
-    store was read to its end. ``unseal`` opens sealed content with every data key still in the key store:
-    given it, content sealed under a key that was not destroyed counts as readable."""
+    store was read to its end. Records are decoded by the process's codec, which opens sealed content with
+    the keys the key store still holds when forgetting is on (``tokentrail.forgetting``); ``unseal`` opens
+    sealed bytes met outside a record (a ClickHouse column, a file) the same way."""
     settings = settings or get_settings()
     matcher = Matcher(needles, record_decoder(get_codec()), unseal)
     tally = Tally()

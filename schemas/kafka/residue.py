@@ -45,6 +45,8 @@ class TopicSelection:
 def scan_topics(kafka: KafkaSettings, matcher: Matcher, tally: Tally, *, selection: TopicSelection = TopicSelection(),
                 timeout_s: float = 600.0, progress: Callable[[str], None] | None = None,
                 progress_every_s: float = 5.0) -> None:
+    """Read every partition of the selected topics from its low watermark to the end it had when the scan
+    began, into ``tally``; partitions not done by ``timeout_s`` make the tally incomplete."""
     consumer = Consumer(consumer_config(kafka, f"tokentrail-residue-{uuid.uuid4().hex[:12]}",
                                         **{"isolation.level": "read_uncommitted", "enable.partition.eof": True,
                                            "auto.offset.reset": "earliest"}))
