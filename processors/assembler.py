@@ -435,8 +435,20 @@ def build_rollout(buf: AttemptBuffer, *, counted: bool, missing: list[str] | Non
         "call_ids": [c["call_id"] for c in calls],
         "env_event_ids": [e["event_id"] for e in envs],
         "created_at_us": max(times) if times else 0,
+        "subject": attempt_subject(started, calls, envs, finished),
+        "sealed": None,
     }
     return rollout
+
+
+def attempt_subject(started: Record | None, calls: list[Record], envs: list[Record],
+                    finished: Record | None) -> str | None:
+    """Whose content the attempt is: the subject its records name (the gateway gives every record of an
+    attempt the same one); None when none names one (synthetic traffic, records written before subjects)."""
+    for record in (started, *calls, *envs, finished):
+        if record is not None and record.get("subject"):
+            return str(record["subject"])
+    return None
 
 
 def try_complete(buf: AttemptBuffer, *, counted: bool = True) -> Record | None:

@@ -21,7 +21,7 @@ sampled each loss token (over sample positions), so the trainer can judge stalen
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -77,6 +77,7 @@ class Piece:
     refs: dict[str, list[str]] = field(default_factory=dict)
     created_at_us: int = 0
     version_spans: list[SpanRecord] = field(default_factory=list)  # over the piece's loss tokens, in order
+    subject: str | None = None  # whose content the tokens are (docs/forgetting.md)
 
 
 def _segment(rollout_id: str, call: Record, source: str, sample_start: int, call_start: int,
@@ -164,12 +165,22 @@ def rollout_pieces(rollout: Record, group_id: str, credit: Record, reward: Recor
             "credit_ids": [credit["event_id"]]}
     created = int(credit["created_at_us"])
     chains = _chains(rollout, tokens, cfg)
-    return [_piece(rollout, group_id, chain, tokens, tv, refs, created) for chain in chains]
+    subject = rollout.get("subject")
+    return [replace(_piece(rollout, group_id, chain, tokens, tv, refs, created), subject=subject) for chain in chains]
 
 
 def _bins(pieces: list[Piece], cfg: SampleConfig) -> list[list[Piece]]:
+    """Pieces into packed sequences. A packed sample holds one subject's tokens only (all of them under
+    that subject's key), so forgetting a subject drops whole samples and never changes another's weight."""
     if not cfg.pack.enabled:
         return [[p] for p in pieces]
+    by_subject: dict[str | None, list[Piece]] = {}
+    for p in pieces:
+        by_subject.setdefault(p.subject, []).append(p)
+    return [b for same in by_subject.values() for b in _first_fit(same, cfg)]
+
+
+def _first_fit(pieces: list[Piece], cfg: SampleConfig) -> list[list[Piece]]:
     cap = cfg.pack.max_tokens
     order = sorted(range(len(pieces)), key=lambda i: (-len(pieces[i].ids), i))
     bins: list[list[Piece]] = []
@@ -221,6 +232,7 @@ def _sample(bin_: list[Piece], cfg_id: str) -> Record:
         "advantages": joined("advantages"), "weights": joined("weights"),
         "sequence_starts": pack_int32(starts), "segments": segments, "version_spans": spans,
         "created_at_us": max(p.created_at_us for p in bin_),
+        "subject": bin_[0].subject, "sealed": None,
     }
 
 

@@ -53,7 +53,7 @@ ONCE_IDLE_S = 30.0
 def default_topic_map() -> TopicMap:
     from schemas import topics
 
-    return {spec.name: spec.value_schemas for spec in topics.ALL_TOPICS}
+    return {spec.name: spec.value_schemas for spec in topics.ALL_TOPICS if spec.sunk}
 
 
 def default_dead_letter_topic() -> str:

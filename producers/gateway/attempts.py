@@ -135,6 +135,9 @@ class AttemptState:
     in_flight: int = 0
     # Scripted completions still to emit, one per call (POST /v1/rollouts ``script``; tests only).
     script: deque[str] = field(default_factory=deque)
+    # Whose content the attempt's records carry (POST /v1/rollouts ``subject``, an organic session's key);
+    # None: nobody's (synthetic traffic). Every record of the attempt names it (docs/forgetting.md).
+    subject: str | None = None
     # Where the bytes kept here are counted (the registry's budget); None: not counted.
     ledger: MemoryLedger | None = None
     retained_bytes: int = 0
@@ -328,7 +331,8 @@ class AttemptRegistry:
                            "finish it first", code="attempt_in_progress")
         number = previous.latest_number + 1 if previous else 1
         attempt_id = uuid.uuid4().hex
-        state = self._new_state(rid, attempt_id, number, script=deque(start.get("script") or ()))
+        state = self._new_state(rid, attempt_id, number, script=deque(start.get("script") or ()),
+                                subject=start.get("subject"))
         self._make_room_for_active()
         self._active[state.key] = state
         before = RolloutInfo(previous.latest_attempt_id, previous.latest_number, previous.start) \
@@ -434,7 +438,8 @@ class AttemptRegistry:
                 self._expired[key] = None
                 continue
             state = self._new_state(r.rollout_id, r.attempt_id, r.attempt_number,
-                                    next_call_index=r.next_call_index, next_event_index=r.next_event_index)
+                                    next_call_index=r.next_call_index, next_event_index=r.next_event_index,
+                                    subject=r.start.get("subject"))
             state.last_seen = time.monotonic() - idle_s  # its idle time goes on where it was
             for output in r.outputs:
                 state.keep_output(output)
