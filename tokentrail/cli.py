@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args([*argv, "--help"])
         return 2
     try:
+        from tokentrail.forgetting import install_from_settings
+
+        install_from_settings()  # seal and open subjects' content when forget.enabled (docs/forgetting.md)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
