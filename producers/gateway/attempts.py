@@ -321,6 +321,25 @@ class AttemptRegistry:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
+    def forget_subject(self, subject: str) -> int:
+        """Drop what the registry keeps of ``subject``'s content (prompts, outputs, scripts, task inputs of
+        its rollouts) after a forget; later calls of its open attempts render from their text. The number of
+        attempts and rollouts touched."""
+        touched = 0
+        for state in list(self._active.values()):
+            if state.subject == subject:
+                state.drop_prompts()
+                state.drop_outputs()
+                state.script.clear()
+                touched += 1
+        for rid, info in list(self._rollouts.items()):
+            if info.start.get("subject") == subject:
+                self._set_rollout(rid, RolloutInfo(info.latest_attempt_id, info.latest_number,
+                                                   {**info.start, "task_input": {}, "script": None}, None,
+                                                   _start_bytes(info.start)))
+                touched += 1
+        return touched
+
     def start(self, rollout_id: str | None, start: dict[str, Any]) -> AttemptState:
         """A new rollout (fresh id unless given) or, for a known rollout id, its next attempt."""
         self.expire_idle()
