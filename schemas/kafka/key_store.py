@@ -102,6 +102,9 @@ class KafkaKeyStore:
         self._expires: dict[str, int | None] = {}
         self._current: dict[str, str] = {}  # subject -> its newest key id
         self._destroyed: set[str] = set()
+        # subject -> when this process last saw one of its keys destroyed (unix us): content it opened
+        # before then must not be used any more (the trainer checks before every step).
+        self.destroyed_at: dict[str, int] = {}
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
         self._next_offset = 0
@@ -209,6 +212,7 @@ class KafkaKeyStore:
         self._expires.pop(key_id, None)
         self._destroyed.add(key_id)
         subject = subject_of_key(key_id)
+        self.destroyed_at[subject] = self._now_us()
         if self._current.get(subject) == key_id:
             del self._current[subject]
 
