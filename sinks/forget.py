@@ -48,8 +48,8 @@ def _call_token_blanks() -> list[str]:
     ]
 
 
-def blank_statements(database: str, subject_param: str = "{subject:String}") -> list[tuple[str, str]]:
-    """(table, mutation) per content table; the subject is a query parameter."""
+def blank_statements(database: str, where: str = "subject = {subject:String}") -> list[tuple[str, str]]:
+    """(table, mutation) per content table for the rows ``where`` picks (default: one subject, a parameter)."""
     out = []
     for table, columns in SUBJECT_CONTENT_COLUMNS.items():
         sets = [_blank(c) for c in columns]
@@ -61,7 +61,7 @@ def blank_statements(database: str, subject_param: str = "{subject:String}") -> 
                      "request_shared_suffix = 0", "request_copies = []", "request_length = 0",
                      "request_sha256 = ''"]
         out.append((table, f"ALTER TABLE {database}.{table} UPDATE {', '.join(sets)} "
-                           f"WHERE subject = {subject_param} SETTINGS mutations_sync = 2"))
+                           f"WHERE {where} SETTINGS mutations_sync = 2"))
     return out
 
 
@@ -80,3 +80,29 @@ def blank_subject(client: Client, subject: str) -> dict[str, int]:
         if counts[table]:
             client.command(statement, parameters={"subject": subject})
     return counts
+
+
+def retention_where(default_days: float | None, tenant_days: dict[str, float]) -> str | None:
+    """The rows whose raw content is past its retention: rows of a subject (never the facts, never rows
+    without a subject) older than their tenant's days (the part of the subject before its first '/'), else
+    the default; None when nothing has a retention. Rows already blank are picked again (idempotent)."""
+    if default_days is None and not tenant_days:
+        return None
+    tenant = "splitByChar('/', assumeNotNull(subject))[1]"
+    cases = [f"{tenant} = '{t.replace(chr(39), '')}', {float(d)}" for t, d in sorted(tenant_days.items())]
+    fallback = "-1" if default_days is None else str(float(default_days))
+    days = f"multiIf({', '.join(cases)}, {fallback})" if cases else fallback
+    return (f"subject IS NOT NULL AND {days} >= 0 AND "
+            f"event_time < now64(6) - toIntervalSecond(toInt64({days} * 86400))")
+
+
+def blank_expired(client: Client, default_days: float | None, tenant_days: dict[str, float]) -> int:
+    """Retention of raw content in ClickHouse: blank the content of rows past their retention, as a forget
+    blanks it (lengths kept). A sweep rather than column TTLs: a column TTL resets a value to its default,
+    which would change the token arrays' lengths the audit counts. The number of mutations run."""
+    where = retention_where(default_days, tenant_days)
+    if where is None:
+        return 0
+    for _table, statement in blank_statements(client.database, where):
+        client.command(statement)
+    return len(SUBJECT_CONTENT_COLUMNS)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from tokentrail.errors import CliError
+
+FORGET_ENABLED_VAR = "TOKENTRAIL_FORGET__ENABLED"
 
 # command -> (module that registers it, one-line help for the top-level listing)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -73,9 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args([*argv, "--help"])
         return 2
     try:
-        from tokentrail.forgetting import install_from_settings
+        if os.environ.get(FORGET_ENABLED_VAR, "").strip().lower() in ("1", "true", "yes", "on"):
+            # Seal and open subjects' content in this command (docs/forgetting.md). Read from the environment,
+            # the settings' only override, so commands that never touch content do not import the settings.
+            from tokentrail.forgetting import install_from_settings
 
-        install_from_settings()  # seal and open subjects' content when forget.enabled (docs/forgetting.md)
+            install_from_settings()
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130

@@ -18,7 +18,7 @@ from schemas.kafka.forget_log import forget_subject
 from schemas.kafka.key_store import ForgetSettings, KafkaKeyStore
 from schemas.sealing import Sealer
 from sinks.client import ClickHouseConfigError, connect
-from sinks.forget import blank_subject
+from sinks.forget import blank_expired, blank_subject
 from tokentrail.errors import CliError
 from tokentrail.settings import Settings, get_settings
 
@@ -94,3 +94,22 @@ def forget(settings: Settings, subjects: list[str], *, requested_by: str, reason
     return {"subjects": subjects, "requests": [e["request_id"] for e in events],
             "keys_destroyed": sum(len(e["key_ids"]) for e in events), "clickhouse_rows_blanked": blanked,
             "sealing_enabled": settings.forget.enabled}
+
+
+def expire(settings: Settings, *, clickhouse: bool = True, dsn: str | None = None, database: str | None = None,
+           progress: Any = print) -> dict[str, Any]:
+    """Retention of raw content: destroy the data keys whose time ran out (their content on every topic and
+    backup with them) and blank ClickHouse content past its retention; non-content facts stay."""
+    f = settings.forget
+    expired = _key_store(settings).expire()
+    progress(f"retention: {len(expired)} data key(s) past their retention destroyed")
+    mutations = 0
+    if clickhouse:
+        try:
+            client = connect(settings.clickhouse, dsn=dsn, database=database)
+        except ClickHouseConfigError as exc:
+            raise CliError(str(exc)) from exc
+        mutations = blank_expired(client, f.content_retention_days, dict(f.tenant_retention_days))
+        progress(f"retention: ClickHouse content past retention blanked ({mutations} tables swept)")
+    return {"keys_expired": expired, "clickhouse_tables_swept": mutations,
+            "content_retention_days": f.content_retention_days, "tenant_retention_days": f.tenant_retention_days}

@@ -68,3 +68,24 @@ def test_keys_open_across_processes_and_stop_opening_once_destroyed(
         assert is_forgotten(Codec(sealer=Sealer(stranger)).decode(again)[1])
     finally:
         stranger.close()
+
+
+def test_keys_past_their_retention_are_destroyed_and_replaced(
+    tokentrail_settings: Settings, forget_settings: ForgetSettings
+) -> None:
+    clock = [1_000_000_000_000_000]
+    settings = ForgetSettings(**{**forget_settings.model_dump(), "tenant_retention_days": {"t1": 1.0}})
+    store = KafkaKeyStore(tokentrail_settings.kafka, settings, now_us=lambda: clock[0])
+    try:
+        codec = Codec(sealer=Sealer(store))
+        short = codec.encode("CallRecord", make_call("r1", "a1", 0, [1], [2], subject="t1/u"))
+        kept = codec.encode("CallRecord", make_call("r2", "a1", 0, [1], [2], subject="t2/u"))
+        assert store.expire() == []
+        clock[0] += 2 * 86_400_000_000  # two days later
+        assert store.expire() == [f"t1/u#{1_000_000_000_000_000}"]
+        assert is_forgotten(codec.decode(short)[1]) and not is_forgotten(codec.decode(kept)[1])
+        # The tenant's new content gets a fresh key with its own retention.
+        fresh = codec.encode("CallRecord", make_call("r3", "a1", 0, [1], [2], subject="t1/u"))
+        assert not is_forgotten(codec.decode(fresh)[1])
+    finally:
+        store.close()

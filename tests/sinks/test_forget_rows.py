@@ -8,7 +8,7 @@ import hashlib
 
 from clickhouse_connect.driver.client import Client
 
-from sinks.forget import blank_subject, subject_row_counts
+from sinks.forget import blank_expired, blank_subject, subject_row_counts
 from sinks.store import load_records, write_records
 from testkit.storage_records import GroupSpec, synthetic_group
 
@@ -49,3 +49,15 @@ def test_blanking_a_subject_keeps_facts_and_other_subjects(ch: Client) -> None:
     for sample in samples:
         assert (set(sample["input_ids"]) == {0}) == (sample["subject"] == "alice")
     assert subject_row_counts(ch, "alice")["calls"] == 4  # the rows stay: only their content went
+
+
+def test_retention_blanks_content_past_its_tenants_days(ch: Client) -> None:
+    write_records(ch, [*_of_subject("t1/alice", 0), *_of_subject("t2/bob", 1)])  # written in 2023
+    assert blank_expired(ch, None, {}) == 0  # no retention configured: nothing swept
+    blank_expired(ch, None, {"t1": 30.0, "t9": 1.0})  # t2 has none, and there is no default
+    calls = load_records(ch, "calls")
+    assert {c["subject"] for c in calls if c["request_json"] == ""} == {"t1/alice"}
+    blank_expired(ch, 36500.0, {"t1": 30.0})  # a hundred years for everyone else: bob's rows are younger
+    assert {c["subject"] for c in load_records(ch, "calls") if c["request_json"] == ""} == {"t1/alice"}
+    blank_expired(ch, 1.0, {})
+    assert all(c["request_json"] == "" for c in load_records(ch, "calls"))

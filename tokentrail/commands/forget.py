@@ -15,7 +15,8 @@ import argparse
 import getpass
 import json
 
-from tokentrail.forgetting import forget
+from tokentrail.errors import CliError
+from tokentrail.forgetting import expire, forget
 from tokentrail.settings import get_settings
 
 
@@ -23,7 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "forget", help="forget a subject: destroy its keys, blank its stored content, record a Forgotten event",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--subject", action="append", required=True, help="the subject (user or tenant key); repeatable")
+    p.add_argument("--subject", action="append", default=[], help="the subject (user or tenant key); repeatable")
+    p.add_argument("--expire", action="store_true",
+                   help="retention instead: destroy the data keys past forget.content_retention_days / "
+                        "tenant_retention_days and blank ClickHouse content past it (run it daily)")
     p.add_argument("--requested-by", default=None, help="who asks (default: the OS user)")
     p.add_argument("--reason", default="", help="why (kept on the Forgotten event; no personal data here)")
     p.add_argument("--gateway", default=None, help="forget through this running gateway's admin route (URL)")
@@ -36,6 +40,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     settings = get_settings()
+    if args.expire:
+        print(json.dumps(expire(settings, clickhouse=not args.no_clickhouse, dsn=args.dsn,
+                                database=args.database), sort_keys=True))
+        return 0
+    if not args.subject:
+        raise CliError("name a --subject (or --expire for retention)")
     summary = forget(settings, list(dict.fromkeys(args.subject)), requested_by=args.requested_by or getpass.getuser(),
                      reason=args.reason, gateway=args.gateway, clickhouse=not args.no_clickhouse, dsn=args.dsn,
                      database=args.database, wait=not args.no_wait)
