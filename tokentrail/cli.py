@@ -28,6 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sink": ("tokentrail.commands.sinks", "consume every topic into ClickHouse"),
     "audit": ("tokentrail.commands.sinks", "the four audit checks; exit 1 when any fails"),
     "forget": ("tokentrail.commands.forget", "forget a subject: destroy its keys, blank its content"),
+    "scan-residue": ("tokentrail.commands.residue",
+                     "find readable content of forgotten subjects in topics, spool, ClickHouse and reports"),
     "trace": ("tokentrail.commands.sinks", "trace one sample (and token) back to its call, prompt, rollout and scores"),
     "replay": ("tokentrail.commands.sinks", "re-derive rewards, credit and samples under a new configuration"),
     "report": ("tokentrail.commands.sinks", "self-contained HTML report with plots"),

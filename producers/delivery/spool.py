@@ -111,6 +111,18 @@ def _read_frame(data: bytes | memoryview, offset: int) -> tuple[SpoolRecord, int
     return record, start + length
 
 
+def read_frames(data: bytes | memoryview) -> tuple[list[tuple[int, SpoolRecord]], int]:
+    """(offset, record) of every whole frame from the start of a segment's bytes, and the offset where the
+    whole frames end: the end of the data, or a torn or damaged frame. For readers that must not take the
+    spool's lock (the residue scan reads a running gateway's segments)."""
+    found: list[tuple[int, SpoolRecord]] = []
+    offset = 0
+    while (frame := _read_frame(data, offset)) is not None:
+        found.append((offset, frame[0]))
+        offset = frame[1]
+    return found, offset
+
+
 def _cursor_slot_bytes(cursor: int) -> bytes:
     packed = struct.pack("<Q", cursor)
     return packed + struct.pack("<I", zlib.crc32(packed))
