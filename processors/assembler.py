@@ -40,6 +40,7 @@ from processors.response_text import response_text
 from schemas.codec import Codec, get_codec
 from schemas.ids import event_id
 from schemas.prompt_delta import MIN_SHARED_PREFIX, common_prefix_len
+from schemas.sealing import is_forgotten
 from schemas.tokens import IdArray
 
 Record = dict[str, Any]
@@ -377,6 +378,9 @@ def build_rollout(buf: AttemptBuffer, *, counted: bool, missing: list[str] | Non
     calls = [codec.decode(buf.calls[i], expect="CallRecord")[1] for i in sorted(buf.calls)]
     envs = [codec.decode(buf.env[i], expect="EnvStep")[1] for i in sorted(buf.env)]
 
+    gone = [r["event_id"] for r in (started, *calls, *envs, finished) if r is not None and is_forgotten(r)]
+    if gone:  # sealed under a key that was destroyed: this attempt can never be verified, scored or trained
+        missing.append(f"forgotten: the content of {len(gone)} record(s) was erased (its subject was forgotten)")
     tokens, errors = rebuild_calls(calls)
     for err in errors:
         # A delta on a call that is itself missing is a consequence, not a second fault.

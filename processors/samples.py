@@ -33,6 +33,7 @@ from processors.credit import CreditConfig, TokenValues, token_values
 from processors.errors import PipelineInputError
 from processors.prefix import common_prefix_len_concat
 from schemas.ids import event_id
+from schemas.sealing import is_forgotten
 from schemas.tokens import FLOAT_DTYPE, IDS_DTYPE, MASK_DTYPE, pack_int32, unpack_floats, unpack_mask
 from schemas.version_spans import SpanRecord, VersionSpanError, call_versions_of, check_tiling, merge_adjacent, shifted
 
@@ -244,7 +245,7 @@ def build_samples(group: Record, rollouts: list[Record], rewards: list[Record], 
     pieces: list[Piece] = []
     for rollout in rollouts:
         credit = by_rollout.get(rollout["rollout_id"])
-        if credit is None:
+        if credit is None or is_forgotten(rollout):  # a forgotten subject's tokens are gone: never trained
             continue
         reward = rewards_by_id.get(credit["reward_id"])
         if reward is None:

@@ -120,7 +120,9 @@ class SampleStream:
 
         def forgotten(sample: TrainSample) -> bool:
             at = destroyed_at.get(sample.subject) if sample.subject else None
-            return at is not None and at >= self._opened_at.get(sample.sample_id, 0)
+            # Opened before its key went; or made from content older than the forget (a stage that held the
+            # content in memory may have sealed it again under the subject's next key).
+            return at is not None and (at >= self._opened_at.get(sample.sample_id, 0) or sample.created_at_us < at)
 
         self.builder.drop_kept(forgotten, FORGOTTEN)
 

@@ -38,6 +38,7 @@ class TrainSample:
     version_spans: tuple[tuple[int, int, int], ...] = ()
     # Whose content the tokens are (Sample.subject): checked against the key store before every step.
     subject: str | None = None
+    created_at_us: int = 0  # Sample.created_at_us: when its content was made (from its inputs' times)
 
     @property
     def num_tokens(self) -> int:
@@ -74,6 +75,7 @@ def sample_from_record(rec: dict[str, Any]) -> TrainSample:
         version_spans=tuple((int(s["version"]), int(s["start"]), int(s["end"]))
                             for s in rec.get("version_spans") or ()),
         subject=rec.get("subject"),
+        created_at_us=int(rec.get("created_at_us") or 0),
     )
 
 

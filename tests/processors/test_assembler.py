@@ -298,3 +298,14 @@ def test_an_event_past_the_rollout_byte_cap_is_refused_and_changes_nothing() -> 
     (rollout,) = state.expire_due(10**18, 1)
     assert rollout["status"] == "INCOMPLETE"
     assert RolloutAssembly("r").accept("EnvStep", make_env("r", "a", 1, payload="y" * 25_000)).rollouts == []  # no cap
+
+
+def test_an_attempt_with_forgotten_content_never_completes() -> None:
+    """Issue 31: a record whose subject's key is gone decodes blank and still sealed; the attempt it belongs
+    to is INCOMPLETE (never scored or trained), saying why."""
+    events = attempt_events(_spec())
+    events = [(n, dict(r, sealed=b"TTS1...") if n == "CallRecord" and r["call_index"] == 1 else r)
+              for n, r in events]
+    (rollout,) = _feed(RolloutAssembly("r1"), events)
+    assert rollout["status"] == "INCOMPLETE" and not rollout["counted"]
+    assert any(m.startswith("forgotten: the content of 1 record") for m in rollout["missing"])
