@@ -211,8 +211,13 @@ class AttemptBuffer:
             if index in self.call_event_ids:
                 return self._same(self.call_event_ids[index], eid, f"call {index}")
             _check_call(record)
+            text = response_text(record.get("response_json") or "")
             slim = dict(record, request_json="", response_json="")  # bodies live on the calls topic
-            blob, text = _encode(name, slim), response_text(record.get("response_json") or "")
+            if record.get("subject"):
+                # A subject's output text must not sit in this state (and its changelog) in the clear: it
+                # stays in the slim record, which the codec seals with the rest; build_rollout reads it back.
+                slim["response_json"], text = text, ""
+            blob = _encode(name, slim)
             self._fit(name, record, len(blob) + len(text), room)
             self.calls[index] = blob
             self.call_texts[index] = text
@@ -427,7 +432,7 @@ def build_rollout(buf: AttemptBuffer, *, counted: bool, missing: list[str] | Non
         "metadata_json": started.get("metadata_json", "{}") if started else "{}",
         "finish_status": finished["status"] if finished else None,
         "final_artifacts_json": finished.get("final_artifacts_json", "{}") if finished else "{}",
-        "final_output_text": buf.call_texts.get(ok_calls[-1], "") if ok_calls else "",
+        "final_output_text": _output_text(buf, calls, ok_calls[-1]) if ok_calls else "",
         "calls": rollout_calls,
         "env_events": [{"event_id": e["event_id"], "event_index": int(e["event_index"]), "kind": e["kind"],
                         "call_id": e.get("call_id"), "name": e.get("name"), "payload_json": e["payload_json"]}
@@ -443,6 +448,14 @@ def build_rollout(buf: AttemptBuffer, *, counted: bool, missing: list[str] | Non
         "sealed": None,
     }
     return rollout
+
+
+def _output_text(buf: AttemptBuffer, calls: list[Record], index: int) -> str:
+    """The call's output text: kept in the buffer, or (a subject's call) inside its sealed slim record."""
+    call = next((c for c in calls if int(c["call_index"]) == index), None)
+    if call is not None and call.get("subject"):
+        return str(call.get("response_json") or "")
+    return buf.call_texts.get(index, "")
 
 
 def attempt_subject(started: Record | None, calls: list[Record], envs: list[Record],

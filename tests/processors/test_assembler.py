@@ -309,3 +309,24 @@ def test_an_attempt_with_forgotten_content_never_completes() -> None:
     (rollout,) = _feed(RolloutAssembly("r1"), events)
     assert rollout["status"] == "INCOMPLETE" and not rollout["counted"]
     assert any(m.startswith("forgotten: the content of 1 record") for m in rollout["missing"])
+
+
+def test_a_subjects_output_text_stays_sealed_in_the_assembly_state() -> None:
+    """Issue 31: the assembler's state (kept in a changelog topic) holds a subject's output text only sealed;
+    the rollout still gets its final output text."""
+    from schemas.codec import install_sealer
+    from schemas.sealing import MemoryKeyring, Sealer
+
+    events = [(n, dict(r, subject="tenant/u1")) for n, r in attempt_events(_spec())]
+    previous = install_sealer(Sealer(MemoryKeyring()))
+    try:
+        state = RolloutAssembly("r1")
+        out = []
+        for name, rec in events[:-1]:
+            out += state.accept(name, rec).rollouts
+        assert out == [] and b"The answer is 42" not in state.to_bytes()
+        (rollout,) = state.accept(*events[-1]).rollouts
+    finally:
+        install_sealer(previous)
+    assert rollout["status"] == "COMPLETE" and rollout["final_output_text"] == "The answer is 42"
+    assert rollout["subject"] == "tenant/u1"
