@@ -4,12 +4,14 @@ carries it onto the rollout."""
 
 from __future__ import annotations
 
+import uuid
 from urllib.parse import quote
 
 import httpx
 import openai
 
 from processors.assembler import RolloutAssembly
+from schemas.topics import FEEDBACK_TOPIC
 from tokentrail.settings import Settings
 
 from .helpers import read_records
@@ -37,7 +39,16 @@ def test_records_name_their_subject_and_synthetic_ones_none(
             assert httpx.post(f"{base}/finish", json={}, timeout=60).status_code == 200
         _one_call(gw.openai_base_url, user="organic-user-9")
         ended = httpx.post(f"{gw.url}/v1/sessions/{quote('organic-user-9', safe='')}/end", timeout=60).json()
+        # Feedback is the subject's content too: the rollout's subject, the session's key, or none.
+        source = f"test-{uuid.uuid4().hex[:8]}"
+        for target in ({"rollout_id": given["rollout_id"]}, {"session_id": "organic-user-9"},
+                       {"rollout_id": synthetic["rollout_id"]}):
+            posted = httpx.post(f"{gw.url}/v1/feedback", json={"target": target, "kind": "TEXT", "text": "meh",
+                                                               "source": source}, timeout=60)
+            assert posted.status_code == 201, posted.text
 
+    feedback = read_records(tokentrail_settings, FEEDBACK_TOPIC, 3, where={"source": source})
+    assert sorted(str(r["subject"]) for _, r in feedback) == ["None", "organic-user-9", "tenant-7/user-42"]
     for rid, subject in ((given["rollout_id"], "tenant-7/user-42"), (synthetic["rollout_id"], None),
                          (ended["rollout_id"], "organic-user-9")):
         env = read_records(tokentrail_settings, topics["env_topic"], 3 if subject != "organic-user-9" else 2,
