@@ -106,3 +106,13 @@ def blank_expired(client: Client, default_days: float | None, tenant_days: dict[
     for _table, statement in blank_statements(client.database, where):
         client.command(statement)
     return len(SUBJECT_CONTENT_COLUMNS)
+
+
+def versions_trained_on(client: Client, subject: str) -> list[int]:
+    """The policy versions whose training steps used a sample of ``subject``: a forget does not unlearn them
+    (docs/forgetting.md). Ids and versions are facts, so this answers before and after the forget alike."""
+    rows = client.query(
+        "SELECT DISTINCT policy_version_after FROM trainer_steps FINAL ARRAY JOIN sample_ids AS sid "
+        "WHERE sid IN (SELECT event_id FROM samples FINAL WHERE subject = {s:String}) ORDER BY 1",
+        parameters={"s": subject}).result_rows
+    return [int(r[0]) for r in rows]

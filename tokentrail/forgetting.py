@@ -18,7 +18,7 @@ from schemas.kafka.forget_log import forget_subject
 from schemas.kafka.key_store import ForgetSettings, KafkaKeyStore
 from schemas.sealing import Sealer
 from sinks.client import ClickHouseConfigError, connect
-from sinks.forget import blank_expired, blank_subject
+from sinks.forget import blank_expired, blank_subject, versions_trained_on
 from tokentrail.errors import CliError
 from tokentrail.settings import Settings, get_settings
 
@@ -79,12 +79,17 @@ def forget(settings: Settings, subjects: list[str], *, requested_by: str, reason
         progress(f"forget: {subject!r}: {len(event['key_ids'])} key(s) destroyed")
         events.append(event)
     blanked: dict[str, int] = {}
+    trained: dict[str, list[int]] = {}
     if clickhouse:
         try:
             client = connect(settings.clickhouse, dsn=dsn, database=database)
         except ClickHouseConfigError as exc:
             raise CliError(str(exc)) from exc
         for subject in subjects:
+            trained[subject] = versions_trained_on(client, subject)
+            if trained[subject]:
+                progress(f"forget: {subject!r}: policy versions {trained[subject]} trained on its samples; a forget "
+                         "does not unlearn them (docs/forgetting.md)")
             for table, rows in blank_subject(client, subject).items():
                 blanked[table] = blanked.get(table, 0) + rows
             progress(f"forget: {subject!r}: content blanked in ClickHouse ({sum(blanked.values())} rows so far)")
@@ -93,7 +98,7 @@ def forget(settings: Settings, subjects: list[str], *, requested_by: str, reason
         time.sleep(settings.forget.refresh_s + 0.5)
     return {"subjects": subjects, "requests": [e["request_id"] for e in events],
             "keys_destroyed": sum(len(e["key_ids"]) for e in events), "clickhouse_rows_blanked": blanked,
-            "sealing_enabled": settings.forget.enabled}
+            "sealing_enabled": settings.forget.enabled, "policy_versions_trained_on": trained}
 
 
 def expire(settings: Settings, *, clickhouse: bool = True, dsn: str | None = None, database: str | None = None,

@@ -9,7 +9,7 @@ from clickhouse_connect.driver.client import Client
 from processors.pipeline import StageConfigs
 from schemas.forget_events import forgotten_event
 from sinks.audit import format_table, run_audit
-from sinks.forget import blank_subject
+from sinks.forget import blank_subject, versions_trained_on
 from sinks.replay import replay
 from sinks.store import write_records
 from sinks.trace import format_trace, trace_sample
@@ -34,7 +34,9 @@ def test_audit_replay_and_trace_after_a_forget(ch: Client) -> None:
     event = forgotten_event(request_id="forget-req-1", subject="alice", requested_by="dpo", reason="erasure",
                             key_ids=["alice#1"], requested_at_us=1, created_at_us=2)
     write_records(ch, [("Forgotten", event)])
+    assert versions_trained_on(ch, "alice") == [2] and versions_trained_on(ch, "bob") == [3]
     blank_subject(ch, "alice")
+    assert versions_trained_on(ch, "alice") == [2]  # lineage survives the forget: a query, as promised
 
     results = {r.key: r for r in run_audit(ch)}
     assert all(r.passed for r in results.values()), {k: r.failures[:3] for k, r in results.items()}
