@@ -14,6 +14,9 @@ Processes of their own, all on this machine:
 * **thin**: ``bench/thin_proxy.py``, httpx relaying bytes and parsing nothing (a floor for any proxy).
 * **litellm**: LiteLLM's proxy (one worker) from ``.venv-litellm`` (``make setup-bench-litellm``), the
   upstream as a ``hosted_vllm`` model. Without it its figures are null and a line says how to install it.
+* **sealed**: the same gateway with forgetting on (issue 31): every rollout has a subject, so every record's
+  content is sealed under that subject's AES-GCM data key (keys on a topic of the run). ``sealing_cpu_ratio``
+  is its CPU per call over the plain gateway's, both measured in the same rotation (target: <= 1.10).
 * **in-process** (secondary line, ``--inprocess-calls``): the gateway with an in-process upstream that
   answers at once (the figure this bench used to report; it cannot see the HTTP client path).
 
@@ -67,7 +70,7 @@ from bench.gateway_workload import CHAT, MODEL, bench_topics, conversations, out
 from bench.http_client import Poster, RawClient, concurrently, percentile, timed_call
 from bench.processes import cpu_seconds, free_port, rss_mib, stop, wait_healthy
 
-ALL_TARGETS = ("gateway", "thin", "litellm")
+ALL_TARGETS = ("gateway", "sealed", "thin", "litellm")
 
 
 # ---------------------------------------------------------------- the gateway's own figures and rollouts
@@ -93,13 +96,17 @@ def _mean_ms(before: dict[str, float], after: dict[str, float], histogram: str) 
     return (after[f"{histogram}_sum"] - before[f"{histogram}_sum"]) / max(calls, 1) * 1000
 
 
-async def _start_rollouts(client: httpx.AsyncClient, url: str, count: int) -> list[str]:
-    """Start ``count`` rollouts (not timed); returns their per-attempt base paths."""
+async def _start_rollouts(client: httpx.AsyncClient, url: str, count: int, subjects: bool = False) -> list[str]:
+    """Start ``count`` rollouts (not timed); returns their per-attempt base paths. With ``subjects`` each
+    rollout belongs to a subject of its own (its records are sealed where forgetting is on)."""
     bases: list[str] = []
 
     async def worker(n: int) -> None:
         for _ in range(n):
-            response = await client.post(f"{url}/v1/rollouts", json={"task_input": {"bench": True}})
+            body: dict[str, Any] = {"task_input": {"bench": True}}
+            if subjects:
+                body["subject"] = f"bench-user-{uuid.uuid4().hex[:12]}"
+            response = await client.post(f"{url}/v1/rollouts", json=body)
             response.raise_for_status()
             body = response.json()
             bases.append(f"/rollouts/{body['rollout_id']}/attempts/{body['attempt_id']}")
@@ -121,6 +128,7 @@ class Target:
     url: str
     health: str = "/health"
     gateway: bool = False
+    subjects: bool = False  # its rollouts have subjects (the sealed gateway)
     cpu_s: float = 0.0
     latencies: dict[str, list[float]] = field(default_factory=dict)
 
@@ -128,7 +136,8 @@ class Target:
         """One chat URL per conversation (not timed: a gateway's rollouts are started here)."""
         if not self.gateway:
             return [self.url + CHAT] * conversations
-        return [self.url + base + CHAT for base in await _start_rollouts(client, self.url, conversations)]
+        bases = await _start_rollouts(client, self.url, conversations, self.subjects)
+        return [self.url + base + CHAT for base in bases]
 
 
 async def _c1(client: httpx.AsyncClient, post: Poster, targets: list[Target],
@@ -237,11 +246,12 @@ class Servers:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     targets: dict[str, Target] = field(default_factory=dict)
 
-    def spawn(self, name: str, argv: list[str], health: str = "/health", gateway: bool = False) -> Target:
+    def spawn(self, name: str, argv: list[str], health: str = "/health", gateway: bool = False,
+              subjects: bool = False) -> Target:
         port = free_port()
         proc = subprocess.Popen([a.replace("{port}", str(port)) for a in argv])
         self.procs.append(proc)
-        self.targets[name] = Target(name, proc, f"http://127.0.0.1:{port}", health, gateway)
+        self.targets[name] = Target(name, proc, f"http://127.0.0.1:{port}", health, gateway, subjects)
         return self.targets[name]
 
     @property
@@ -267,6 +277,11 @@ def _start_servers(args: argparse.Namespace, servers: Servers, text: Any, output
     if "gateway" in wanted:
         servers.spawn("gateway", [*serve_gateway, "--spool-dir", str(workdir / "spool"),
                                   *(["--upstream-url", upstream.url] if args.upstream == "http" else [])], gateway=True)
+    if "sealed" in wanted:
+        servers.spawn("sealed", [*serve_gateway, "--spool-dir", str(workdir / "spool-sealed"),
+                                 "--seal-keys-topic", args.keys_topic,
+                                 *(["--upstream-url", upstream.url] if args.upstream == "http" else [])],
+                      gateway=True, subjects=True)
     if "thin" in wanted:
         servers.spawn("thin", [python, "-m", "bench.thin_proxy", "--port", "{port}", "--upstream", upstream.url])
     if "litellm" in wanted and litellm_proxy.available():
@@ -341,6 +356,7 @@ async def _measure(args: argparse.Namespace, servers: Servers, work: Workloads, 
 def _gateway_calls(servers: Servers, work: Workloads) -> int:
     """Calls the gateways took, each of which must have put its record on the calls topic."""
     calls = _calls(work.warmup, work.timed, work.c64, *work.extras.values()) if servers.get("gateway") else 0
+    calls += _calls(work.warmup, work.timed, work.c64, *work.extras.values()) if servers.get("sealed") else 0
     calls += _calls(work.warmup, work.inprocess) if servers.get("inprocess") else 0
     return calls + (_calls(work.warmup, work.c64) if servers.get("multi") else 0)
 
@@ -385,6 +401,8 @@ def _comparison_figures(args: argparse.Namespace, work: Workloads, m: Measured) 
         "litellm_calls_per_s_c64": lite.calls_per_s if lite else None,
         **_c1_figures(m.main, "thin", "thin_"),
         "thin_calls_per_s_c64": thin.calls_per_s if thin else None,
+        **_c1_figures(m.main, "sealed", "sealed_"),
+        "sealed_calls_per_s_c64": m.c64["sealed"].calls_per_s if "sealed" in m.c64 else None,
         "direct_cpu_ms_per_call": m.main["direct"][1],
         "direct_calls_per_s_c64": m.c64["direct"].calls_per_s,
     }
@@ -394,6 +412,9 @@ def _comparison_figures(args: argparse.Namespace, work: Workloads, m: Measured) 
         "throughput_vs_litellm": _ratio(figures["calls_per_s_c64"], figures["litellm_calls_per_s_c64"]),
         "throughput_vs_thin": _ratio(figures["calls_per_s_c64"], figures["thin_calls_per_s_c64"]),
         "cpu_vs_thin": _ratio(figures["cpu_ms_per_call"], figures["thin_cpu_ms_per_call"]),
+        # Issue 31: what sealing subjects' content costs the gateway (target <= 1.10).
+        "sealing_cpu_ratio": _ratio(figures["sealed_cpu_ms_per_call"], figures["cpu_ms_per_call"]),
+        "sealing_throughput_ratio": _ratio(figures["sealed_calls_per_s_c64"], figures["calls_per_s_c64"]),
     }
 
 
@@ -462,6 +483,7 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     print(f"Kafka at {settings.kafka.bootstrap_servers} ...", flush=True)
     tag = uuid.uuid4().hex[:8]
     calls_topic, env_topic = f"bench.gateway.calls.{tag}", f"bench.gateway.env.{tag}"
+    args.keys_topic = f"bench.gateway.keys.{tag}"  # the sealed gateway's key store makes it (compacted)
     text = text_side()
     output_ids = output_ids_of(text, args.output_tokens)
     work = _workloads(args, text, text.decode(output_ids))
@@ -478,6 +500,11 @@ async def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await raw.close()
             stop(servers.procs)
+            for future in admin.delete_topics([args.keys_topic], operation_timeout=30).values():
+                try:
+                    future.result(timeout=60)
+                except Exception:  # not made (no sealed target): nothing to delete
+                    pass
         on_kafka = _records_on_kafka(settings.kafka, admin, calls_topic, f"bench-{tag}")
     figures = _comparison_figures(args, work, measured)
     return figures | _secondary_figures(args, figures, measured, work) | _delivery_figures(
@@ -490,7 +517,7 @@ def _summary(f: dict[str, Any]) -> None:
         return "n/a" if value is None else format(value, fmt)
 
     print(f"\n{'target':<10} {'added p50 ms c1':>16} {'CPU ms/call c1':>15} {'calls/s c64':>12}")
-    for name, prefix in (("tokentrail", ""), ("thin", "thin_"), ("litellm", "litellm_")):
+    for name, prefix in (("tokentrail", ""), ("sealed", "sealed_"), ("thin", "thin_"), ("litellm", "litellm_")):
         print(f"{name:<10} {show(f.get(prefix + 'added_p50_ms_c1')):>16} {show(f.get(prefix + 'cpu_ms_per_call')):>15} "
               f"{show(f.get(prefix + 'calls_per_s_c64')):>12}")
     print(f"tokentrail vs LiteLLM: CPU x{show(f.get('cpu_vs_litellm'), '.2f')}, added p50 "
@@ -556,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-ports", help=argparse.SUPPRESS)
     parser.add_argument("--calls-topic", help=argparse.SUPPRESS)
     parser.add_argument("--env-topic", help=argparse.SUPPRESS)
+    parser.add_argument("--seal-keys-topic", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         return serve(args)

@@ -85,8 +85,21 @@ def gateway_app(spool_dir: str, calls_topic: str, env_topic: str, output_tokens:
     )
 
 
+def install_sealing(keys_topic: str) -> None:
+    """Seal every subject's content in this gateway process (issue 31), keys on ``keys_topic``."""
+    from tokentrail.forgetting import install
+    from tokentrail.settings import get_settings
+
+    settings = get_settings()
+    forget = settings.forget.model_copy(update={"enabled": True, "keys_topic": keys_topic})
+    install(settings.model_copy(update={"forget": forget}))
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
+
+    if args.seal_keys_topic:
+        install_sealing(args.seal_keys_topic)
 
     if args.processes > 1 and args.process is None:
         return serve_processes(args)

@@ -180,8 +180,8 @@ def full_prompt_calls(client: object) -> None:
     client.command("ALTER TABLE calls_full_bytes MODIFY SETTING min_bytes_for_wide_part = 0")  # type: ignore
     # Migration 0014's columns (version spans, release arm) are not about prompts: both layouts carry them,
     # so the ratio compares prompt storage, not a column count.
-    # Nor is 0017's Kafka record time.
-    for table, spec in [*VERSION_SPAN_COLUMNS, ("calls", SRC_TIME_COLUMN)]:
+    # Nor is 0017's Kafka record time, nor 0018's subject (issue 31).
+    for table, spec in [*VERSION_SPAN_COLUMNS, ("calls", SRC_TIME_COLUMN), ("calls", "subject Nullable(String)")]:
         if table == "calls":
             client.command(f"ALTER TABLE calls_full_bytes ADD COLUMN {spec.split(' AFTER ')[0]}")  # type: ignore
     cache = CallTokenCache(client)  # type: ignore[arg-type]

@@ -30,11 +30,14 @@ class RolloutOutcome:
 
 def converse(client: openai.OpenAI, model: str, task: LookupTask, *, max_tokens: int = 24,
              temperature: float = 1.0, user: str | None = None,
-             on_tool_result: Callable[[Any, str, int], None] | None = None) -> tuple[str, list[str]]:
+             on_tool_result: Callable[[Any, str, int], None] | None = None,
+             note: str | None = None) -> tuple[str, list[str]]:
     """The agent's loop (both demos' agents): ask the question, run any tool call the model makes (the agent runs
     its tool itself), ask again with the result, for at most MAX_TURNS calls. Returns the answer and the
     response id of each call; ``on_tool_result(tool_call, result, call_index)`` sees every tool result."""
     messages: list[dict[str, Any]] = task.first_messages()
+    if note is not None:  # something of the user's own (the forgetting demo's canary), after the question
+        messages.append({"role": "user", "content": note})
     answer, response_ids = "", []
     extra = {"user": user} if user is not None else {}
     for _turn in range(MAX_TURNS):

@@ -40,6 +40,7 @@ import yaml
 
 from demo.agent import converse
 from demo.environment import LookupTask, make_task
+from demo.forgetting import FORGET_ENV, ForgetRun, canary_message, forget_figures, make_canary
 from demo.progress import ProgressTracker, VersionStats, version_bands
 from demo.services import Service, http_ok, wait_until
 from demo.steps import bring_up, private_env, run_cli, step
@@ -241,7 +242,8 @@ class Users:
     """``count`` simulated users, each running sessions (one lookup question each) until the deadline."""
 
     def __init__(self, gateway_url: str, model: str, count: int, outbox: FeedbackOutbox, *, seed: int,
-                 idle_s: float, late_fraction: float, wait_s: float, lag_s: float, explicit_end: float) -> None:
+                 idle_s: float, late_fraction: float, wait_s: float, lag_s: float, explicit_end: float,
+                 canaries: bool = False) -> None:
         self.gateway_url, self.model, self.count, self.outbox = gateway_url, model, count, outbox
         self.idle_s, self.late_fraction, self.wait_s, self.lag_s = idle_s, late_fraction, wait_s, lag_s
         self.explicit_end, self.seed = explicit_end, seed
@@ -249,6 +251,22 @@ class Users:
         self.errors: list[str] = []
         self._lock = threading.Lock()
         self._next_task = seed
+        # --forget: each user's own canary in every session, and the users stopped before their forget.
+        self.canaries = {self.user_name(n): make_canary(self.user_name(n)) for n in range(count)} if canaries else {}
+        self._retired: set[int] = set()
+        self._exited = {n: threading.Event() for n in range(count)}
+
+    @staticmethod
+    def user_name(n: int) -> str:
+        return f"demo-user-{n}"
+
+    def retire(self, users: list[int], timeout_s: float) -> None:
+        """Stop these users after their current session; returns once they stopped (or ``timeout_s``)."""
+        with self._lock:
+            self._retired.update(users)
+        deadline = time.monotonic() + timeout_s
+        for n in users:
+            self._exited[n].wait(max(0.0, deadline - time.monotonic()))
 
     def run_until(self, deadline: float, on_tick: Callable[[], None]) -> None:
         with ThreadPoolExecutor(max_workers=self.count, thread_name_prefix="user") as pool:
@@ -268,11 +286,17 @@ class Users:
             return make_task(self._next_task)
 
     def _user(self, n: int, deadline: float) -> None:
-        user = f"demo-user-{n}"
+        try:
+            self._sessions(n, deadline)
+        finally:
+            self._exited[n].set()
+
+    def _sessions(self, n: int, deadline: float) -> None:
+        user = self.user_name(n)
         rng = random.Random(self.seed * 1000 + n)
         client = openai.OpenAI(base_url=f"{self.gateway_url}/v1", api_key="demo-user", max_retries=0,
                                timeout=180.0)
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and n not in self._retired:
             try:
                 outcome = self._session(client, user, self._task(), rng)
             except Exception as exc:  # a failed session is reported, the user goes on
@@ -294,7 +318,9 @@ class Users:
     def _session(self, client: openai.OpenAI, user: str, task: LookupTask, rng: random.Random) -> SessionOutcome:
         """One conversation: no rollout is created; ``user`` is the session key."""
         # The agent runs its tool itself: no environment API.
-        answer, response_ids = converse(client, self.model, task, max_tokens=24, temperature=1.0, user=user)
+        canary = self.canaries.get(user)
+        answer, response_ids = converse(client, self.model, task, max_tokens=24, temperature=1.0, user=user,
+                                        note=canary_message(canary) if canary else None)
         rollout_id = None
         if rng.random() < self.explicit_end:  # the app says the conversation is over
             ended = httpx.post(f"{self.gateway_url}/v1/sessions/{quote(user, safe='')}/end", timeout=120.0)
@@ -351,6 +377,8 @@ def run_production(args: argparse.Namespace) -> int:
     state_dir = Path(state_dir).resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     os.environ.update(private_env(state_dir, shared.model.dir, _clickhouse_env(state_dir)))
+    if getattr(args, "forget", 0):  # every service and this process seal subjects' content (issue 31)
+        os.environ.update(FORGET_ENV)
     settings = Settings()  # the private settings, for this process's own clients
     print(f"production demo in {state_dir} (its own Kafka broker on {settings.kafka.bootstrap_servers})", flush=True)
     try:
@@ -402,6 +430,9 @@ def _run(args: argparse.Namespace, settings: Settings, state_dir: Path) -> tuple
                     f"session, staleness bound {args.max_staleness} versions; logs in {logs})")
     outbox = FeedbackOutbox(gateway_url)
     tracker: FeedbackProgress | None = None
+    forgetting = ForgetRun(min(args.forget, args.users - 1), args.forget_at)
+    if args.forget > args.users - 1:
+        print(f"  --forget {args.forget}: forgetting {forgetting.count} of {args.users} users (one keeps training)")
     try:
         for service in services:
             service.start()
@@ -413,7 +444,8 @@ def _run(args: argparse.Namespace, settings: Settings, state_dir: Path) -> tuple
         step(5, total, f"production traffic: {args.users} users for {args.minutes:g} min through the openai SDK, "
                         f"no rollout created; feedback after random delays, {args.late_fraction:.0%} of sessions late")
         users = Users(gateway_url, settings.model.name, args.users, outbox, seed=args.seed, idle_s=args.idle_s,
-                      late_fraction=args.late_fraction, wait_s=wait_s, lag_s=lag_s, explicit_end=args.explicit_end)
+                      late_fraction=args.late_fraction, wait_s=wait_s, lag_s=lag_s, explicit_end=args.explicit_end,
+                      canaries=forgetting.count > 0)
         for n in range(args.unmatched):  # feedback on responses the gateway never served
             outbox.schedule(time.time() + 5 + n, {"response_id": unknown_response_id(n)},
                             PlannedFeedback("BINARY", {"binary": True}, 0.0, 0.0, False), event_time=time.time())
@@ -425,6 +457,8 @@ def _run(args: argparse.Namespace, settings: Settings, state_dir: Path) -> tuple
                     print(f"  {service.name} exited; restarting it", flush=True)
                     service.start()
             assert tracker is not None
+            if forgetting.due(start, args.minutes):
+                forgetting.forget(settings, users, gateway_url, args.idle_s)
             print(f"  {time.monotonic() - start:5.0f}s  sessions {len(users.outcomes)}  feedback sent "
                   f"{len(outbox.sent)} (planned {outbox.pending()})  {tracker.line()}", flush=True)
 
@@ -453,6 +487,9 @@ def _run(args: argparse.Namespace, settings: Settings, state_dir: Path) -> tuple
     report_path = state_dir / "report.html"
     run_cli("report", "--out", str(report_path), "--no-audit")
     figures = _audit_and_replay(settings, config_path, users, outbox, total)
+    if forgetting.count:
+        step(9, total, "forgetting: residue scan of every topic, the spool, ClickHouse and the report; trainer steps")
+        figures.summary.update(forget_figures(settings, forgetting, users.canaries, report_path))
     return _summarize_production(figures, users, outbox, report_path)
 
 
@@ -546,13 +583,20 @@ def _summarize_production(figures: Figures, users: Users, outbox: FeedbackOutbox
                "feedback_refused": len(outbox.errors), "policy_versions": len(figures.by_version),
                "reward_first_band": first_mean, "reward_last_band": last_mean, "reward_improved": improved,
                "audit_passed": figures.audit_passed, "report": str(report_path)}
-    return (0 if figures.audit_passed else 1), json.dumps(summary)
+    forgot_ok = figures.summary.get("residual_readable") in (None, 0) and \
+        figures.summary.get("trained_after_forget") in (None, 0)
+    return (0 if figures.audit_passed and forgot_ok else 1), json.dumps(summary)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``--production`` run's own options (``tokentrail demo --production --help``)."""
     g = p.add_argument_group("--production (organic sessions, rewards from feedback)")
     g.add_argument("--users", type=int, default=6, help="simulated users at once (default 6)")
+    g.add_argument("--forget", type=int, default=0, metavar="K",
+                   help="forget K of the users mid-run (issue 31): sealing on, each user's canary planted, then a "
+                        "residue scan and the trainer steps after the forget (demo/forgetting.py)")
+    g.add_argument("--forget-at", type=float, default=0.5,
+                   help="when to forget, as a fraction of --minutes (default 0.5)")
     g.add_argument("--idle-s", type=float, default=4.0, help="session window: idle gap that ends a session (4)")
     g.add_argument("--explicit-end", type=float, default=0.7,
                    help="fraction of sessions the app ends explicitly; the rest end by the idle gap (0.7)")

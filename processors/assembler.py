@@ -40,6 +40,7 @@ from processors.response_text import response_text
 from schemas.codec import Codec, get_codec
 from schemas.ids import event_id
 from schemas.prompt_delta import MIN_SHARED_PREFIX, common_prefix_len
+from schemas.sealing import is_forgotten
 from schemas.tokens import IdArray
 
 Record = dict[str, Any]
@@ -210,8 +211,13 @@ class AttemptBuffer:
             if index in self.call_event_ids:
                 return self._same(self.call_event_ids[index], eid, f"call {index}")
             _check_call(record)
+            text = response_text(record.get("response_json") or "")
             slim = dict(record, request_json="", response_json="")  # bodies live on the calls topic
-            blob, text = _encode(name, slim), response_text(record.get("response_json") or "")
+            if record.get("subject"):
+                # A subject's output text must not sit in this state (and its changelog) in the clear: it
+                # stays in the slim record, which the codec seals with the rest; build_rollout reads it back.
+                slim["response_json"], text = text, ""
+            blob = _encode(name, slim)
             self._fit(name, record, len(blob) + len(text), room)
             self.calls[index] = blob
             self.call_texts[index] = text
@@ -377,6 +383,9 @@ def build_rollout(buf: AttemptBuffer, *, counted: bool, missing: list[str] | Non
     calls = [codec.decode(buf.calls[i], expect="CallRecord")[1] for i in sorted(buf.calls)]
     envs = [codec.decode(buf.env[i], expect="EnvStep")[1] for i in sorted(buf.env)]
 
+    gone = [r["event_id"] for r in (started, *calls, *envs, finished) if r is not None and is_forgotten(r)]
+    if gone:  # sealed under a key that was destroyed: this attempt can never be verified, scored or trained
+        missing.append(f"forgotten: the content of {len(gone)} record(s) was erased (its subject was forgotten)")
     tokens, errors = rebuild_calls(calls)
     for err in errors:
         # A delta on a call that is itself missing is a consequence, not a second fault.
@@ -423,7 +432,7 @@ def build_rollout(buf: AttemptBuffer, *, counted: bool, missing: list[str] | Non
         "metadata_json": started.get("metadata_json", "{}") if started else "{}",
         "finish_status": finished["status"] if finished else None,
         "final_artifacts_json": finished.get("final_artifacts_json", "{}") if finished else "{}",
-        "final_output_text": buf.call_texts.get(ok_calls[-1], "") if ok_calls else "",
+        "final_output_text": _output_text(buf, calls, ok_calls[-1]) if ok_calls else "",
         "calls": rollout_calls,
         "env_events": [{"event_id": e["event_id"], "event_index": int(e["event_index"]), "kind": e["kind"],
                         "call_id": e.get("call_id"), "name": e.get("name"), "payload_json": e["payload_json"]}
@@ -435,8 +444,28 @@ def build_rollout(buf: AttemptBuffer, *, counted: bool, missing: list[str] | Non
         "call_ids": [c["call_id"] for c in calls],
         "env_event_ids": [e["event_id"] for e in envs],
         "created_at_us": max(times) if times else 0,
+        "subject": attempt_subject(started, calls, envs, finished),
+        "sealed": None,
     }
     return rollout
+
+
+def _output_text(buf: AttemptBuffer, calls: list[Record], index: int) -> str:
+    """The call's output text: kept in the buffer, or (a subject's call) inside its sealed slim record."""
+    call = next((c for c in calls if int(c["call_index"]) == index), None)
+    if call is not None and call.get("subject"):
+        return str(call.get("response_json") or "")
+    return buf.call_texts.get(index, "")
+
+
+def attempt_subject(started: Record | None, calls: list[Record], envs: list[Record],
+                    finished: Record | None) -> str | None:
+    """Whose content the attempt is: the subject its records name (the gateway gives every record of an
+    attempt the same one); None when none names one (synthetic traffic, records written before subjects)."""
+    for record in (started, *calls, *envs, finished):
+        if record is not None and record.get("subject"):
+            return str(record["subject"])
+    return None
 
 
 def try_complete(buf: AttemptBuffer, *, counted: bool = True) -> Record | None:

@@ -13,7 +13,7 @@ MAX_REASON_CHARS = 8000
 
 def dead_letter(*, stage: str, source_topic: str, partition: int, offset: int, key: bytes | None,
                 value: bytes | None, error: BaseException | str, created_at_us: int,
-                error_type: str | None = None) -> Record:
+                error_type: str | None = None, subject: str | None = None) -> Record:
     """A DeadLetter for the message at ``source_topic[partition]@offset``.
 
     The id is defined by where the message came from and the stage, so re-processing the same
@@ -28,4 +28,6 @@ def dead_letter(*, stage: str, source_topic: str, partition: int, offset: int, k
     return {"event_id": event_id("dead_letter", stage, source_topic, partition, offset),
             "stage": stage, "source_topic": source_topic, "partition": int(partition), "offset": int(offset),
             "key": key, "value": value if value is not None else b"", "error_type": kind,
-            "reason": reason[:MAX_REASON_CHARS], "created_at_us": int(created_at_us)}
+            "reason": reason[:MAX_REASON_CHARS], "created_at_us": int(created_at_us),
+            # Whose content ``value`` carries, when the stage knows it: sealed under that subject's key.
+            "subject": subject, "sealed": None}

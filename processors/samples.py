@@ -21,7 +21,7 @@ sampled each loss token (over sample positions), so the trainer can judge stalen
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -33,6 +33,7 @@ from processors.credit import CreditConfig, TokenValues, token_values
 from processors.errors import PipelineInputError
 from processors.prefix import common_prefix_len_concat
 from schemas.ids import event_id
+from schemas.sealing import is_forgotten
 from schemas.tokens import FLOAT_DTYPE, IDS_DTYPE, MASK_DTYPE, pack_int32, unpack_floats, unpack_mask
 from schemas.version_spans import SpanRecord, VersionSpanError, call_versions_of, check_tiling, merge_adjacent, shifted
 
@@ -77,6 +78,7 @@ class Piece:
     refs: dict[str, list[str]] = field(default_factory=dict)
     created_at_us: int = 0
     version_spans: list[SpanRecord] = field(default_factory=list)  # over the piece's loss tokens, in order
+    subject: str | None = None  # whose content the tokens are (docs/forgetting.md)
 
 
 def _segment(rollout_id: str, call: Record, source: str, sample_start: int, call_start: int,
@@ -164,12 +166,22 @@ def rollout_pieces(rollout: Record, group_id: str, credit: Record, reward: Recor
             "credit_ids": [credit["event_id"]]}
     created = int(credit["created_at_us"])
     chains = _chains(rollout, tokens, cfg)
-    return [_piece(rollout, group_id, chain, tokens, tv, refs, created) for chain in chains]
+    subject = rollout.get("subject")
+    return [replace(_piece(rollout, group_id, chain, tokens, tv, refs, created), subject=subject) for chain in chains]
 
 
 def _bins(pieces: list[Piece], cfg: SampleConfig) -> list[list[Piece]]:
+    """Pieces into packed sequences. A packed sample holds one subject's tokens only (all of them under
+    that subject's key), so forgetting a subject drops whole samples and never changes another's weight."""
     if not cfg.pack.enabled:
         return [[p] for p in pieces]
+    by_subject: dict[str | None, list[Piece]] = {}
+    for p in pieces:
+        by_subject.setdefault(p.subject, []).append(p)
+    return [b for same in by_subject.values() for b in _first_fit(same, cfg)]
+
+
+def _first_fit(pieces: list[Piece], cfg: SampleConfig) -> list[list[Piece]]:
     cap = cfg.pack.max_tokens
     order = sorted(range(len(pieces)), key=lambda i: (-len(pieces[i].ids), i))
     bins: list[list[Piece]] = []
@@ -221,6 +233,7 @@ def _sample(bin_: list[Piece], cfg_id: str) -> Record:
         "advantages": joined("advantages"), "weights": joined("weights"),
         "sequence_starts": pack_int32(starts), "segments": segments, "version_spans": spans,
         "created_at_us": max(p.created_at_us for p in bin_),
+        "subject": bin_[0].subject, "sealed": None,
     }
 
 
@@ -232,7 +245,7 @@ def build_samples(group: Record, rollouts: list[Record], rewards: list[Record], 
     pieces: list[Piece] = []
     for rollout in rollouts:
         credit = by_rollout.get(rollout["rollout_id"])
-        if credit is None:
+        if credit is None or is_forgotten(rollout):  # a forgotten subject's tokens are gone: never trained
             continue
         reward = rewards_by_id.get(credit["reward_id"])
         if reward is None:

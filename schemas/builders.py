@@ -36,7 +36,7 @@ def make_call(rollout_id: str, attempt_id: str, index: int, prompt: Sequence[int
               total_ms: float = 5.0, response_json: str | None = None, request_json: str | None = None,
               versions: Record | None = None, spliced_outputs: int = 0, timings: Record | None = None,
               scripted: bool = False, version_spans: Sequence[tuple[int, int, int]] = (),
-              release: Record | None = None) -> Record:
+              release: Record | None = None, subject: str | None = None) -> Record:
     """A CallRecord; ``base`` = (base call id, base prompt ‖ output) delta-encodes the prompt. ``versions``
     and ``timings`` replace those sub-records whole. ``version_spans``: (version, start, end) over the output."""
     prompt_arr, output_arr = _ids(prompt), _ids(output)
@@ -69,32 +69,37 @@ def make_call(rollout_id: str, attempt_id: str, index: int, prompt: Sequence[int
         "scripted": scripted,
         "version_spans": [{"version": v, "start": a, "end": b} for v, a, b in version_spans],
         "release": release,
+        "subject": subject, "sealed": None,
     }
 
 
 def make_started(rollout_id: str, attempt_id: str, *, task_input: Any = None, group_id: str | None = None,
                  group_key: dict[str, str] | None = None, expected_group_size: int | None = None,
-                 attempt_number: int = 1, created_at_us: int = T0_US) -> Record:
+                 attempt_number: int = 1, created_at_us: int = T0_US, subject: str | None = None) -> Record:
     return {"event_id": event_id("attempt_started", rollout_id, attempt_id), "rollout_id": rollout_id,
             "attempt_id": attempt_id, "group_id": group_id, "group_key": dict(group_key or {}),
             "expected_group_size": expected_group_size,
             "task_input_json": orjson.dumps(task_input if task_input is not None else {},
                                             option=orjson.OPT_SORT_KEYS).decode(),
-            "metadata_json": "{}", "attempt_number": attempt_number, "created_at_us": created_at_us}
+            "metadata_json": "{}", "attempt_number": attempt_number, "created_at_us": created_at_us,
+            "subject": subject, "sealed": None}
 
 
 def make_env(rollout_id: str, attempt_id: str, index: int, *, kind: str = "TOOL_RESULT",
-             call: str | None = None, payload: Any = None, created_at_us: int | None = None) -> Record:
+             call: str | None = None, payload: Any = None, created_at_us: int | None = None,
+             subject: str | None = None) -> Record:
     return {"event_id": env_event_id(rollout_id, attempt_id, kind, index), "rollout_id": rollout_id,
             "attempt_id": attempt_id, "event_index": index, "kind": kind, "call_id": call, "name": "tool",
             "payload_json": orjson.dumps(payload if payload is not None else {"index": index}).decode(),
-            "created_at_us": T0_US + 1000 * (index + 1) + 500 if created_at_us is None else created_at_us}
+            "created_at_us": T0_US + 1000 * (index + 1) + 500 if created_at_us is None else created_at_us,
+            "subject": subject, "sealed": None}
 
 
 def make_finished(rollout_id: str, attempt_id: str, call_count: int, event_count: int, *,
                   status: str = "SUCCESS", final_artifacts: Any = None,
-                  created_at_us: int | None = None) -> Record:
+                  created_at_us: int | None = None, subject: str | None = None) -> Record:
     return {"event_id": event_id("attempt_finished", rollout_id, attempt_id), "rollout_id": rollout_id,
             "attempt_id": attempt_id, "status": status, "call_count": call_count, "event_count": event_count,
             "final_artifacts_json": orjson.dumps({} if final_artifacts is None else final_artifacts).decode(),
-            "created_at_us": T0_US + 1000 * (call_count + 2) if created_at_us is None else created_at_us}
+            "created_at_us": T0_US + 1000 * (call_count + 2) if created_at_us is None else created_at_us,
+            "subject": subject, "sealed": None}

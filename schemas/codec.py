@@ -6,6 +6,10 @@ schemas kept in this folder (current ones and ``history/`` for older versions), 
 into the current reader schema with fastavro's schema resolution. Given a ``RegistryFraming`` the
 Confluent wire format (``00`` + 4-byte schema id + body) is used instead; the one that talks to a Schema
 Registry is ``schemas.kafka.registry_framing`` (``kafka_codec(url)``), so the codec itself does no I/O.
+
+Content of subjects is sealed on encode and opened on decode by the process's ``Sealer``
+(``schemas/sealing.py``; the shell installs one with ``install_sealer`` when forgetting is on), so every
+producer and consumer reads what it may without knowing about it. Records without a subject pass as they are.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Any, Protocol
 
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+
+from schemas.sealing import CONTENT_FIELDS, Sealer
 
 SCHEMA_DIR = Path(__file__).resolve().parent
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
@@ -105,15 +111,38 @@ class RegistryFraming(Protocol):
     def writer(self, schema_id: int, where: dict[str, Any]) -> SchemaEntry: ...
 
 
+_PROCESS_SEALER: list[Sealer | None] = [None]
+
+
+def install_sealer(sealer: Sealer | None) -> Sealer | None:
+    """Make ``sealer`` the one every codec of this process without its own uses; returns the previous one."""
+    previous, _PROCESS_SEALER[0] = _PROCESS_SEALER[0], sealer
+    return previous
+
+
+def process_sealer() -> Sealer | None:
+    return _PROCESS_SEALER[0]
+
+
 class Codec:
     """Encode and decode events. One instance per process; thread-safe for reads."""
 
-    def __init__(self, store: SchemaStore | None = None, registry: RegistryFraming | None = None) -> None:
+    def __init__(self, store: SchemaStore | None = None, registry: RegistryFraming | None = None,
+                 sealer: Sealer | None = None) -> None:
         self.store = store or default_store()
         self._registry = registry
+        self._sealer = sealer
+
+    @property
+    def sealer(self) -> Sealer | None:
+        return self._sealer if self._sealer is not None else _PROCESS_SEALER[0]
 
     def encode(self, name: str, record: Record) -> bytes:
         entry = self.store.schema(name)
+        if record.get("subject") and name in CONTENT_FIELDS and record.get("sealed") is None:
+            sealer = self.sealer
+            if sealer is not None:
+                record = sealer.seal(name, record)
         buf = io.BytesIO()
         if self._registry is not None:
             buf.write(self._registry.header(entry))
@@ -161,6 +190,13 @@ class Codec:
         if buf.tell() != len(data):
             raise CorruptRecord(f"{len(data) - buf.tell()} trailing bytes after the {writer.name} body",
                                 **where)
+        if record.get("sealed") is not None:
+            sealer = self.sealer
+            if sealer is not None:
+                try:
+                    record = sealer.open(writer.name, record)
+                except ValueError as exc:  # SealingError: a tampered or misplaced envelope
+                    raise CorruptRecord(str(exc), **where) from exc
         return writer.name, record
 
 

@@ -36,6 +36,8 @@ class TopicSpec:
     partitions: int | None = None
     cleanup_policy: str = "delete"
     extra_config: dict[str, str] = field(default_factory=dict)
+    # False: the ClickHouse sink never copies this topic (the data keys: a copy elsewhere would outlive a forget).
+    sunk: bool = True
 
     def partition_count(self, kafka: TopicDefaults) -> int:
         return self.partitions if self.partitions is not None else kafka.partitions
@@ -117,9 +119,25 @@ BASELINES = TopicSpec(
     "was measured against (the group's, or the key's running baseline) and the running state before and after.",
 )
 
+# Forgetting (docs/forgetting.md). The key store of record: each subject's data keys, wrapped by the operator's
+# master key, compacted so a tombstone removes a key for good; never sunk, never copied. Compaction runs
+# soon (dirty ratio, segment age), so a destroyed key leaves the log within minutes, not at retention.
+SUBJECT_KEYS = TopicSpec(
+    "tokentrail.subject-keys", "key_id", ("SubjectKey",), FOREVER,
+    "Per-subject data keys wrapped by the master key (compacted; a tombstone destroys a key).",
+    partitions=1, cleanup_policy="compact", sunk=False,
+    extra_config={"min.cleanable.dirty.ratio": "0.01", "segment.ms": str(60 * 60 * 1000),
+                  "delete.retention.ms": str(60 * 60 * 1000)},
+)
+FORGOTTEN = TopicSpec(
+    "tokentrail.forgotten", "subject", ("Forgotten",), FOREVER,
+    "Immutable record of every forget request: who asked, when, which subject and keys; never content.",
+    partitions=1,
+)
+
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     CALLS, ENV, ROLLOUTS, GROUPS, SCORES, REWARDS, CREDITS, SAMPLES, TRAINER_STEPS, DEAD_LETTER,
-    FEEDBACK, RELEASE_DECISIONS, BASELINES,
+    FEEDBACK, RELEASE_DECISIONS, BASELINES, SUBJECT_KEYS, FORGOTTEN,
 )
 BY_NAME: dict[str, TopicSpec] = {spec.name: spec for spec in ALL_TOPICS}
 
@@ -136,6 +154,8 @@ TRAINER_STEPS_TOPIC = TRAINER_STEPS.name
 DEAD_LETTER_TOPIC = DEAD_LETTER.name
 FEEDBACK_TOPIC = FEEDBACK.name
 RELEASE_DECISIONS_TOPIC = RELEASE_DECISIONS.name
+SUBJECT_KEYS_TOPIC = SUBJECT_KEYS.name
+FORGOTTEN_TOPIC = FORGOTTEN.name
 
 
 def topic(name: str) -> TopicSpec:

@@ -33,6 +33,7 @@ from processors.feedback.config import FeedbackRewardConfig, load_feedback_confi
 from schemas.local_paths import DEPLOY_CONFIG_DIR
 from schemas.prompt_delta import PromptReconstructionError
 from schemas.tokens import unpack_floats, unpack_ids, unpack_int32, unpack_mask
+from sinks.audit_forgotten import apply_forgotten
 from sinks.audit_result import CheckResult
 from sinks.ddl import packed_read_sql
 from sinks.feedback_audit import feedback_accounting
@@ -483,7 +484,9 @@ CHECKS: dict[str, Callable[[Client], CheckResult]] = {
 
 
 def run_audit(client: Client, only: list[str] | None = None) -> list[CheckResult]:
-    return [fn(client) for key, fn in CHECKS.items() if not only or key in only]
+    results = [fn(client) for key, fn in CHECKS.items() if not only or key in only]
+    apply_forgotten(client, results)  # a forgotten subject's events: "forgotten by request <id>"
+    return results
 
 
 def format_table(results: list[CheckResult], max_ids: int = 10) -> str:
@@ -493,6 +496,8 @@ def format_table(results: list[CheckResult], max_ids: int = 10) -> str:
         shown = ", ".join(ids[:max_ids]) + (f" (+{len(ids) - max_ids} more)" if len(ids) > max_ids else "")
         lines.append(f"{r.key:<26} {'PASS' if r.passed else 'FAIL':<6} {r.checked:>8} {r.failed_count:>7}  {shown}")
     for r in results:
+        for item in r.forgotten[:max_ids]:
+            lines.append(f"  {r.key}: {item['kind']} {item['id']}: forgotten by request {item['request_id']}")
         for f in r.failures[:max_ids]:
             lines.append(f"  {r.key}: {f.kind} {f.id}: {f.reason}")
         if r.failed_count > max_ids:

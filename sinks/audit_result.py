@@ -26,6 +26,8 @@ class CheckResult:
     failures: list[Failure] = field(default_factory=list)
     failed_count: int = 0  # may exceed len(failures), which is capped
     notes: list[str] = field(default_factory=list)
+    # Events of forgotten subjects: {"id", "kind", "request_id"}; neither verified nor failed (issue 31).
+    forgotten: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -48,4 +50,5 @@ class CheckResult:
             "failed": self.failed_count,
             "failures": [asdict(f) for f in self.failures],
             "notes": self.notes,
+            "forgotten": self.forgotten,
         }

@@ -29,6 +29,7 @@ from processors.feedback.validate import check_feedback
 from processors.pipeline import StageConfigs, rederive
 from schemas.ids import event_id
 from schemas.kafka.config import KafkaSettings
+from sinks.audit_forgotten import forgotten_ids, forgotten_requests
 from sinks.feedback_store import components, load_feedback, load_feedback_rewards, load_rollout_refs
 from sinks.rows import Record, from_row
 from sinks.store import CallTokenCache, load_records, load_rollouts, select_rows
@@ -44,6 +45,9 @@ class ReplayResult:
     events: list[Event] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (group event id, reason)
     rewritten_scores: list[str] = field(default_factory=list)  # score ids with several contents
+    # Rollouts whose content was forgotten (issue 31): rollout event id -> the forget request; their groups
+    # cannot be re-derived (samples need the tokens) and are skipped with that reason.
+    forgotten_rollouts: dict[str, str] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         return dict(Counter(name for name, _ in self.events))
@@ -88,16 +92,24 @@ def replay(
     """Derive events for every stored group (or the given group ids) under ``configs``."""
     result = ReplayResult({"reward": configs.reward.id, "credit": configs.credit.id, "sample": configs.sample.id})
     cache = CallTokenCache(client)
+    all_forgotten = forgotten_ids(client, "rollouts", "event_id", forgotten_requests(client))
     for batch in _group_batches(client, group_ids):
         member_ids = sorted({e for g in batch for e in g["rollout_event_ids"]})
+        forgotten = {i: all_forgotten[i] for i in member_ids if i in all_forgotten}
+        result.forgotten_rollouts.update(forgotten)
+        readable = [i for i in member_ids if i not in forgotten]
         rollouts = {
             r["event_id"]: r
-            for r in load_rollouts(client, "event_id IN {ids:Array(String)}", {"ids": member_ids}, cache=cache)
+            for r in load_rollouts(client, "event_id IN {ids:Array(String)}", {"ids": readable}, cache=cache)
         }
         scores, rewritten = first_scores(client, member_ids)
         result.rewritten_scores += rewritten
         for group in batch:
             members = [rollouts[e] for e in group["rollout_event_ids"] if e in rollouts]
+            gone = sorted({forgotten[e] for e in group["rollout_event_ids"] if e in forgotten})
+            if gone:
+                result.skipped.append((group["event_id"], f"content forgotten by request {', '.join(gone)}"))
+                continue
             if len(members) != len(group["rollout_event_ids"]):
                 result.skipped.append((group["event_id"], "rollouts of the group are not all stored"))
                 continue

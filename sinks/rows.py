@@ -51,6 +51,7 @@ TABLE_OF: dict[str, str] = {
     "Feedback": "feedback",
     "ReleaseDecision": "release_decisions",
     "Baseline": "baselines",
+    "Forgotten": "forgotten",
 }
 RECORD_OF: dict[str, str] = {table: name for name, table in TABLE_OF.items()}
 
@@ -90,9 +91,13 @@ def _sha(data: bytes) -> str:
 # ---- record -> row -------------------------------------------------------------------------------
 
 
+# Never a column: ClickHouse keeps content opened (a forget blanks it there), never the sealed envelope.
+NOT_STORED = frozenset({"sealed"})
+
+
 def _flat(record: Record, renames: dict[str, str] | None = None) -> Row:
     renames = renames or {}
-    return {renames.get(k, k): v for k, v in record.items()}
+    return {renames.get(k, k): v for k, v in record.items() if k not in NOT_STORED}
 
 
 def call_row(rec: Record) -> Row:
@@ -105,6 +110,7 @@ def call_row(rec: Record) -> Row:
         "attempt_id": rec["attempt_id"],
         "call_index": rec["call_index"],
         "session_id": rec.get("session_id"),
+        "subject": rec.get("subject"),
         "protocol": rec["protocol"],
         "streamed": rec["streamed"],
         "status": rec["status"],
@@ -192,7 +198,7 @@ PREFIX_LINK_FIELDS = ("from_call_index", "to_call_index", "is_prefix", "common_p
 
 def rollout_row(rec: Record) -> Row:
     """The rollout without its calls' token bytes: lengths and sha256s instead (calls table has bytes)."""
-    row = {k: v for k, v in rec.items() if k not in ("calls", "env_events", "prefix_links")}
+    row = {k: v for k, v in rec.items() if k not in ("calls", "env_events", "prefix_links", *NOT_STORED)}
     calls, envs, links = rec["calls"], rec["env_events"], rec["prefix_links"]
     for f in ROLLOUT_CALL_FIELDS:
         row[f"c_{f}"] = [c[f] for c in calls]
@@ -230,7 +236,7 @@ def sample_row(rec: Record) -> Row:
             raise RowError(f"sample {rec['event_id']}: segment {seg} lies outside its {tokens} tokens")
         if seg["call_start"] < 0:
             raise RowError(f"sample {rec['event_id']}: segment {seg} has a negative call offset")
-    row = {k: v for k, v in rec.items() if k != "segments"}
+    row = {k: v for k, v in rec.items() if k != "segments" and k not in NOT_STORED}
     row["version_spans"] = span_tuples(rec.get("version_spans") or [])
     for f in SEGMENT_FIELDS:
         row[f"seg_{f}"] = [s[f] for s in rec["segments"]]
@@ -353,6 +359,7 @@ def call_from_row(row: Row) -> Record:
     rec["timings"] = {k: row[k] for k in ("received_at_us", "queue_ms", "first_token_ms", "total_ms")}
     rec.update(request_json=row["request_json"], response_json=row["response_json"], scripted=row["scripted"])
     rec.update(version_spans=span_records(row.get("version_spans")), release=release_from_columns(row))
+    rec.update(subject=row.get("subject"), sealed=None)
     return rec
 
 
@@ -371,7 +378,7 @@ def rollout_from_row(row: Row, call_tokens: Callable[[str], CallTokens | None]) 
     Every rebuilt array is checked against the hash the rollout row kept; a mismatch is a RowError.
     """
     rec = {
-        k: _plain(row[k])
+        k: _plain(row.get(k))
         for k in _schema_fields("CompletedRollout")
         if k not in ("calls", "env_events", "prefix_links")
     }
@@ -447,7 +454,7 @@ def sample_from_row(row: Row) -> Record:
     if row.get("input_ref_call_ids") or row.get("logprobs_sha256"):
         # Never an empty column in place of tokens: rebuilding needs the calls (sinks/store.py does it).
         raise RowError(f"sample {row['event_id']}: token columns stored by reference to calls, not rebuilt")
-    rec = {k: _plain(row[k]) for k in _schema_fields("Sample") if k not in ("segments", "version_spans")}
+    rec = {k: _plain(row.get(k)) for k in _schema_fields("Sample") if k not in ("segments", "version_spans")}
     rec["version_spans"] = span_records(row.get("version_spans"))
     rec["segments"] = [{f: row[f"seg_{f}"][i] for f in SEGMENT_FIELDS} for i in range(len(row["seg_call_id"]))]
     return _reorder("Sample", rec)
@@ -464,7 +471,7 @@ def _plain(value: Any) -> Any:
 
 
 def _reorder(name: str, rec: Record) -> Record:
-    return {f: _plain(rec[f]) for f in _schema_fields(name)}
+    return {f: _plain(rec[f] if f not in NOT_STORED else None) for f in _schema_fields(name)}
 
 
 def from_row(table: str, row: Row) -> Record:

@@ -34,6 +34,7 @@ from schemas.codec import Codec, DecodeError
 from schemas.ids import event_id
 from schemas.kafka.config import KafkaSettings
 from schemas.kafka.registry_framing import kafka_codec
+from sinks.forget import blank_subject
 from sinks.request_bodies import DEFAULT_MEMO_CHARS, RequestBodyDeltas
 from sinks.rows import Row, RowError, Source, to_row
 from sinks.sample_refs import DEFAULT_MEMO_CALLS, SampleRefs
@@ -53,7 +54,7 @@ ONCE_IDLE_S = 30.0
 def default_topic_map() -> TopicMap:
     from schemas import topics
 
-    return {spec.name: spec.value_schemas for spec in topics.ALL_TOPICS}
+    return {spec.name: spec.value_schemas for spec in topics.ALL_TOPICS if spec.sunk}
 
 
 def default_dead_letter_topic() -> str:
@@ -104,6 +105,7 @@ class _Pending:
     ranges: dict[str, dict[tuple[str, int], list[int]]] = field(default_factory=lambda: defaultdict(dict))
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)  # next offset to commit
     dead_letters: list[tuple[bytes | None, bytes]] = field(default_factory=list)  # (key, encoded record)
+    forgotten: list[str] = field(default_factory=list)  # subjects whose Forgotten event is in this batch
     count: int = 0
     nbytes: int = 0
     since: float = field(default_factory=time.monotonic)
@@ -287,6 +289,8 @@ class ClickHouseSink:
                 value, expect=self.topic_map.get(topic), topic=topic, partition=partition, offset=offset
             )
             table, row = to_row(name, record, Source(topic, partition, offset, kafka_time_ms(msg)))
+            if name == "Forgotten":
+                self.pending.forgotten.append(record["subject"])
             if table == "calls":
                 row = self.request_bodies.encode(row)
                 # Stored in this batch or an earlier one, before any sample of this batch (see flush).
@@ -331,6 +335,9 @@ class ClickHouseSink:
                 rows = p.rows[table]
                 self._insert(table, rows, dedup_token(table, p.ranges[table]))
                 self.stats.rows[table] += len(rows)
+        for subject in dict.fromkeys(p.forgotten):  # after the inserts: this batch's rows of it go too
+            blank_subject(self.client, subject)
+            self.log(f"sink: forgot the content of subject {subject!r} in ClickHouse")
         self.consumer.commit(
             offsets=[TopicPartition(t, part, off) for (t, part), off in p.offsets.items()], asynchronous=False
         )

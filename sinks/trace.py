@@ -39,6 +39,9 @@ def trace_sample(client: Client, sample_id: str, position: int | None = None) ->
             "sequences": len(unpack_int32(sample["sequence_starts"])) or 1,
             "policy_versions": [sample["policy_version_first"], sample["policy_version_last"]],
             "weight_total": sample["weight_total"],
+            "subject": sample.get("subject"),
+            # The forget request that erased its content (issue 31); None: its content is there.
+            "forgotten_by_request": _forget_request(client, sample.get("subject")),
         },
         "trainer_steps": [
             {
@@ -212,12 +215,23 @@ def _pick(row: dict[str, Any], *keys: str) -> dict[str, Any]:
     return {k: (list(row[k]) if isinstance(row[k], tuple) else row[k]) for k in keys}
 
 
+def _forget_request(client: Client, subject: str | None) -> str | None:
+    if not subject:
+        return None
+    rows = client.query("SELECT argMax(request_id, created_at_us) FROM forgotten FINAL WHERE subject = {s:String} "
+                        "HAVING count() > 0", parameters={"s": subject}).result_rows
+    return str(rows[0][0]) if rows else None
+
+
 def format_trace(trace: dict[str, Any]) -> str:
     s = trace["sample"]
     lines = [
         f"sample {s['id']}  ({s['kind']}, config {s['sample_config_id']}, {s['tokens']} tokens, "
         f"{s['loss_tokens']} in loss, policy v{s['policy_versions'][0]}..v{s['policy_versions'][1]})"
     ]
+    if s.get("forgotten_by_request"):
+        lines.append(f"  FORGOTTEN   its subject's content was erased by request {s['forgotten_by_request']}: "
+                     "token ids and texts below are blanks; ids, lengths, weights and lineage are kept")
     for t in trace["trainer_steps"]:
         lines.append(
             f"  trained in  run {t['run_id']} step {t['step']} (policy v{t['policy_version_before']} -> "

@@ -101,6 +101,8 @@ def sample_record(sequences: Sequence[SequenceSpec], policy_version: int = 0,
         "sequence_starts": pack_int32(starts),
         "segments": segments,
         "created_at_us": created_at_us if created_at_us is not None else time.time_ns() // 1000,
+        "subject": None,
+        "sealed": None,
     }
     if version_spans is not None:
         record["version_spans"] = version_spans

@@ -190,6 +190,8 @@ def synthetic_group(spec: GroupSpec) -> GroupEvents:
             "metadata_json": "{}",
             "attempt_number": 1,
             "created_at_us": t0,
+            "subject": None,
+            "sealed": None,
         }
         out.events.append(("AttemptStarted", start))
         prompt_ids = _ids(rng, spec.prompt_tokens, spec.ids)  # drawn either way: later draws stay the same
@@ -230,6 +232,8 @@ def synthetic_group(spec: GroupSpec) -> GroupEvents:
                 "name": "calculator",
                 "payload_json": '{"result": 4}',
                 "created_at_us": t0 + 1000 * (i + 1) + 500,
+                "subject": None,
+                "sealed": None,
             }
             out.events.append(("EnvStep", step))
             envs.append(step)
@@ -243,6 +247,8 @@ def synthetic_group(spec: GroupSpec) -> GroupEvents:
             "event_count": len(envs),
             "final_artifacts_json": '{"answer": "4"}',
             "created_at_us": t0 + 1000 * (spec.turns + 2),
+            "subject": None,
+            "sealed": None,
         }
         out.events.append(("AttemptFinished", finish))
         rollout = _rollout(start, finish, calls, envs, prompts, outputs)
@@ -410,6 +416,8 @@ def _rollout(
         "call_ids": [c["call_id"] for c in calls],
         "env_event_ids": [start["event_id"]] + [e["event_id"] for e in envs] + [finish["event_id"]],
         "created_at_us": finish["created_at_us"],
+        "subject": None,
+        "sealed": None,
     }
 
 
@@ -464,4 +472,6 @@ def pack_samples(parts: list[Record], config: dict) -> Record:
         "segments": segments,
         "version_spans": [],  # every loss token from policy_version_first
         "created_at_us": 0,
+        "subject": None,
+        "sealed": None,
     }

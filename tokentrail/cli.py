@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from tokentrail.errors import CliError
+
+FORGET_ENABLED_VAR = "TOKENTRAIL_FORGET__ENABLED"
 
 # command -> (module that registers it, one-line help for the top-level listing)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -24,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "clickhouse": ("tokentrail.commands.sinks", "ClickHouse schema: migrate | ddl | readonly-user | counts"),
     "sink": ("tokentrail.commands.sinks", "consume every topic into ClickHouse"),
     "audit": ("tokentrail.commands.sinks", "the four audit checks; exit 1 when any fails"),
+    "forget": ("tokentrail.commands.forget", "forget a subject: destroy its keys, blank its content"),
     "scan-residue": ("tokentrail.commands.residue",
                      "find readable content of forgotten subjects in topics, spool, ClickHouse and reports"),
     "trace": ("tokentrail.commands.sinks", "trace one sample (and token) back to its call, prompt, rollout and scores"),
@@ -74,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args([*argv, "--help"])
         return 2
     try:
+        if os.environ.get(FORGET_ENABLED_VAR, "").strip().lower() in ("1", "true", "yes", "on"):
+            # Seal and open subjects' content in this command (docs/forgetting.md). Read from the environment,
+            # the settings' only override, so commands that never touch content do not import the settings.
+            from tokentrail.forgetting import install_from_settings
+
+            install_from_settings()
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130

@@ -18,13 +18,14 @@ from processors.release.settings import ReleaseSettings
 from processors.stream.settings import ProcessorSettings
 from producers.gateway.settings import GatewaySettings
 from schemas.kafka.config import KafkaSettings
+from schemas.kafka.key_store import ForgetSettings
 from schemas.local_paths import REPO_ROOT, VAR_DIR
 from sinks.settings import ClickHouseSettings
 from trainer_consumer.settings import TrainerSettings
 from trainer_consumer.weight_sync.settings import WeightSyncSettings
 
 __all__ = [
-    "REPO_ROOT", "VAR_DIR", "ClickHouseSettings", "GatewaySettings", "KafkaSettings", "ModelSettings",
+    "REPO_ROOT", "VAR_DIR", "ClickHouseSettings", "ForgetSettings", "GatewaySettings", "KafkaSettings", "ModelSettings",
     "ProcessorSettings", "ReleaseSettings", "Settings", "TrainerSettings", "WeightSyncSettings", "get_settings",
 ]
 
@@ -41,6 +42,7 @@ class Settings(BaseSettings):
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     release: ReleaseSettings = Field(default_factory=ReleaseSettings)
     weight_sync: WeightSyncSettings = Field(default_factory=WeightSyncSettings)
+    forget: ForgetSettings = Field(default_factory=ForgetSettings)
 
 
 @lru_cache(maxsize=1)

@@ -196,6 +196,19 @@ class BatchBuilder(Generic[P]):
             self._entries.append((position, None, reason, sample.sample_id if reason == STALE else None))
         return reason
 
+    def drop_kept(self, drop: Callable[[TrainSample], bool], reason: str) -> int:
+        """Turn pending samples ``drop`` picks into rejects with ``reason`` (counted like any filter); how many."""
+        dropped = 0
+        for i, (position, sample, _reason, _stale) in enumerate(self._entries):
+            if sample is not None and drop(sample):
+                self._entries[i] = (position, None, reason, None)
+                self._pending_ids.discard(sample.sample_id)
+                self._masked.pop(sample.sample_id, None)
+                self._kept -= 1
+                self._kept_tokens -= sample.num_tokens
+                dropped += 1
+        return dropped
+
     def reject(self, reason: str, position: P) -> None:
         """Counts an item that never became a sample (e.g. undecodable)."""
         self._entries.append((position, None, reason, None))

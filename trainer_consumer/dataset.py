@@ -20,13 +20,16 @@ from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException
 from torch.utils.data import IterableDataset
 
 from schemas.codec import Codec, DecodeError, get_codec
+from schemas.sealing import is_forgotten
 from trainer_consumer.batching import Batch, BatchBuilder
-from trainer_consumer.sample_view import sample_from_record
+from trainer_consumer.sample_view import TrainSample, sample_from_record
 
 Position = tuple[str, int, int]  # (topic, partition, offset)
 DeadLetterFn = Callable[[Message, DecodeError], None]
 
 DECODE_ERROR = "decode_error"
+# A sample whose subject was forgotten (its key is gone, or went while it waited for its step).
+FORGOTTEN = "forgotten"
 
 
 def commit_offsets(positions: list[Position]) -> list[TopicPartition]:
@@ -52,6 +55,7 @@ class SampleStream:
         self.codec = codec or get_codec()
         self.consumer = Consumer(consumer_conf)
         self._backlog: deque[Message] = deque()
+        self._opened_at: dict[str, int] = {}  # sample id -> when its subject's content was opened (unix us)
         # Offsets already consumed by the weights we start from (see ``checkpoint``): a crash
         # between publishing a policy and committing its batch must not train that batch twice.
         self._start_after = {(t, int(p)): int(o) for t, p, o in (start_after or [])}
@@ -101,7 +105,37 @@ class SampleStream:
                 self.dead_letter(msg, exc)
             self.builder.reject(f"{DECODE_ERROR}:{type(exc).__name__}", position)
             return
-        self.builder.add(sample_from_record(record), position, self.current_version())
+        if is_forgotten(record):  # its subject's key is gone: never trained, counted in filtered_json
+            self.builder.reject(FORGOTTEN, position)
+            return
+        sample = sample_from_record(record)
+        if sample.subject:
+            self._opened_at[sample.sample_id] = time.time_ns() // 1000
+        self.builder.add(sample, position, self.current_version())
+
+    def _drop_forgotten(self) -> None:
+        """Right before a batch goes to a step: re-read the key store and drop the samples whose subject was
+        forgotten after they were opened, so no sample of a forgotten subject trains after its forget."""
+        keyring = getattr(self.codec.sealer, "keyring", None)
+        destroyed_at = getattr(keyring, "destroyed_at", None)
+        if not self._opened_at or destroyed_at is None:
+            return
+        keyring.refresh()
+
+        def forgotten(sample: TrainSample) -> bool:
+            at = destroyed_at.get(sample.subject) if sample.subject else None
+            # Opened before its key went; or made from content older than the forget (a stage that held the
+            # content in memory may have sealed it again under the subject's next key).
+            return at is not None and (at >= self._opened_at.get(sample.sample_id, 0) or sample.created_at_us < at)
+
+        self.builder.drop_kept(forgotten, FORGOTTEN)
+
+    def _take(self) -> Batch[Position]:
+        self._drop_forgotten()
+        batch = self.builder.take()
+        for sample in batch.samples:
+            self._opened_at.pop(sample.sample_id, None)
+        return batch
 
     def next_batch(self, idle_timeout_s: float, flush_partial: bool) -> Batch[Position] | None:
         """A full batch as soon as there is one. When no record arrives for ``idle_timeout_s``:
@@ -118,7 +152,7 @@ class SampleStream:
             while self._backlog and not self.builder.full():
                 self._take_message(self._backlog.popleft())
             if self.builder.full():
-                return self.builder.take()
+                return self._take()
             remaining = last_arrival + idle_timeout_s - time.monotonic()
             if remaining <= 0:
                 break
@@ -133,7 +167,7 @@ class SampleStream:
             if messages or not self._assigned:
                 last_arrival = time.monotonic()
         if flush_partial and self.builder.has_pending():
-            return self.builder.take()
+            return self._take()
         return None
 
     def commit(self, batch: Batch[Position]) -> list[TopicPartition]:

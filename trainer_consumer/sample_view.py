@@ -36,6 +36,9 @@ class TrainSample:
     # Sample.version_spans as (version, start, end) over token positions: which policy version sampled
     # which loss tokens; empty: every token from policy_version_first (trainer_consumer/staleness.py).
     version_spans: tuple[tuple[int, int, int], ...] = ()
+    # Whose content the tokens are (Sample.subject): checked against the key store before every step.
+    subject: str | None = None
+    created_at_us: int = 0  # Sample.created_at_us: when its content was made (from its inputs' times)
 
     @property
     def num_tokens(self) -> int:
@@ -71,6 +74,8 @@ def sample_from_record(rec: dict[str, Any]) -> TrainSample:
         sequence_rollout_ids=_sequence_rollouts(starts, rec.get("segments") or [], tuple(rec["rollout_ids"])),
         version_spans=tuple((int(s["version"]), int(s["start"]), int(s["end"]))
                             for s in rec.get("version_spans") or ()),
+        subject=rec.get("subject"),
+        created_at_us=int(rec.get("created_at_us") or 0),
     )
 
 

@@ -688,6 +688,45 @@ ALTER TABLE tokentrail.release_decisions ADD COLUMN IF NOT EXISTS src_time_ms In
 
 ALTER TABLE tokentrail.baselines ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
 
+ALTER TABLE tokentrail.calls ADD COLUMN IF NOT EXISTS subject Nullable(String) DEFAULT NULL;
+
+ALTER TABLE tokentrail.attempt_starts ADD COLUMN IF NOT EXISTS subject Nullable(String) DEFAULT NULL;
+
+ALTER TABLE tokentrail.env_steps ADD COLUMN IF NOT EXISTS subject Nullable(String) DEFAULT NULL;
+
+ALTER TABLE tokentrail.attempt_finishes ADD COLUMN IF NOT EXISTS subject Nullable(String) DEFAULT NULL;
+
+ALTER TABLE tokentrail.rollouts ADD COLUMN IF NOT EXISTS subject Nullable(String) DEFAULT NULL;
+
+ALTER TABLE tokentrail.samples ADD COLUMN IF NOT EXISTS subject Nullable(String) DEFAULT NULL;
+
+ALTER TABLE tokentrail.feedback ADD COLUMN IF NOT EXISTS subject Nullable(String) DEFAULT NULL;
+
+ALTER TABLE tokentrail.dead_letters ADD COLUMN IF NOT EXISTS subject Nullable(String) DEFAULT NULL;
+
+CREATE TABLE IF NOT EXISTS tokentrail.forgotten (
+    event_id String,
+    request_id String,
+    subject String,
+    requested_by String,
+    reason String,
+    key_ids Array(String),
+    requested_at_us Int64,
+    created_at_us Int64,
+    event_time DateTime64(6) MATERIALIZED fromUnixTimestamp64Micro(created_at_us),
+    content_hash String,
+    src_topic LowCardinality(String) DEFAULT '',
+    src_partition Int32 DEFAULT -1,
+    src_offset Int64 DEFAULT -1,
+    ingested_at DateTime64(6) DEFAULT now64(6)
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(event_time)
+ORDER BY (subject, event_id)
+SETTINGS non_replicated_deduplication_window = 10000;
+
+ALTER TABLE tokentrail.forgotten ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
+
 CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
         FROM tokentrail.attempt_starts FINAL
         UNION ALL

@@ -34,6 +34,7 @@ from producers.gateway.context import GatewayContext
 from producers.gateway.env_api import EnvApi
 from producers.gateway.errors import GatewayError, Protocol, internal_error
 from producers.gateway.feedback_api import FeedbackApi
+from producers.gateway.forget_api import ForgetApi
 from producers.gateway.heap import serving_heap
 from producers.gateway.identity import (
     CallIdentity,
@@ -60,6 +61,7 @@ from producers.gateway.sse import SSE_HEADERS
 from producers.gateway.tenants import Tenants
 from producers.upstreams.base import Upstream
 from schemas.codec import Codec, get_codec
+from schemas.kafka.key_store import ForgetSettings
 from schemas.tokens import TokenIds
 
 log = logging.getLogger("tokentrail.gateway")
@@ -178,6 +180,7 @@ class Gateway:
             raise ValueError("gateway.session_idle_s must be below gateway.attempt_idle_timeout_s (an organic "
                              "session would be dropped unfinished before it ends)")
         self.sessions = OrganicSessions(self.env_api, options.session_idle_s) if options.organic_sessions else None
+        self.forget_api: ForgetApi | None = None  # POST /v1/admin/forget, where the app has Kafka settings
         self._tasks: set[asyncio.Task[Any]] = set()
         self.metrics.watch_attempts(lambda: self.ctx.registry.counts()["active"])
         self._watch_registry_memory()
@@ -222,7 +225,8 @@ class Gateway:
         routes = [Route("/health", self.health, methods=["GET"]),
                   Route("/metrics", self.metrics_endpoint, methods=["GET"]),
                   *self.env_api.routes(), *FeedbackApi(self.ctx).routes(),
-                  *(self.sessions.routes() if self.sessions is not None else [])]
+                  *(self.sessions.routes() if self.sessions is not None else []),
+                  *(self.forget_api.routes() if self.forget_api is not None else [])]
         for path, endpoint, methods in model_routes:
             routes.append(Route(path, endpoint, methods=methods))
             routes.append(Route(ATTEMPT_PREFIX + path, endpoint, methods=methods))
@@ -621,6 +625,7 @@ def create_app(settings: GatewayStackSettings, upstream: Upstream, publisher: An
     """
     gateway = Gateway(options or GatewayOptions.from_settings(settings), upstream, publisher, renderer,
                       registry=registry, topics=topics)
+    gateway.forget_api = ForgetApi(gateway.ctx, settings.kafka, getattr(settings, "forget", None) or ForgetSettings())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -135,6 +135,9 @@ class AttemptState:
     in_flight: int = 0
     # Scripted completions still to emit, one per call (POST /v1/rollouts ``script``; tests only).
     script: deque[str] = field(default_factory=deque)
+    # Whose content the attempt's records carry (POST /v1/rollouts ``subject``, an organic session's key);
+    # None: nobody's (synthetic traffic). Every record of the attempt names it (docs/forgetting.md).
+    subject: str | None = None
     # Where the bytes kept here are counted (the registry's budget); None: not counted.
     ledger: MemoryLedger | None = None
     retained_bytes: int = 0
@@ -318,6 +321,25 @@ class AttemptRegistry:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
+    def forget_subject(self, subject: str) -> int:
+        """Drop what the registry keeps of ``subject``'s content (prompts, outputs, scripts, task inputs of
+        its rollouts) after a forget; later calls of its open attempts render from their text. The number of
+        attempts and rollouts touched."""
+        touched = 0
+        for state in list(self._active.values()):
+            if state.subject == subject:
+                state.drop_prompts()
+                state.drop_outputs()
+                state.script.clear()
+                touched += 1
+        for rid, info in list(self._rollouts.items()):
+            if info.start.get("subject") == subject:
+                self._set_rollout(rid, RolloutInfo(info.latest_attempt_id, info.latest_number,
+                                                   {**info.start, "task_input": {}, "script": None}, None,
+                                                   _start_bytes(info.start)))
+                touched += 1
+        return touched
+
     def start(self, rollout_id: str | None, start: dict[str, Any]) -> AttemptState:
         """A new rollout (fresh id unless given) or, for a known rollout id, its next attempt."""
         self.expire_idle()
@@ -328,7 +350,8 @@ class AttemptRegistry:
                            "finish it first", code="attempt_in_progress")
         number = previous.latest_number + 1 if previous else 1
         attempt_id = uuid.uuid4().hex
-        state = self._new_state(rid, attempt_id, number, script=deque(start.get("script") or ()))
+        state = self._new_state(rid, attempt_id, number, script=deque(start.get("script") or ()),
+                                subject=start.get("subject"))
         self._make_room_for_active()
         self._active[state.key] = state
         before = RolloutInfo(previous.latest_attempt_id, previous.latest_number, previous.start) \
@@ -434,7 +457,8 @@ class AttemptRegistry:
                 self._expired[key] = None
                 continue
             state = self._new_state(r.rollout_id, r.attempt_id, r.attempt_number,
-                                    next_call_index=r.next_call_index, next_event_index=r.next_event_index)
+                                    next_call_index=r.next_call_index, next_event_index=r.next_event_index,
+                                    subject=r.start.get("subject"))
             state.last_seen = time.monotonic() - idle_s  # its idle time goes on where it was
             for output in r.outputs:
                 state.keep_output(output)

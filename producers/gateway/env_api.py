@@ -48,6 +48,9 @@ class RolloutStart(_Strict):
     group_key: dict[str, str] = Field(default_factory=dict)
     expected_group_size: int | None = Field(default=None, ge=1)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # Whose content this rollout carries (a user or tenant id): its records are written under that subject's
+    # key and ``tokentrail forget`` can erase them (docs/forgetting.md). None: synthetic traffic, stored plain.
+    subject: str | None = Field(default=None, min_length=1, max_length=200)
     # Tests only: completions the engine emits in order, one per model call of each attempt, instead of
     # sampling (the embedded engine; each record says ``scripted``, and nothing trains on it).
     script: list[str] | None = Field(default=None, max_length=1000)
@@ -179,7 +182,7 @@ class EnvApi:
                 rollout_id=state.rollout_id, attempt_id=state.attempt_id, attempt_number=state.attempt_number,
                 group_id=start.get("group_id"), group_key=start.get("group_key") or {},
                 expected_group_size=start.get("expected_group_size"), task_input=start.get("task_input"),
-                metadata=start.get("metadata") or {}))
+                metadata=start.get("metadata") or {}, subject=state.subject))
             value = self.ctx.encode("AttemptStarted", record, state.rollout_id)
             await self.ctx.deliver(self.ctx.env_topic, state.rollout_id, "AttemptStarted", record, value)
         except GatewayError:
@@ -219,7 +222,7 @@ class EnvApi:
                     make_call_id(rid, aid, event.call_index) if event.call_index is not None else None)
                 record = _built(lambda e=event, i=index, eid=eid, cid=cid: records.env_step(
                     event_id_=eid, rollout_id=rid, attempt_id=aid, event_index=i, kind=e.kind, call_id=cid,
-                    name=e.name, payload=e.payload))
+                    name=e.name, payload=e.payload, subject=state.subject))
                 built.append((event, record, self.ctx.encode("EnvStep", record, rid)))
             state.next_event_index = start + len(built)  # taken only now, with nothing awaited since
             results = []
@@ -268,7 +271,7 @@ class EnvApi:
         # leaves it open); nothing is awaited between the counts read here and the finish.
         record = _built(lambda: records.attempt_finished(
             rollout_id=rid, attempt_id=aid, status=status, call_count=state.next_call_index,
-            event_count=state.next_event_index, final_artifacts=final_artifacts))
+            event_count=state.next_event_index, final_artifacts=final_artifacts, subject=state.subject))
         value = self.ctx.encode("AttemptFinished", record, rid)
         state = self.ctx.registry.finish(rid, aid, status)
         try:

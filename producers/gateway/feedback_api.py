@@ -69,6 +69,9 @@ class FeedbackBody(_Strict):
     id: str | None = Field(default=None, min_length=1, max_length=200)  # the sender's own feedback id
     supersedes: str | None = None
     event_time: float | None = None  # unix seconds; default: when the gateway received it
+    # Whose feedback text and details these are (issue 31); default: the session's key for a session
+    # target, the rollout's subject for a rollout this gateway started. Sealed under that subject's key.
+    subject: str | None = Field(default=None, min_length=1, max_length=200)
 
     @field_validator("kind", "outcome", mode="before")
     @classmethod
@@ -137,11 +140,24 @@ class FeedbackApi:
             raise GatewayError(403, "a tenant key posts feedback only on rollouts of its own sessions "
                                "(target rollout_id)", "permission", code="wrong_tenant")
 
+    def _subject(self, body: FeedbackBody, record: dict[str, Any]) -> str | None:
+        if body.subject is not None:
+            return body.subject
+        if record["target_kind"] == "SESSION":  # an organic session's key is its subject (sessions.py)
+            return str(record["target_id"])
+        if record["target_kind"] == "ROLLOUT":
+            try:
+                return self.ctx.registry.start_info(record["target_id"]).get("subject")
+            except GatewayError:  # a rollout this gateway does not know (another replica's, or long gone)
+                return None
+        return None
+
     async def post_feedback(self, request: Request) -> JSONResponse:
         try:
             tenant = self._require_admin(request)
             body, _ = await read_model(request, FeedbackBody, self.ctx.max_body_bytes)
             record = feedback_record(body, now_us())
+            record["subject"] = self._subject(body, record)
             if tenant is not None:
                 self._check_tenant_target(tenant, record)
             key = record["target_id"]

@@ -174,7 +174,7 @@ def call_record(*, call_id: str, rollout_id: str, attempt_id: str, call_index: i
                 prefix_breaks: list[str], received_at_us: int, queue_ms: float, first_token_ms: float,
                 total_ms: float, request: str, response: str, scripted: bool = False,
                 version_spans: Sequence[PolicySpan] = (), release: ReleaseAssignment | None = None,
-                ) -> dict[str, Any]:
+                subject: str | None = None) -> dict[str, Any]:
     """``version_spans`` are kept only where they say more than ``versions.policy_version`` (a weight update
     landed mid-call); ``release`` is the release arm that served the call, if a release plan routed it."""
     n_output = len(output_ids)
@@ -191,31 +191,34 @@ def call_record(*, call_id: str, rollout_id: str, attempt_id: str, call_index: i
         "request_json": request, "response_json": response, "scripted": scripted,
         "version_spans": call_spans(version_spans, int(versions.policy_version), n_output),
         "release": None if release is None else release.as_record(),
+        "subject": subject, "sealed": None,
     }
 
 
 def attempt_started(*, rollout_id: str, attempt_id: str, attempt_number: int, group_id: str | None,
                     group_key: dict[str, str], expected_group_size: int | None, task_input: Any,
-                    metadata: dict[str, Any]) -> dict[str, Any]:
+                    metadata: dict[str, Any], subject: str | None = None) -> dict[str, Any]:
     return {"event_id": event_id("attempt_started", rollout_id, attempt_id), "rollout_id": rollout_id,
             "attempt_id": attempt_id, "group_id": group_id, "group_key": dict(group_key),
             "expected_group_size": expected_group_size, "task_input_json": canonical_json(redact(task_input)),
             "metadata_json": canonical_json(redact(metadata)), "attempt_number": attempt_number,
-            "created_at_us": now_us()}
+            "created_at_us": now_us(), "subject": subject, "sealed": None}
 
 
 def env_step(*, event_id_: str, rollout_id: str, attempt_id: str, event_index: int, kind: str,
-             call_id: str | None, name: str | None, payload: Any) -> dict[str, Any]:
+             call_id: str | None, name: str | None, payload: Any, subject: str | None = None) -> dict[str, Any]:
     return {"event_id": event_id_, "rollout_id": rollout_id, "attempt_id": attempt_id,
             "event_index": event_index, "kind": kind, "call_id": call_id, "name": name,
-            "payload_json": canonical_json(redact(payload)), "created_at_us": now_us()}
+            "payload_json": canonical_json(redact(payload)), "created_at_us": now_us(), "subject": subject,
+            "sealed": None}
 
 
 def attempt_finished(*, rollout_id: str, attempt_id: str, status: str, call_count: int, event_count: int,
-                     final_artifacts: Any) -> dict[str, Any]:
+                     final_artifacts: Any, subject: str | None = None) -> dict[str, Any]:
     return {"event_id": event_id("attempt_finished", rollout_id, attempt_id), "rollout_id": rollout_id,
             "attempt_id": attempt_id, "status": status, "call_count": call_count, "event_count": event_count,
-            "final_artifacts_json": canonical_json(redact(final_artifacts)), "created_at_us": now_us()}
+            "final_artifacts_json": canonical_json(redact(final_artifacts)), "created_at_us": now_us(),
+            "subject": subject, "sealed": None}
 
 
 def quarantined_call(record: dict[str, Any], where: QuarantinedRecord) -> dict[str, Any]:

@@ -103,7 +103,7 @@ class AttemptFold:
             seen.start = {"task_input": _json(record.get("task_input_json")), "group_id": record.get("group_id"),
                           "group_key": dict(record.get("group_key") or {}),
                           "expected_group_size": record.get("expected_group_size"),
-                          "metadata": _json(record.get("metadata_json")) or {}}
+                          "metadata": _json(record.get("metadata_json")) or {}, "subject": record.get("subject")}
         elif schema_name == "EnvStep":
             seen.events_upto = max(seen.events_upto, int(record["event_index"]))
         elif schema_name == "AttemptFinished":

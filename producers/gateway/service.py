@@ -344,7 +344,7 @@ class CallService:
             total_ms=(time.perf_counter() - prep.started) * 1000,
             request=prep.request_json, response=orjson.dumps(response).decode(),
             scripted=prep.forced_ids is not None, version_spans=meta.get("version_spans", ()),
-            release=meta.get("release"))
+            release=meta.get("release"), subject=state.subject)
 
     async def _record_failure(self, prep: PreparedCall, error: GatewayError, body: dict[str, Any],
                               generated: Generated, finish_reason: str = "error") -> None:

@@ -177,7 +177,8 @@ class OrganicSessions:
                 window_start_us = time.time_ns() // 1000
                 start = {"task_input": {}, "group_id": None, "group_key": {}, "expected_group_size": None,
                          "metadata": {"organic": True, "session_ref": ref, "session_source": source,
-                                      "window_start_us": window_start_us}}
+                                      "window_start_us": window_start_us},
+                         "subject": key}  # the user's (or the tenant's) content: forgettable under this key
                 state = self.ctx.registry.start(rollout_id_for(key, window_start_us), start)
                 await self.env.publish_start(state, start)
                 if tenant is not None:

@@ -8,7 +8,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sinks.ddl.packed import CALL_PACKED, CALL_STORED
-from sinks.ddl.tables import BASELINES_TABLE, FEEDBACK_TABLE, LC, RELEASE_DECISIONS_TABLE, TABLE_NAMES, TABLES
+from sinks.ddl.tables import (
+    BASELINES_TABLE,
+    FEEDBACK_TABLE,
+    FORGOTTEN_TABLE,
+    LC,
+    RELEASE_DECISIONS_TABLE,
+    SUBJECT_CONTENT_COLUMNS,
+    TABLE_NAMES,
+    TABLES,
+)
 from sinks.freshness import SRC_TIME_COLUMN
 
 # TrainerStep v2 (issue 19); defaults match the Avro defaults, so rows stored before read as v1 events.
@@ -71,6 +80,9 @@ class Migration:
 
 # Append only: a migration, once released, is never edited. Schema evolution (a new Avro field with a
 # default) becomes an ADD COLUMN IF NOT EXISTS whose default matches the Avro default.
+# The tables there were when 0017 was released (tables created later add the column themselves).
+TABLES_0017: tuple[str, ...] = tuple(name for name in TABLE_NAMES if name != FORGOTTEN_TABLE.name)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("0001_tables", "one immutable table per event type", lambda db: [t.create_sql(db) for t in TABLES]),
     Migration(
@@ -171,7 +183,18 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         "0017_src_time",
         "every table: the Kafka record timestamp the sink read (freshness, issue 30)",
-        lambda db: [f"ALTER TABLE {db}.{table} ADD COLUMN IF NOT EXISTS {SRC_TIME_COLUMN}" for table in TABLE_NAMES],
+        lambda db: [f"ALTER TABLE {db}.{table} ADD COLUMN IF NOT EXISTS {SRC_TIME_COLUMN}" for table in TABLES_0017],
+    ),
+    Migration(
+        "0018_subjects",
+        "the subject whose content a row carries (issue 31; null on rows stored before), and the forget "
+        "requests table",
+        lambda db: [
+            *(f"ALTER TABLE {db}.{table} ADD COLUMN IF NOT EXISTS subject Nullable(String) DEFAULT NULL"
+              for table in SUBJECT_CONTENT_COLUMNS),
+            FORGOTTEN_TABLE.create_sql(db),
+            f"ALTER TABLE {db}.{FORGOTTEN_TABLE.name} ADD COLUMN IF NOT EXISTS {SRC_TIME_COLUMN}",
+        ],
     ),
 )
 

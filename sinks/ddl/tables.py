@@ -431,5 +431,33 @@ BASELINES_TABLE = Table(
     indexes=("INDEX ix_group_id group_id TYPE bloom_filter GRANULARITY 4",),
 )
 
+# Forget requests (issue 31, migration 0018): who asked, when, which subject and keys; never content.
+FORGOTTEN_TABLE = Table(
+    "forgotten",
+    """
+    event_id String,
+    request_id String,
+    subject String,
+    requested_by String,
+    reason String,
+    key_ids Array(String),
+    requested_at_us Int64,
+    created_at_us Int64""",
+    "subject, event_id",
+)
+
+# The tables that carry a subject's content (their ``subject`` column came in migration 0018), and the
+# columns of each that hold content: what a forget blanks and what retention's TTL clears.
+SUBJECT_CONTENT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "calls": ("request_json", "response_json"),
+    "attempt_starts": ("task_input_json",),
+    "env_steps": ("payload_json",),
+    "attempt_finishes": ("final_artifacts_json",),
+    "rollouts": ("task_input_json", "final_artifacts_json", "final_output_text", "e_payload_json"),
+    "samples": ("input_ids",),
+    "feedback": ("details_json", "text"),
+    "dead_letters": ("value",),
+}
+
 TABLE_NAMES: tuple[str, ...] = (*(t.name for t in TABLES), FEEDBACK_TABLE.name, RELEASE_DECISIONS_TABLE.name,
-                                BASELINES_TABLE.name)
+                                BASELINES_TABLE.name, FORGOTTEN_TABLE.name)

@@ -298,3 +298,35 @@ def test_an_event_past_the_rollout_byte_cap_is_refused_and_changes_nothing() -> 
     (rollout,) = state.expire_due(10**18, 1)
     assert rollout["status"] == "INCOMPLETE"
     assert RolloutAssembly("r").accept("EnvStep", make_env("r", "a", 1, payload="y" * 25_000)).rollouts == []  # no cap
+
+
+def test_an_attempt_with_forgotten_content_never_completes() -> None:
+    """Issue 31: a record whose subject's key is gone decodes blank and still sealed; the attempt it belongs
+    to is INCOMPLETE (never scored or trained), saying why."""
+    events = attempt_events(_spec())
+    events = [(n, dict(r, sealed=b"TTS1...") if n == "CallRecord" and r["call_index"] == 1 else r)
+              for n, r in events]
+    (rollout,) = _feed(RolloutAssembly("r1"), events)
+    assert rollout["status"] == "INCOMPLETE" and not rollout["counted"]
+    assert any(m.startswith("forgotten: the content of 1 record") for m in rollout["missing"])
+
+
+def test_a_subjects_output_text_stays_sealed_in_the_assembly_state() -> None:
+    """Issue 31: the assembler's state (kept in a changelog topic) holds a subject's output text only sealed;
+    the rollout still gets its final output text."""
+    from schemas.codec import install_sealer
+    from schemas.sealing import MemoryKeyring, Sealer
+
+    events = [(n, dict(r, subject="tenant/u1")) for n, r in attempt_events(_spec())]
+    previous = install_sealer(Sealer(MemoryKeyring()))
+    try:
+        state = RolloutAssembly("r1")
+        out = []
+        for name, rec in events[:-1]:
+            out += state.accept(name, rec).rollouts
+        assert out == [] and b"The answer is 42" not in state.to_bytes()
+        (rollout,) = state.accept(*events[-1]).rollouts
+    finally:
+        install_sealer(previous)
+    assert rollout["status"] == "COMPLETE" and rollout["final_output_text"] == "The answer is 42"
+    assert rollout["subject"] == "tenant/u1"

@@ -158,3 +158,22 @@ def test_filtered_rollouts_get_no_samples() -> None:
     rewards = compute_rewards(group, rollouts, constant_scores(group, rollouts, [1.0, 1.0]), config)
     credits = compute_credits(rollouts, rewards, CREDIT)
     assert credits == [] and build_samples(group, rollouts, rewards, credits, CREDIT, SampleConfig()) == []
+
+
+def test_packing_never_mixes_subjects_and_a_forgotten_rollout_gives_no_sample() -> None:
+    """Issue 31: a packed sample holds one subject's tokens (forgetting one drops whole samples and never
+    changes another's weight); a rollout whose content was forgotten (still sealed after decoding) is skipped."""
+    rollouts = [dict(_rollout(f"r{i}", seed=i), subject=s) for i, s in enumerate(["alice", "bob", "alice", None])]
+    packed = samples_for(rollouts, SampleConfig(pack={"enabled": True, "max_tokens": 10_000}))
+    by_subject = {s["subject"]: {r for r in s["rollout_ids"]} for s in packed}
+    assert by_subject == {"alice": {"r0", "r2"}, "bob": {"r1"}, None: {"r3"}} and len(packed) == 3
+    def totals(samples: list[dict]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for sample in samples:
+            for rid, w in weight_by_rollout(sample).items():
+                out[rid] = out.get(rid, 0.0) + w
+        return out
+
+    assert totals(packed) == pytest.approx(totals(samples_for(rollouts, SampleConfig())))  # no weight changes
+    rollouts[1]["sealed"] = b"TTS1..."  # bob's rollout decoded without its key
+    assert {r for s in samples_for(rollouts, SampleConfig()) for r in s["rollout_ids"]} == {"r0", "r2", "r3"}

@@ -20,6 +20,7 @@ EXPECTED_NAMES = {
     "tokentrail.calls", "tokentrail.env", "tokentrail.rollouts", "tokentrail.groups", "tokentrail.scores",
     "tokentrail.rewards", "tokentrail.credits", "tokentrail.samples", "tokentrail.trainer-steps",
     "tokentrail.dead-letter", "tokentrail.feedback", "tokentrail.release-decisions", "tokentrail.baselines",
+    "tokentrail.subject-keys", "tokentrail.forgotten",
 }
 
 

@@ -28,7 +28,8 @@ FLAT_NAMES = sorted(set(TABLE_OF) - {"CompletedRollout"})
 
 
 def test_every_schema_has_a_table() -> None:
-    assert set(TABLE_OF) == set(get_codec().store.current)
+    # Data keys are never copied to ClickHouse (a copy would outlive a forget): the key topic is not sunk.
+    assert set(TABLE_OF) == set(get_codec().store.current) - {"SubjectKey"}
     assert set(RECORD_OF) == set(TABLE_OF.values())
 
 
@@ -38,7 +39,10 @@ def test_row_round_trip(name: str) -> None:
     if name == "Sample":  # the generic example's arrays disagree in length; make them one 4-token sample
         record["loss_mask"] = pack_mask([0, 1, 1, 1])
         record["segments"][0].update(sample_start=0, call_start=0, length=4)
+    if "sealed" in record:  # ClickHouse keeps opened content, never the envelope
+        record["sealed"] = None
     table, row = to_row(name, record, Source("t", 3, 42))
+    assert "sealed" not in row
     assert table == TABLE_OF[name]
     assert (row["src_topic"], row["src_partition"], row["src_offset"]) == ("t", 3, 42)
     assert len(row["content_hash"]) == 64

@@ -178,6 +178,9 @@ def _replay(args: argparse.Namespace) -> int:
     print(f"{result.groups} groups re-derived: " + ", ".join(f"{n} {k}" for k, n in sorted(result.counts().items())))
     for group_event_id, reason in result.skipped:
         print(f"skipped group {group_event_id}: {reason}", file=sys.stderr)
+    if result.forgotten_rollouts:
+        print(f"replay: {len(result.forgotten_rollouts)} rollouts could not be re-derived: their content was "
+              "forgotten", file=sys.stderr)
     if result.rewritten_scores:
         print(
             f"warning: {len(result.rewritten_scores)} raw score(s) were rewritten; the first stored content "
