@@ -70,18 +70,19 @@ class FamilyTextSide(ModelTextSide):
     def _prepared(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return template_messages(messages, thinking_key="thinking" in self.renderer.chat_template)
 
-    def parse_family(self, text: str) -> FamilyParse:
+    def parse_family(self, text: str, *, thinking: bool = True) -> FamilyParse:
         """The family's parse of an output's text (without its stop token). The library parses ids: the
         text's ids are the sampled ones wherever the sample is canonical (scripted outputs always are)."""
-        return self.format.parse(self.renderer.encode(text))
+        return self.format.parse(self.renderer.encode(text), thinking=thinking)
 
-    def parse(self, text: str) -> ParsedText:
-        parsed = self.parse_family(text)
+    def parse(self, text: str, template_kwargs: dict[str, Any] | None = None) -> ParsedText:
+        parsed = self.parse_family(text, thinking=thinking_enabled(template_kwargs))
         return ParsedText(parsed.content, parsed.reasoning,
                           [ParsedToolCall(c.name, c.arguments) for c in parsed.tool_calls], parsed.errors)
 
-    def stream_parser(self) -> FamilyStream:  # type: ignore[override]
-        return FamilyStream(self.family, self.parse_family)
+    def stream_parser(self, template_kwargs: dict[str, Any] | None = None) -> FamilyStream:  # type: ignore[override]
+        thinking = thinking_enabled(template_kwargs)
+        return FamilyStream(self.family, lambda text: self.parse_family(text, thinking=thinking))
 
 
 class HarmonyTextSide(FamilyTextSide):
@@ -111,6 +112,12 @@ def _effort(template_kwargs: dict[str, Any] | None) -> str | None:
     """vLLM takes gpt-oss's reasoning effort from the request; here from ``chat_template_kwargs``."""
     effort = (template_kwargs or {}).get("reasoning_effort")
     return None if effort is None else str(effort)
+
+
+def thinking_enabled(template_kwargs: dict[str, Any] | None) -> bool:
+    """Whether the request left thinking on (``chat_template_kwargs.enable_thinking``, default on), as vLLM's
+    Qwen3 parser reads it."""
+    return (template_kwargs or {}).get("enable_thinking", True) is not False
 
 
 def read_generation_stops(renderer: ChatRenderer) -> tuple[int, ...]:

@@ -262,7 +262,7 @@ class CallService:
         if prep.call.messages is None:  # a text completion: no parsing
             content, reasoning, calls, errors = generated.text, None, [], ()
         else:
-            parsed = self.text.parse(generated.text)
+            parsed = self.text.parse(generated.text, prep.call.template_kwargs or None)
             content, reasoning, errors = parsed.content, parsed.reasoning, parsed.errors
             calls = [ToolCallOut(tool_call_id(prep.tool_call_prefix, prep.call_id, i), c.name, c.arguments)
                      for i, c in enumerate(parsed.tool_calls)]

@@ -67,9 +67,11 @@ def family_cell(harness: str, family: str, calls: list[dict[str, Any]], evidence
     for i, (call, e) in enumerate(zip(calls, evidence, strict=True)):
         exact = reproduced[i]
         if exact is None:  # no independent renderer: the harness check's own rule
+            # The whole prompt decoded, special tokens and all (``text.decode`` is for outputs: it drops stop
+            # tokens, and a prompt's turn ends are stop tokens, so it never equals the render).
             rendered = text.render_text(e.messages, e.tools)
-            exact = text.decode(e.prompt_ids) == rendered and (call["spliced_outputs"] > 0
-                                                               or e.prompt_ids == e.rerender_ids)
+            exact = text.renderer.decode(e.prompt_ids) == rendered and (call["spliced_outputs"] > 0
+                                                                        or e.prompt_ids == e.rerender_ids)
         cell.token_exact += bool(exact and call["status"] == "OK")
         cell.parse_failures += bool(text.parse(e.output_text).errors)
         if e.previous is None:
