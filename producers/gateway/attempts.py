@@ -134,7 +134,7 @@ class AttemptState:
     max_outputs: int = 4096
     in_flight: int = 0
     # Scripted completions still to emit, one per call (POST /v1/rollouts ``script``; tests only).
-    script: deque[str] = field(default_factory=deque)
+    script: deque[str | list[int]] = field(default_factory=deque)
     # Where the bytes kept here are counted (the registry's budget); None: not counted.
     ledger: MemoryLedger | None = None
     retained_bytes: int = 0
