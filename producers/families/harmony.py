@@ -21,12 +21,15 @@ environment):
 Splicing: harmony renders message by message (``enc.render`` of each message concatenates to the conversation's
 render), so the prompt is built from pieces and an assistant turn equal to what an earlier call of the attempt
 sampled enters as the sampled ids themselves (after its ``<|start|>assistant`` header, which the earlier
-prompt ended with). A tool-call turn is kept whole, analysis included, as harmony's format wants it during a
-tool cycle (it writes the call's header as ``<|channel|>commentary to=functions.NAME <|constrain|>json``, which
-harmony 0.0.8 would re-render with the recipient first). So ``prompt_{i+1}`` extends ``prompt_i ‖ output_i``
-across tool round trips. Where the format does not keep a sampled turn, the turn is rendered from the message
-and the break is named: ``reasoning_dropped`` (a later final answer drops its analysis) and
-``turn_end_rewritten`` (a final answer's ``<|return|>`` is ``<|end|>`` once it is history).
+prompt ended with), where the prompt built so far is exactly that call's prompt: the result is then that
+call's prompt ‖ output extended, and otherwise (the harness rewrote what came before) the full render, never a
+mix of the two that no other implementation would produce. A tool-call turn is kept whole, analysis
+included, as harmony's format wants it during a tool cycle (the model writes the call's header as
+``<|channel|>commentary to=functions.NAME <|constrain|>json``, which harmony 0.0.8 re-renders with the
+recipient first). So ``prompt_{i+1}`` extends ``prompt_i ‖ output_i`` across tool round trips. Where the format
+does not keep a sampled turn, the turn is rendered from the message and the break is named:
+``reasoning_dropped`` (a later final answer drops its analysis) and ``turn_end_rewritten`` (a final answer's
+``<|return|>`` is ``<|end|>`` once it is history).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class Prior:
     call_index: int
     output_ids: Sequence[int]
     message: Message | None
+    prompt_ids: Sequence[int] | None = None  # None: no longer kept (then its turns are rendered, not spliced)
 
 
 @dataclass
@@ -219,13 +223,16 @@ class HarmonyChat:
             sampled = matched.get(k)
             if sampled is not None:
                 why = self._kept(sampled, after_final=k <= last_final)
-                if why is None:
+                if why is not None:
+                    out.breaks.append(f"call {sampled.call_index}, message {k + used}: harmony does not keep the "
+                                      f"sampled turn ({', '.join(why)})")
+                    causes.update(why)
+                elif sampled.prompt_ids is not None and \
+                        [int(i) for i in sampled.prompt_ids] == out.ids + self._header:
                     out.ids += self._header + [int(i) for i in sampled.output_ids]
                     out.spliced.append(sampled.call_index)
                     continue
-                out.breaks.append(f"call {sampled.call_index}, message {k + used}: harmony does not keep the "
-                                  f"sampled turn ({', '.join(why)})")
-                causes.update(why)
+                # else: what came before the turn is not what the call saw; the turn is rendered
             for hm in self.turn(message, tool_names):
                 if k <= last_final and hm.channel == "analysis":
                     continue  # vLLM's auto_drop_analysis_messages
@@ -235,6 +242,13 @@ class HarmonyChat:
         if latest is not None and all(p.call_index != latest.call_index for p in matched.values()):
             out.breaks.append(f"call {latest.call_index}: no assistant message in the history equals its output "
                               "(the harness rewrote or dropped it)")
+        elif latest is not None and latest.prompt_ids is not None and latest.call_index not in out.spliced \
+                and not causes:
+            before = [int(i) for i in latest.prompt_ids] + [int(i) for i in latest.output_ids]
+            at = next((n for n, (a, b) in enumerate(zip(before, out.ids, strict=False)) if a != b),
+                      min(len(before), len(out.ids)))
+            out.breaks.append(f"call {latest.call_index}: prompt ‖ output is not a prefix of this prompt; they "
+                              f"differ from token {at} (the history before its turn changed)")
         if causes:  # the family format's causes, one entry (as FamilyTextSide names them; the drift views read it)
             out.breaks.append(f"gpt-oss format: {', '.join(sorted(causes))}")
         return out

@@ -99,7 +99,8 @@ class HarmonyTextSide(FamilyTextSide):
                     prefix_mode: str, prior: Sequence[PriorSample],
                     template_kwargs: dict[str, Any] | None = None) -> Rendered:
         effort = _effort(template_kwargs)
-        samples = [] if prefix_mode == "retokenize" else [Prior(p.call_index, p.output_ids, p.message) for p in prior]
+        samples = [] if prefix_mode == "retokenize" else [Prior(p.call_index, p.output_ids, p.message, p.prompt_ids)
+                                                          for p in prior]
         prompt = self.harmony.splice(messages, tools, samples, effort)
         return Rendered(prompt.ids, len(prompt.spliced), prompt.breaks)
 

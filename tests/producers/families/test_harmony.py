@@ -51,7 +51,7 @@ def test_a_tool_round_trip_extends_the_sampled_ids(chat: HarmonyChat) -> None:
     output = _ids(chat, SAMPLED_CALL)
     # The harness sends the call back re-serialized, without the reasoning: still the same turn.
     second = [*FIRST, _call_turn('{"key":"fox"}'), {"role": "tool", "tool_call_id": "c1", "content": "red"}]
-    spliced = chat.splice(second, [LOOKUP], [Prior(0, output, RETURNED)])
+    spliced = chat.splice(second, [LOOKUP], [Prior(0, output, RETURNED, first)])
     assert spliced.ids[:len(first) + len(output)] == first + output
     assert spliced.spliced == [0] and spliced.breaks == []
     assert chat.encoding.decode(spliced.ids[len(first) + len(output):]) == (
@@ -61,12 +61,19 @@ def test_a_tool_round_trip_extends_the_sampled_ids(chat: HarmonyChat) -> None:
     assert plain[:len(first)] == first and plain[:len(first) + len(output)] != first + output
     assert 'assistant to=functions.lookup<|channel|>commentary json<|message|>{"key":"fox"}<|call|>' in \
         chat.encoding.decode(plain)
+    # The harness changed what came before the turn (here the instructions): the whole prompt is rendered, not
+    # a mix of re-rendered history and sampled ids; the break is named.
+    changed = [{"role": "system", "content": "Answer briefly."}, *second[1:]]
+    rerendered = chat.splice(changed, [LOOKUP], [Prior(0, output, RETURNED, first)])
+    assert rerendered.ids == chat.render(changed, [LOOKUP]) and rerendered.spliced == []
+    assert len(rerendered.breaks) == 1 and rerendered.breaks[0].startswith(
+        "call 0: prompt ‖ output is not a prefix of this prompt; they differ from token ")
 
 
 def test_a_turn_the_harness_changed_is_rendered_from_the_message_and_the_break_named(chat: HarmonyChat) -> None:
     output = _ids(chat, SAMPLED_CALL)
     changed = [*FIRST, _call_turn(json.dumps({"key": "owl"})), {"role": "tool", "tool_call_id": "c1", "content": "?"}]
-    spliced = chat.splice(changed, [LOOKUP], [Prior(0, output, RETURNED)])
+    spliced = chat.splice(changed, [LOOKUP], [Prior(0, output, RETURNED, chat.render(FIRST, [LOOKUP]))])
     assert spliced.ids == chat.render(changed, [LOOKUP]) and spliced.spliced == []
     assert spliced.breaks == ["call 0: no assistant message in the history equals its output (the harness "
                               "rewrote or dropped it)"]
