@@ -63,6 +63,7 @@ class Prior:
 class HarmonyPrompt:
     ids: list[int]
     spliced: list[int] = field(default_factory=list)  # call indexes whose sampled ids are in the prompt
+    starts: list[int] = field(default_factory=list)  # where each spliced turn starts (its header)
     breaks: list[str] = field(default_factory=list)
 
 
@@ -209,7 +210,19 @@ class HarmonyChat:
     def splice(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
                prior: Sequence[Prior], effort: str | None = None) -> HarmonyPrompt:
         """The prompt, with every assistant turn that is an earlier call's output (and that the format keeps as
-        sampled) as that call's sampled ids."""
+        sampled) as that call's sampled ids, provided the prompt up to the last such turn is exactly that call's
+        prompt (earlier prompts need not be kept: each was proven the same way when it was built); else the full
+        render, and the break named."""
+        out = self._build(messages, tools, prior, effort, splice=True)
+        if out.spliced:
+            last = max((p for p in prior if p.call_index == out.spliced[-1]), key=lambda p: p.call_index)
+            start = out.starts[-1]
+            if last.prompt_ids is None or [int(i) for i in last.prompt_ids] != out.ids[:start] + self._header:
+                out = self._build(messages, tools, prior, effort, splice=False)
+        return out
+
+    def _build(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
+               prior: Sequence[Prior], effort: str | None, *, splice: bool) -> HarmonyPrompt:
         head, used = self.preamble(messages, tools, effort)
         body = list(messages[used:])
         tool_names = {str(c.get("id")): str((c.get("function") or {}).get("name", ""))
@@ -227,12 +240,11 @@ class HarmonyChat:
                     out.breaks.append(f"call {sampled.call_index}, message {k + used}: harmony does not keep the "
                                       f"sampled turn ({', '.join(why)})")
                     causes.update(why)
-                elif sampled.prompt_ids is not None and \
-                        [int(i) for i in sampled.prompt_ids] == out.ids + self._header:
+                elif splice:
+                    out.starts.append(len(out.ids))
                     out.ids += self._header + [int(i) for i in sampled.output_ids]
                     out.spliced.append(sampled.call_index)
                     continue
-                # else: what came before the turn is not what the call saw; the turn is rendered
             for hm in self.turn(message, tool_names):
                 if k <= last_final and hm.channel == "analysis":
                     continue  # vLLM's auto_drop_analysis_messages
@@ -242,9 +254,8 @@ class HarmonyChat:
         if latest is not None and all(p.call_index != latest.call_index for p in matched.values()):
             out.breaks.append(f"call {latest.call_index}: no assistant message in the history equals its output "
                               "(the harness rewrote or dropped it)")
-        elif latest is not None and latest.prompt_ids is not None and latest.call_index not in out.spliced \
-                and not causes:
-            before = [int(i) for i in latest.prompt_ids] + [int(i) for i in latest.output_ids]
+        elif latest is not None and latest.call_index not in out.spliced and not causes:
+            before = [int(i) for i in latest.prompt_ids or ()] + [int(i) for i in latest.output_ids]
             at = next((n for n, (a, b) in enumerate(zip(before, out.ids, strict=False)) if a != b),
                       min(len(before), len(out.ids)))
             out.breaks.append(f"call {latest.call_index}: prompt ‖ output is not a prefix of this prompt; they "

@@ -102,3 +102,23 @@ def test_reasoning_effort_and_unknown_roles(chat: HarmonyChat) -> None:
         chat.render(FIRST, None, "none")
     with pytest.raises(ValueError, match="no role 'function'"):
         chat.render([*FIRST, {"role": "function", "content": "x"}], None)
+
+
+def test_earlier_prompts_need_not_be_kept_the_latest_proves_the_chain(chat: HarmonyChat) -> None:
+    first = chat.render(FIRST, [LOOKUP])
+    out0 = _ids(chat, SAMPLED_CALL)
+    second = [*FIRST, RETURNED, {"role": "tool", "tool_call_id": "c1", "content": "red"}]
+    prompt1 = chat.splice(second, [LOOKUP], [Prior(0, out0, RETURNED, first)]).ids
+    call2 = SAMPLED_CALL.replace("fox", "owl")
+    returned2 = {**_call_turn('{"key": "owl"}', "I need the owl."), "tool_calls": [
+        {"id": "c2", "type": "function", "function": {"name": "lookup", "arguments": '{"key": "owl"}'}}]}
+    out1 = _ids(chat, call2)
+    third = [*second, returned2, {"role": "tool", "tool_call_id": "c2", "content": "grey"}]
+    # The first call's prompt is no longer kept (the gateway keeps only the latest prompts): still spliced.
+    prompt2 = chat.splice(third, [LOOKUP], [Prior(0, out0, RETURNED, None), Prior(1, out1, returned2, prompt1)])
+    assert prompt2.spliced == [0, 1] and prompt2.breaks == []
+    assert prompt2.ids[:len(prompt1) + len(out1)] == prompt1 + out1
+    # Without the latest prompt nothing proves the chain: the full render, the break named.
+    unproven = chat.splice(third, [LOOKUP], [Prior(0, out0, RETURNED, None), Prior(1, out1, returned2, None)])
+    assert unproven.spliced == [] and unproven.ids == chat.render(third, [LOOKUP])
+    assert [b.split(";")[0] for b in unproven.breaks] == ["call 1: prompt ‖ output is not a prefix of this prompt"]
