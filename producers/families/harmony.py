@@ -255,7 +255,8 @@ class HarmonyChat:
             out.breaks.append(f"call {latest.call_index}: no assistant message in the history equals its output "
                               "(the harness rewrote or dropped it)")
         elif latest is not None and latest.call_index not in out.spliced and not causes:
-            before = [int(i) for i in latest.prompt_ids or ()] + [int(i) for i in latest.output_ids]
+            kept = () if latest.prompt_ids is None else latest.prompt_ids  # the gateway's are numpy arrays
+            before = [int(i) for i in kept] + [int(i) for i in latest.output_ids]
             at = next((n for n, (a, b) in enumerate(zip(before, out.ids, strict=False)) if a != b),
                       min(len(before), len(out.ids)))
             out.breaks.append(f"call {latest.call_index}: prompt ‖ output is not a prefix of this prompt; they "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 
 from producers.families.harmony import HarmonyChat, Prior
@@ -64,7 +65,8 @@ def test_a_tool_round_trip_extends_the_sampled_ids(chat: HarmonyChat) -> None:
     # The harness changed what came before the turn (here the instructions): the whole prompt is rendered, not
     # a mix of re-rendered history and sampled ids; the break is named.
     changed = [{"role": "system", "content": "Answer briefly."}, *second[1:]]
-    rerendered = chat.splice(changed, [LOOKUP], [Prior(0, output, RETURNED, first)])
+    kept = np.asarray(first, dtype=np.uint32)  # as the gateway keeps prompts
+    rerendered = chat.splice(changed, [LOOKUP], [Prior(0, np.asarray(output, dtype=np.uint32), RETURNED, kept)])
     assert rerendered.ids == chat.render(changed, [LOOKUP]) and rerendered.spliced == []
     assert len(rerendered.breaks) == 1 and rerendered.breaks[0].startswith(
         "call 0: prompt ‖ output is not a prefix of this prompt; they differ from token ")
