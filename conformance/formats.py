@@ -16,8 +16,13 @@ from conformance.corpus import Capabilities, Output
 
 
 def _qwen3(out: Output) -> str:
-    """Qwen3 (hermes tool calls): ``<think>`` block, text, then one ``<tool_call>`` JSON block per call."""
-    text = f"<think>\n{out.reasoning}\n</think>\n\n" if out.reasoning is not None else ""
+    """Qwen3 (hermes tool calls): ``<think>`` block, text, then one ``<tool_call>`` JSON block per call. An answer
+    with nothing to think still opens with an empty ``<think>`` block, as Qwen3 writes it in thinking mode: without
+    it vLLM's ``qwen3`` parser (and the gateway, which parses as vLLM does) reads the whole answer as reasoning.
+    A tool-call turn without reasoning is written bare (everything before ``<tool_call>`` is empty reasoning)."""
+    empty = out.reasoning is None and not out.calls
+    text = f"<think>\n{out.reasoning}\n</think>\n\n" if out.reasoning is not None else (
+        "<think>\n\n</think>\n\n" if empty else "")
     body = out.content
     for k, call in enumerate(out.calls):
         body += "\n" if (k or body) else ""

@@ -83,17 +83,25 @@ class IndependentRenderer:
         n = len(self.prefill)
         return ids[:-n] if n and ids[-n:] == self.prefill else ids
 
+    def _prepared(self, messages: Sequence[Message]) -> list[Message]:
+        if self.name != "gpt-oss":
+            return _for_renderers(messages)
+        # vLLM's harmony path takes tool-call arguments as sent (text, not an object), and renderers' gpt-oss
+        # renderer reads a tool result's function from the message's ``name`` (its callers attach it), where
+        # OpenAI chat names it by ``tool_call_id``: attach the name of the call it answers.
+        return _named_tool_results(_for_renderers(messages, object_arguments=False))
+
     def render(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None) -> list[int]:
-        return self._unfilled(self.renderer.render_ids(_for_renderers(messages), tools=_tools(tools),
+        return self._unfilled(self.renderer.render_ids(self._prepared(messages), tools=_tools(tools),
                                                        add_generation_prompt=True))
 
     def bridge(self, prompt: Sequence[int], output: Sequence[int], messages: Sequence[Message],
                tools: Sequence[Mapping[str, Any]] | None) -> list[int] | None:
-        new = _after_last_assistant(messages)
+        prepared = self._prepared(messages)
+        new = _after_last_assistant(prepared)
         if new is None:
             return None
-        bridged = self.renderer.bridge_to_next_turn(list(prompt), list(output), _for_renderers(new),
-                                                    tools=_tools(tools))
+        bridged = self.renderer.bridge_to_next_turn(list(prompt), list(output), new, tools=_tools(tools))
         return None if bridged is None else self._unfilled(bridged.token_ids)
 
     def judge(self, prompt: Sequence[int], messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
@@ -139,7 +147,7 @@ def _tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | 
     return [dict(t) for t in tools] if tools else None
 
 
-def _for_renderers(messages: Sequence[Message]) -> list[Message]:
+def _for_renderers(messages: Sequence[Message], *, object_arguments: bool = True) -> list[Message]:
     """OpenAI chat messages as a serving engine hands them to a renderer: ``content: null`` as empty text, and
     tool-call arguments (a JSON string on the wire) as the object they encode, as vLLM's
     ``/v1/chat/completions`` does before it renders (``_postprocess_messages``: the chat templates expect a
@@ -150,10 +158,16 @@ def _for_renderers(messages: Sequence[Message]) -> list[Message]:
         message = {k: v for k, v in m.items() if v is not None or k == "content"}
         if message.get("content") is None:
             message["content"] = ""
-        if message.get("role") == "assistant" and message.get("tool_calls"):
+        if object_arguments and message.get("role") == "assistant" and message.get("tool_calls"):
             message["tool_calls"] = [_object_arguments(c) for c in message["tool_calls"]]
         out.append(message)
     return out
+
+
+def _named_tool_results(messages: list[Message]) -> list[Message]:
+    names = {c.get("id"): (c.get("function") or {}).get("name") for m in messages for c in m.get("tool_calls") or ()}
+    return [{**m, "name": names[m["tool_call_id"]]} if m.get("role") == "tool" and not m.get("name")
+            and names.get(m.get("tool_call_id")) else m for m in messages]
 
 
 def _object_arguments(call: Mapping[str, Any]) -> dict[str, Any]:

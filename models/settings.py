@@ -25,3 +25,6 @@ class ModelSettings(BaseModel):
     family: str = ""
     # Model families (`tokentrail model build --family F`, models/families): each in families_dir/F.
     families_dir: Path = VAR_DIR / "models" / "families"
+    # gpt-oss: the harmony system message's "Current date" (YYYY-MM-DD); "" renders today's (UTC) date, as vLLM
+    # does without VLLM_SYSTEM_START_DATE (pin it where prompts must not change at midnight).
+    harmony_start_date: str = ""

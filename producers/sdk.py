@@ -40,7 +40,7 @@ class _RolloutBase:
     def __init__(self, gateway_url: str, *, task_input: Any = None, group_id: str | None = None,
                  group_key: dict[str, str] | None = None, expected_group_size: int | None = None,
                  metadata: dict[str, Any] | None = None, rollout_id: str | None = None,
-                 admin_key: str | None = None, script: list[str] | None = None) -> None:
+                 admin_key: str | None = None, script: list[str | list[int]] | None = None) -> None:
         self.gateway_url = gateway_url.rstrip("/")
         self._start_body: dict[str, Any] = {"task_input": task_input, "group_key": dict(group_key or {}),
                                             "metadata": dict(metadata or {})}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -42,8 +43,9 @@ class FamilyParse:
 class OutputFormat(Protocol):
     version: str  # recorded as the call's parser version
 
-    def parse(self, output_ids: list[int]) -> FamilyParse:
-        """Parse one sampled output (its ids, with or without the final stop token)."""
+    def parse(self, output_ids: list[int], *, thinking: bool = True) -> FamilyParse:
+        """Parse one sampled output (its ids, with or without the final stop token); ``thinking``: the request
+        left thinking on (``enable_thinking``; only Qwen3 reads it)."""
         ...
 
 
@@ -56,21 +58,29 @@ class RenderersFormat:
     """A ``renderers`` renderer's ``parse_response`` on the family's tokenizer."""
 
     def __init__(self, tokenizer: Any, family: str, config: Any, parser_name: str, *,
-                 accepted: frozenset[str] = frozenset({"ok"}), json_call_prefixes: tuple[str, ...] = ()) -> None:
+                 accepted: frozenset[str] = frozenset({"ok"}), json_call_prefixes: tuple[str, ...] = (),
+                 xml_string_values: bool = False, unclosed_is_reasoning: bool = False) -> None:
         """``accepted``: the parse statuses that are a good call (the XML format's values are text: a
         value that is not JSON is a string argument, status ``invalid_json``, not a failure).
         ``json_call_prefixes``: where the format has no call markers (llama3), an output that starts like
-        a call but yields none is a parse failure."""
+        a call but yields none is a parse failure. ``xml_string_values``: see ``framed_string_values``.
+        ``unclosed_is_reasoning``: see ``_as_vllm_qwen3``."""
         from renderers import create_renderer
 
         self._renderer = create_renderer(tokenizer, config)
         self._accepted = accepted
         self._json_call_prefixes = json_call_prefixes
+        self._xml_string_values = xml_string_values
+        self._unclosed_is_reasoning = unclosed_is_reasoning
         self._tokenizer = tokenizer
         self.version = f"{family}: renderers=={version('renderers')} {parser_name}"
 
-    def parse(self, output_ids: list[int]) -> FamilyParse:
+    def parse(self, output_ids: list[int], *, thinking: bool = True) -> FamilyParse:
         parsed = self._renderer.parse_response(list(output_ids))
+        if self._unclosed_is_reasoning and thinking:
+            text = self._text(output_ids)
+            if "</think>" not in text:
+                return self._as_vllm_qwen3(text, parsed)
         reasoning = parsed.reasoning_content
         if reasoning is not None and parsed.reasoning_complete is False:
             reasoning = reasoning.strip()  # as the complete block's is, so a stream's deltas add up to it
@@ -82,31 +92,68 @@ class RenderersFormat:
             errors = (f"output starts like a tool call but none parsed: {head[:200]!r}",)
         if errors:  # vLLM: the parser gives up on the whole output; it all stays content
             return FamilyParse(self._content_after_reasoning(output_ids, parsed), reasoning, (), errors)
-        calls = tuple(FamilyToolCall(str(c.name), _arguments_text(c.arguments if c.arguments is not None else {}))
-                      for c in parsed.tool_calls)
+        calls = tuple(FamilyToolCall(str(c.name), _arguments_text(self._arguments(c))) for c in parsed.tool_calls)
         return FamilyParse(parsed.content or "", reasoning, calls)
 
-    def _content_after_reasoning(self, output_ids: list[int], parsed: Any) -> str:
+    def _arguments(self, call: Any) -> Any:
+        arguments = call.arguments if call.arguments is not None else {}
+        if self._xml_string_values and isinstance(arguments, dict):
+            return framed_string_values(call.raw or "", arguments)
+        return arguments
+
+    def _as_vllm_qwen3(self, text: str, parsed: Any) -> FamilyParse:
+        """Qwen3 with thinking on and no ``</think>`` in the output: vLLM's ``qwen3`` reasoning parser starts in
+        its reasoning state (the template's generation prompt opens the thought), so everything up to the first
+        ``<tool_call>`` (which ends reasoning implicitly) is reasoning, none of it content; the tool calls
+        after it are parsed as usual (renderers reads such an output as content instead)."""
+        at = text.find("<tool_call>")
+        head, tail = (text, "") if at < 0 else (text[:at], text[at:])
+        reasoning = head.removeprefix("<think>").strip() or None
+        errors = tuple(f"tool call {k}: {c.status.value}: {c.raw[:200]!r}"
+                       for k, c in enumerate(parsed.tool_calls) if c.status.value not in self._accepted)
+        if errors:  # the tool parser gives up on what follows the reasoning: it stays content
+            return FamilyParse(tail, reasoning, (), errors)
+        return FamilyParse("", reasoning, tuple(FamilyToolCall(str(c.name), _arguments_text(self._arguments(c)))
+                                                for c in parsed.tool_calls))
+
+    def _text(self, output_ids: list[int]) -> str:
         stops = set(self._renderer.get_stop_token_ids())
         ids = list(output_ids)
         while ids and ids[-1] in stops:
             ids.pop()
-        text = self._tokenizer.decode(ids, skip_special_tokens=False)
+        return str(self._tokenizer.decode(ids, skip_special_tokens=False))
+
+    def _content_after_reasoning(self, output_ids: list[int], parsed: Any) -> str:
+        text = self._text(output_ids)
         end = "</think>"
         if parsed.reasoning_content is not None and end in text:
             text = text.split(end, 1)[1].lstrip("\n")
         return text
 
 
+_XML_PARAMETER = re.compile(r"<parameter=([^>]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
+def framed_string_values(raw: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3-Coder's template writes a parameter as ``<parameter=K>\nVALUE\n</parameter>``: one newline of
+    framing on each side, the value verbatim. renderers' XML parser also strips the value's own surrounding
+    whitespace (a file's trailing newline is lost); Qwen's reference parser and vLLM's ``qwen3_xml`` take
+    exactly the framing off. So a value renderers kept as text is taken again from the raw block, framing
+    only (its own pattern, without the strip); values it read as JSON stay as they are."""
+    framed = {m.group(1): m.group(2) for m in _XML_PARAMETER.finditer(raw)}
+    return {k: framed.get(k, v) if isinstance(v, str) else v for k, v in arguments.items()}
+
+
 def renderers_format(family: str, tokenizer: Any) -> RenderersFormat:
     from renderers import DefaultRendererConfig, Llama3RendererConfig, Qwen3RendererConfig
 
     if family == "qwen3":
-        return RenderersFormat(tokenizer, family, Qwen3RendererConfig(), "parse_response(qwen3)")
+        return RenderersFormat(tokenizer, family, Qwen3RendererConfig(),
+                               "parse_response(qwen3, no </think> is reasoning as vLLM)", unclosed_is_reasoning=True)
     if family == "qwen3-coder":
         return RenderersFormat(tokenizer, family, DefaultRendererConfig(tool_parser="qwen3.5"),
-                               "parse_response(default, tool_parser=qwen3.5)",
-                               accepted=frozenset({"ok", "invalid_json"}))
+                               "parse_response(default, tool_parser=qwen3.5, framed string values)",
+                               accepted=frozenset({"ok", "invalid_json"}), xml_string_values=True)
     if family == "llama3":
         return RenderersFormat(tokenizer, family, Llama3RendererConfig(), "parse_response(llama-3)",
                                json_call_prefixes=("{", "<|python_tag|>"))
@@ -134,7 +181,7 @@ class HarmonyFormat:
         self._stops = frozenset(self._encoding.stop_tokens_for_assistant_actions())
         self.version = f"gpt-oss: openai-harmony=={version('openai-harmony')} StreamableParser"
 
-    def parse(self, output_ids: list[int]) -> FamilyParse:
+    def parse(self, output_ids: list[int], *, thinking: bool = True) -> FamilyParse:
         from openai_harmony import HarmonyError, Role, StreamableParser
 
         parser = StreamableParser(self._encoding, Role.ASSISTANT)

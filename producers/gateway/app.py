@@ -452,7 +452,8 @@ class Gateway:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         abort = asyncio.Event()
         holdback = max((len(s) for s in prep.call.sampling.stop), default=1) - 1
-        live = LiveText(self.text, fmt, queue.put_nowait, holdback=holdback, raw_text=raw_text)
+        live = LiveText(self.text, fmt, queue.put_nowait, holdback=holdback, raw_text=raw_text,
+                        template_kwargs=prep.call.template_kwargs or None)
         started: list[bool] = []
 
         def start(prompt_ids: TokenIds) -> None:
@@ -515,10 +516,10 @@ class LiveText:
     """
 
     def __init__(self, text: TextSide, fmt: Any, emit: Callable[[bytes], None], *, holdback: int,
-                 raw_text: bool) -> None:
+                 raw_text: bool, template_kwargs: dict[str, Any] | None = None) -> None:
         self.fmt, self.emit = fmt, emit
         self.holdback, self.raw_text = holdback, raw_text
-        self.parser = None if raw_text else text.stream_parser()
+        self.parser = None if raw_text else text.stream_parser(template_kwargs)
         self.fed = 0  # characters of the output text given to the parser (or sent, for raw text)
 
     async def update(self, full_text: str) -> None:

@@ -134,7 +134,7 @@ class AttemptState:
     max_outputs: int = 4096
     in_flight: int = 0
     # Scripted completions still to emit, one per call (POST /v1/rollouts ``script``; tests only).
-    script: deque[str] = field(default_factory=deque)
+    script: deque[str | list[int]] = field(default_factory=deque)
     # Whose content the attempt's records carry (POST /v1/rollouts ``subject``, an organic session's key);
     # None: nobody's (synthetic traffic). Every record of the attempt names it (docs/forgetting.md).
     subject: str | None = None

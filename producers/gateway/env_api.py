@@ -17,7 +17,7 @@ attempt), and a batch whose delivery fails gives its indices back, so its retry 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.requests import Request
@@ -52,8 +52,10 @@ class RolloutStart(_Strict):
     # key and ``tokentrail forget`` can erase them (docs/forgetting.md). None: synthetic traffic, stored plain.
     subject: str | None = Field(default=None, min_length=1, max_length=200)
     # Tests only: completions the engine emits in order, one per model call of each attempt, instead of
-    # sampling (the embedded engine; each record says ``scripted``, and nothing trains on it).
-    script: list[str] | None = Field(default=None, max_length=1000)
+    # sampling (the embedded engine; each record says ``scripted``, and nothing trains on it). A completion is
+    # text (tokenized by the model's tokenizer) or its exact ids (a split a sampler could emit, not the
+    # tokenizer's: what splicing exists for).
+    script: list[str | list[Annotated[int, Field(ge=0)]]] | None = Field(default=None, max_length=1000)
 
 
 class AttemptRetry(_Strict):

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from models.reference.fingerprint import read_manifest
+from models.reference.fingerprint import read_manifest, sha256_text
 from producers.families.breaks import family_break_causes
 from producers.families.formats import FamilyParse, OutputFormat, output_format
+from producers.families.harmony import HarmonyChat, Prior
 from producers.families.messages import template_messages
 from producers.families.stream import FamilyStream
 from producers.gateway.attempts import PriorSample
@@ -37,13 +38,17 @@ class FamilyTextSide(ModelTextSide):
             renderer.stop_token_ids = stops
 
     @classmethod
-    def from_dir(cls, model_dir: Path | str, *, fast_ascii: bool = True,
-                 caches: CacheBudgets | None = None) -> FamilyTextSide:
+    def from_dir(cls, model_dir: Path | str, *, fast_ascii: bool = True, caches: CacheBudgets | None = None,
+                 harmony_start_date: str = "") -> FamilyTextSide:
+        """``harmony_start_date``: gpt-oss's system message date (see ``HarmonyTextSide``)."""
         manifest = read_manifest(Path(model_dir)) or {}
         family = manifest.get("family")
         if not isinstance(family, str):
             raise ValueError(f"{model_dir} is not a family model (no family in its manifest)")
-        return cls(ChatRenderer(Path(model_dir), fast_ascii=fast_ascii, caches=caches), family)
+        renderer = ChatRenderer(Path(model_dir), fast_ascii=fast_ascii, caches=caches)
+        if family == "gpt-oss":
+            return HarmonyTextSide(renderer, family, start_date=harmony_start_date)
+        return cls(renderer, family)
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
                     prefix_mode: str, prior: Sequence[PriorSample],
@@ -65,18 +70,55 @@ class FamilyTextSide(ModelTextSide):
     def _prepared(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return template_messages(messages, thinking_key="thinking" in self.renderer.chat_template)
 
-    def parse_family(self, text: str) -> FamilyParse:
+    def parse_family(self, text: str, *, thinking: bool = True) -> FamilyParse:
         """The family's parse of an output's text (without its stop token). The library parses ids: the
         text's ids are the sampled ones wherever the sample is canonical (scripted outputs always are)."""
-        return self.format.parse(self.renderer.encode(text))
+        return self.format.parse(self.renderer.encode(text), thinking=thinking)
 
-    def parse(self, text: str) -> ParsedText:
-        parsed = self.parse_family(text)
+    def parse(self, text: str, template_kwargs: dict[str, Any] | None = None) -> ParsedText:
+        parsed = self.parse_family(text, thinking=thinking_enabled(template_kwargs))
         return ParsedText(parsed.content, parsed.reasoning,
                           [ParsedToolCall(c.name, c.arguments) for c in parsed.tool_calls], parsed.errors)
 
-    def stream_parser(self) -> FamilyStream:  # type: ignore[override]
-        return FamilyStream(self.family, self.parse_family)
+    def stream_parser(self, template_kwargs: dict[str, Any] | None = None) -> FamilyStream:  # type: ignore[override]
+        thinking = thinking_enabled(template_kwargs)
+        return FamilyStream(self.family, lambda text: self.parse_family(text, thinking=thinking))
+
+
+class HarmonyTextSide(FamilyTextSide):
+    """gpt-oss: prompts rendered by ``openai_harmony`` as vLLM's chat path renders them, spliced at harmony's
+    message boundaries (``producers.families.harmony``); the published Jinja template is not used (it differs
+    from harmony after a tool result). The record's chat-template fingerprint names the harmony encoder."""
+
+    def __init__(self, renderer: ChatRenderer, family: str, *, start_date: str = "") -> None:
+        super().__init__(renderer, family)
+        self.harmony = HarmonyChat(renderer.model_dir, start_date=start_date)
+        self.chat_template_fingerprint = sha256_text(self.harmony.version)
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
+                    prefix_mode: str, prior: Sequence[PriorSample],
+                    template_kwargs: dict[str, Any] | None = None) -> Rendered:
+        effort = _effort(template_kwargs)
+        samples = [] if prefix_mode == "retokenize" else [Prior(p.call_index, p.output_ids, p.message, p.prompt_ids)
+                                                          for p in prior]
+        prompt = self.harmony.splice(messages, tools, samples, effort)
+        return Rendered(prompt.ids, len(prompt.spliced), prompt.breaks)
+
+    def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                    template_kwargs: dict[str, Any] | None = None) -> str:
+        return self.renderer.decode(self.harmony.render(messages, tools, _effort(template_kwargs)))
+
+
+def _effort(template_kwargs: dict[str, Any] | None) -> str | None:
+    """vLLM takes gpt-oss's reasoning effort from the request; here from ``chat_template_kwargs``."""
+    effort = (template_kwargs or {}).get("reasoning_effort")
+    return None if effort is None else str(effort)
+
+
+def thinking_enabled(template_kwargs: dict[str, Any] | None) -> bool:
+    """Whether the request left thinking on (``chat_template_kwargs.enable_thinking``, default on), as vLLM's
+    Qwen3 parser reads it."""
+    return (template_kwargs or {}).get("enable_thinking", True) is not False
 
 
 def read_generation_stops(renderer: ChatRenderer) -> tuple[int, ...]:
@@ -92,12 +134,13 @@ def read_generation_stops(renderer: ChatRenderer) -> tuple[int, ...]:
     return tuple(first + [i for i in ids if i not in first])
 
 
-def text_side_for(model_dir: Path | str, *, fast_ascii: bool = True,
-                  caches: CacheBudgets | None = None) -> ModelTextSide:
+def text_side_for(model_dir: Path | str, *, fast_ascii: bool = True, caches: CacheBudgets | None = None,
+                  harmony_start_date: str = "") -> ModelTextSide:
     """The family text side where the model directory holds a family, else the reference text side."""
     manifest = read_manifest(Path(model_dir)) or {}
     if isinstance(manifest.get("family"), str):
-        return FamilyTextSide.from_dir(model_dir, fast_ascii=fast_ascii, caches=caches)
+        return FamilyTextSide.from_dir(model_dir, fast_ascii=fast_ascii, caches=caches,
+                                       harmony_start_date=harmony_start_date)
     return ModelTextSide.from_dir(model_dir, fast_ascii=fast_ascii, caches=caches)
 
 

@@ -153,8 +153,10 @@ class CallService:
         index = identity.state.begin_call()
         forced = None
         if identity.state.script:  # taken with the index, so the n-th call gets the n-th completion
-            text = identity.state.script.popleft()
-            ids = self.text.encode_text(text)  # ends in the stop the script names (gpt-oss: <|call|>), else EOS
+            scripted = identity.state.script.popleft()
+            # Text is tokenized; ids (a sampler's split) are emitted as given. Ends in the stop the script names
+            # (gpt-oss: <|call|>), else EOS.
+            ids = self.text.encode_text(scripted) if isinstance(scripted, str) else list(scripted)
             forced = (*ids,) if ids and ids[-1] in self.text.stop_token_ids else (*ids, self.text.stop_token_ids[0])
         return PreparedCall(identity, call, rendered, index,
                             make_call_id(identity.rollout_id, identity.attempt_id, index), received_at_us,
@@ -270,7 +272,7 @@ class CallService:
         if prep.call.messages is None:  # a text completion: no parsing
             content, reasoning, calls, errors = generated.text, None, [], ()
         else:
-            parsed = self.text.parse(generated.text)
+            parsed = self.text.parse(generated.text, prep.call.template_kwargs or None)
             content, reasoning, errors = parsed.content, parsed.reasoning, parsed.errors
             calls = [ToolCallOut(tool_call_id(prep.tool_call_prefix, prep.call_id, i), c.name, c.arguments)
                      for i, c in enumerate(parsed.tool_calls)]

@@ -74,12 +74,12 @@ class ModelTextSide:
     def token_text(self, token_id: int) -> str:
         return self.renderer.decode([token_id])
 
-    def parse(self, text: str) -> ParsedText:
+    def parse(self, text: str, template_kwargs: dict[str, Any] | None = None) -> ParsedText:
         parsed = parse_output(text)
         return ParsedText(parsed.content or "", parsed.reasoning,
                           [ParsedToolCall(c.name, c.arguments) for c in parsed.tool_calls], parsed.errors)
 
-    def stream_parser(self) -> _HermesStream:
+    def stream_parser(self, template_kwargs: dict[str, Any] | None = None) -> _HermesStream:
         return _HermesStream()
 
 

@@ -41,7 +41,7 @@ def make_text_side(settings: GatewayStackSettings, progress: Any = print) -> Any
     if settings.gateway.upstream.strip() == "embedded" or settings.model.family:
         build_configured_model(settings, progress)
     text = text_side_for(settings.model.dir, fast_ascii=settings.gateway.fast_ascii_tokenize,
-                         caches=cache_budgets(settings.gateway))
+                         caches=cache_budgets(settings.gateway), harmony_start_date=settings.model.harmony_start_date)
     fast = text.renderer.token_cache.ascii_encoder is not None
     progress("ASCII text is tokenized by the exact fast path" if fast else
              "the tokenizer tokenizes all text (fast ASCII path off by setting, or not covered for this tokenizer)")

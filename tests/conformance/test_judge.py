@@ -39,18 +39,20 @@ def test_renderers_reproduce_the_family_template_on_every_corpus_request(
     assert [where for where, gateway, judge in renders if gateway != judge] == []
 
 
-def test_gpt_oss_template_and_harmony_differ_only_where_known(family_dir: Callable[[str], Path]) -> None:
-    """The published gpt-oss Jinja template and harmony's own encoder (through renderers) agree on a first call
-    and differ in two known places: a tool call in the history (template: ``<|channel|>commentary json``,
-    harmony: ``<|channel|>commentary``) and an array parameter without ``items`` (``any[]`` / ``Array<any>``)."""
+def test_gpt_oss_gateway_harmony_and_renderers_differ_only_on_a_rerendered_tool_call(
+        family_dir: Callable[[str], Path]) -> None:
+    """The gateway renders gpt-oss with openai-harmony as vLLM's chat path converts a request; renderers' gpt-oss
+    renderer converts it its own way onto the same encoder. They agree on every first call (tools, instructions,
+    non-ASCII, long JSON) and differ in one known place: a tool call re-rendered from the history, which vLLM
+    gives the content type ``json`` (``to=functions.X<|channel|>commentary json``) and renderers none. (The
+    gateway splices the sampled call instead wherever the format keeps it; the corpus judges that by bridge.)"""
     model_dir = family_dir("gpt-oss")
     judge = independent_renderer(FORMATS["gpt-oss"], model_dir)
     differ = {where: judge.difference(gateway, theirs) for where, gateway, theirs in _renders("gpt-oss", model_dir)
               if gateway != theirs}
-    first_calls = [w for w in differ if w.endswith("/0")]
-    assert first_calls == ["long_json_arguments/0"] and "any[]" in differ["long_json_arguments/0"]
-    later = [w for w in differ if not w.endswith("/0") and not w.startswith("long_json_arguments")]
-    assert later and all("json<|message|>" in differ[w] or "functions." in differ[w] for w in later), differ
+    assert not [w for w in differ if w.endswith("/0")], differ
+    assert differ
+    assert all("gateway ' json<|message|>{" in d and "vs '<|message|>{" in d for d in differ.values()), differ
 
 
 def test_the_judge_names_a_changed_token(family_dir: Callable[[str], Path]) -> None:

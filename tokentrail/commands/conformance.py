@@ -12,6 +12,7 @@ JSON line of the figures.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import tempfile
 import time
@@ -66,9 +67,11 @@ def family_cell(harness: str, family: str, calls: list[dict[str, Any]], evidence
     for i, (call, e) in enumerate(zip(calls, evidence, strict=True)):
         exact = reproduced[i]
         if exact is None:  # no independent renderer: the harness check's own rule
+            # The whole prompt decoded, special tokens and all (``text.decode`` is for outputs: it drops stop
+            # tokens, and a prompt's turn ends are stop tokens, so it never equals the render).
             rendered = text.render_text(e.messages, e.tools)
-            exact = text.decode(e.prompt_ids) == rendered and (call["spliced_outputs"] > 0
-                                                               or e.prompt_ids == e.rerender_ids)
+            exact = text.renderer.decode(e.prompt_ids) == rendered and (call["spliced_outputs"] > 0
+                                                                        or e.prompt_ids == e.rerender_ids)
         cell.token_exact += bool(exact and call["status"] == "OK")
         cell.parse_failures += bool(text.parse(e.output_text).errors)
         if e.previous is None:
@@ -98,16 +101,19 @@ class FamilyRun:
         self.family, self.fmt = family, FORMATS[family]
         self.model = f"tokentrail-{family}"
         self.model_dir = build_family(settings.model.families_dir / family, family_named(family), progress=print)
+        # gpt-oss's system message carries a date: one date for the whole run (gateway and judge), so a run
+        # across midnight compares like with like.
+        date = settings.model.harmony_start_date or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d")
         served = settings.model_copy(update={"model": settings.model.model_copy(
-            update={"family": family, "dir": self.model_dir, "name": self.model})})
-        self.text = FamilyTextSide.from_dir(self.model_dir)
+            update={"family": family, "dir": self.model_dir, "name": self.model, "harmony_start_date": date})})
+        self.text = FamilyTextSide.from_dir(self.model_dir, harmony_start_date=date)
         spool = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"tokentrail-conformance-{family}-"))
         self.gateway = stack.enter_context(running_embedded_gateway(served, spool_dir=spool, topics=topics,
                                                                     text=self.text, model_aliases={"*": self.model}))
-        self.renderer = independent_renderer(self.fmt, self.model_dir)
+        self.renderer = independent_renderer(self.fmt, self.model_dir, start_date=date)
 
 
-def independent_renderer(fmt: FamilyFormat, model_dir: Path) -> Any:
+def independent_renderer(fmt: FamilyFormat, model_dir: Path, *, start_date: str | None = None) -> Any:
     """``renderers``' renderer of the family over the family's tokenizer.json (None: renderers has none)."""
     if fmt.renderer is None:
         return None
@@ -116,9 +122,12 @@ def independent_renderer(fmt: FamilyFormat, model_dir: Path) -> Any:
     from conformance.judge import IndependentRenderer
     from producers.families.formats import use_local_harmony_vocab
 
+    kwargs = {}
     if fmt.harmony:  # renderers' gpt-oss renderer is harmony's encoder: its o200k from the build, not the network
         use_local_harmony_vocab(model_dir)
-    return IndependentRenderer(fmt.renderer, AutoTokenizer.from_pretrained(str(model_dir)))
+        if start_date:
+            kwargs["conversation_start_date"] = start_date
+    return IndependentRenderer(fmt.renderer, AutoTokenizer.from_pretrained(str(model_dir)), kwargs)
 
 
 def _cmd(args: argparse.Namespace) -> int:

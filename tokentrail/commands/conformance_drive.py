@@ -16,6 +16,7 @@ from conformance.check import CallEvidence
 from conformance.corpus import Conversation, Output, adapted, requests
 from conformance.formats import FamilyFormat
 from conformance.judge import normal_parse
+from conformance.splits import sampled_split
 from tokentrail.settings import Settings
 
 
@@ -23,15 +24,20 @@ def intended(out: Output) -> dict[str, Any]:
     return normal_parse(out.reasoning, out.content, [{"name": c.name, "arguments": c.arguments} for c in out.calls])
 
 
-def run_conversation(url: str, model: str, conversation: Conversation, fmt: FamilyFormat) -> tuple[str, int, str]:
+def run_conversation(url: str, model: str, conversation: Conversation, fmt: FamilyFormat,
+                     text: Any = None) -> tuple[str, int, str]:
     """Send one conversation as a scripted rollout; returns (rollout id, calls answered, the failure or '').
     A call the gateway refuses ends the conversation there (the refusal is the failure; the calls before it
-    are still judged)."""
+    are still judged). With the family's ``text`` side, the outputs are scripted as sampled splits
+    (``conformance/splits.py``), else as the tokenizer encodes them."""
     import openai
 
     from producers.sdk import Rollout
 
-    script = [fmt.write(step.output) for step in conversation.steps]
+    script: list[str | list[int]] = [fmt.write(step.output) for step in conversation.steps]
+    if text is not None:
+        script = [sampled_split(text.encode_text(str(s)), text.encode_text, text.renderer.decode, harmony=fmt.harmony)
+                  for s in script]
     with Rollout(url, task_input={"conformance": fmt.family, "conversation": conversation.name},
                  script=script) as rollout:
         client = rollout.openai_client(max_retries=0, timeout=300)
@@ -93,7 +99,7 @@ def run_corpus(url: str, model: str, fmt: FamilyFormat, conversations: Sequence[
     failures: list[str] = []
     for conv in conversations:
         conv = adapted(conv, fmt.can)
-        rollout_id, count, failure = run_conversation(url, model, conv, fmt)
+        rollout_id, count, failure = run_conversation(url, model, conv, fmt, text)
         failures += [failure] if failure else []
         calls = recorded_calls(settings, calls_topic, rollout_id, count) if count else []
         if len(calls) != count:

@@ -5,6 +5,7 @@ parser cannot parse; the records are read back from Kafka and their prompt ids c
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -18,7 +19,7 @@ from tests.producers.gateway.checks import prefix_holds
 from tests.producers.gateway.helpers import output_of, prompts_of, read_records
 from tokentrail.settings import Settings
 
-from .family_models import family_text_side
+from .family_models import family_dir, family_text_side
 
 # Builds the four families once per machine (tens of seconds cold) and serves them: the e2e tier.
 pytestmark = pytest.mark.e2e
@@ -63,7 +64,7 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "broken": '{"name": "lookup", "parameters": {"key": ',
         "splice_holds": True,
     },
-    "gpt-oss": {  # the template takes one tool call per turn and writes the recipient before the channel
+    "gpt-oss": {  # harmony: one tool call per turn; rendered by openai-harmony, spliced at message boundaries
         "calls": "<|channel|>analysis<|message|>I need the fox.<|end|><|start|>assistant<|channel|>commentary "
                  'to=functions.lookup <|constrain|>json<|message|>{"key": "fox"}<|call|>',
         "keys": ["fox"], "reasoning": ["I need the fox.", "Found it."],
@@ -71,9 +72,18 @@ FAMILIES: dict[str, dict[str, Any]] = {
                   "The fox is red.<|return|>",
         "content": "The fox is red.",
         "broken": "The fox<|return|>",  # no harmony header: vLLM answers the raw text as content
-        "splice_holds": False,
+        "splice_holds": True,
     },
 }
+
+
+@functools.cache
+def _gpt_oss_judge() -> Any:
+    """renderers' gpt-oss renderer (harmony's encoder under renderers' own conversion): not the gateway's code."""
+    from conformance.formats import FORMATS
+    from tokentrail.commands.conformance import independent_renderer
+
+    return independent_renderer(FORMATS["gpt-oss"], family_dir("gpt-oss"))
 
 
 def _calls(settings: Settings, topic: str, rollout: Rollout, n: int) -> list[dict[str, Any]]:
@@ -86,15 +96,24 @@ def _check_prompts(calls: list[dict[str, Any]], family: str, conversations: list
     nothing was spliced exactly its tokenization; each output is the script's tokens."""
     text = family_text_side(family)
     prompts = prompts_of(calls)
+    previous: tuple[list[int], list[int]] | None = None
     for call, prompt, (messages, tools), script in zip(calls, prompts, conversations, scripts, strict=True):
         assert call["status"] == "OK" and call["scripted"] is True
         v = call["versions"]
         assert (v["tokenizer_fingerprint"], v["chat_template_fingerprint"]) == (
             text.tokenizer_fingerprint, text.chat_template_fingerprint)
-        rendered = text.render_text(messages, tools)
-        assert text.renderer.decode(prompt.tolist()) == rendered
-        if call["spliced_outputs"] == 0:
-            assert prompt.tolist() == text.renderer.encode(rendered)
+        if family == "gpt-oss":  # harmony's ids; a spliced prompt as renderers' bridge over the sampled ids
+            if call["spliced_outputs"] == 0:
+                assert prompt.tolist() == text.harmony.render(messages, tools)
+            else:
+                assert previous is not None
+                assert _gpt_oss_judge().judge(prompt.tolist(), messages, tools, previous).how == "bridge"
+        else:
+            rendered = text.render_text(messages, tools)
+            assert text.renderer.decode(prompt.tolist()) == rendered
+            if call["spliced_outputs"] == 0:
+                assert prompt.tolist() == text.renderer.encode(rendered)
+        previous = (prompt.tolist(), output_of(call)[0].tolist())
         ids, logprobs = output_of(call)
         assert text.renderer.decode(ids.tolist()) in (script, script + text.renderer.decode([text.stop_token_ids[0]]))
         assert len(logprobs) == len(ids)
@@ -146,6 +165,12 @@ def test_openai_chat_on_a_family(start_family_gateway, topics: dict[str, str], t
     assert prefix_holds(calls, prompts, 0) is spec["splice_holds"]
     if not spec["splice_holds"]:
         assert any(b.startswith(f"{family} format: ") for b in calls[1]["prefix_breaks"])
+    if family == "gpt-oss":  # after a final answer harmony drops its analysis and ends it <|end|>: named
+        assert not prefix_holds(calls, prompts, 1)
+        assert calls[2]["prefix_breaks"] == [
+            "call 0, message 2: harmony does not keep the sampled turn (reasoning_dropped)",
+            "call 1, message 4: harmony does not keep the sampled turn (reasoning_dropped, turn_end_rewritten)",
+            "gpt-oss format: reasoning_dropped, turn_end_rewritten"]
     extra = json.loads(calls[2]["sampling"]["extra_json"])
     assert extra["parse_errors"] == list(expected_broken.errors)
     assert "parse_errors" not in json.loads(calls[0]["sampling"]["extra_json"])
