@@ -7,6 +7,9 @@ there: both versions are cast to the engine's dtype (the cast the engine's own l
 even), compared bit for bit (not with ``==``: -0.0 equals 0.0 and NaN equals nothing, and either would make the
 reconstruction differ from the published weights), and each tensor that changed is shipped as one of
 
+    gaps8    the distance from each changed element to the one before as one byte (0: "255 further, no
+             element", for longer gaps), and the new values: 1 byte per change where changes are dense
+    gaps16   the same in two bytes (0: 65,535 further): where changes are sparser
     indices  the flat positions of the changed elements (int32, int64 past 2**31) and their new values
     bitmask  one bit per element (numpy ``packbits``, little bit order) and the new values of the set bits
     dense    the whole tensor (when a tensor changed mostly, a sparse form saves too little to pay its apply)
@@ -31,7 +34,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-Encoding = Literal["indices", "bitmask", "dense"]
+Encoding = Literal["gaps8", "gaps16", "indices", "bitmask", "dense"]
+_GAP_BITS: dict[str, int] = {"gaps8": 8, "gaps16": 16}
 DEFAULT_DENSE_SAVING = 0.1  # a sparse form must save at least this share of the dense bytes
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _INT32_MAX = 2**31 - 1
@@ -90,7 +94,8 @@ class TensorDelta:
     encoding: Encoding
     changed: int  # elements whose bits changed
     numel: int
-    index: torch.Tensor | None  # indices: int32/int64 positions; bitmask: packed uint8; dense: None
+    index: torch.Tensor | None  # gaps8: uint8, gaps16: int16 (uint16 bits), indices: int32/int64 positions;
+    # bitmask: packed uint8; dense: None
     values: torch.Tensor  # the new values (dense: the whole tensor, flat)
     sha256: str  # tensor_digest of the reconstructed tensor
 
@@ -130,21 +135,54 @@ class ElementDelta:
         return counts
 
 
-def encoded_sizes(numel: int, changed: int, element_size: int) -> dict[Encoding, int]:
-    """Bytes each encoding of a tensor with ``changed`` of ``numel`` elements changed moves."""
+def _gaps(positions: np.ndarray) -> np.ndarray:
+    """Distances between sorted positions, the first from -1 (so every gap is at least 1)."""
+    return np.diff(positions.astype(np.int64), prepend=-1)
+
+
+def _escapes(gaps: np.ndarray, bits: int) -> int:
+    """How many "no element, skip the most" entries gaps of ``bits`` bits need."""
+    return int(((gaps - 1) // (2**bits - 1)).sum())
+
+
+def encoded_sizes(numel: int, changed: int, element_size: int,
+                  positions: np.ndarray | None = None) -> dict[Encoding, int]:
+    """Bytes each encoding of a tensor with ``changed`` of ``numel`` elements changed moves (the gap
+    encodings need the sorted ``positions``; without them they are left out)."""
     index_size = 4 if numel - 1 <= _INT32_MAX else 8
-    return {"indices": changed * (index_size + element_size),
-            "bitmask": math.ceil(numel / 8) + changed * element_size,
-            "dense": numel * element_size}
+    sizes: dict[Encoding, int] = {"indices": changed * (index_size + element_size),
+                                  "bitmask": math.ceil(numel / 8) + changed * element_size,
+                                  "dense": numel * element_size}
+    if positions is not None:
+        gaps = _gaps(positions)
+        for name, bits in _GAP_BITS.items():
+            sizes[name] = (changed + _escapes(gaps, bits)) * bits // 8 + changed * element_size  # type: ignore[index]
+    return sizes
 
 
-def choose_encoding(numel: int, changed: int, element_size: int,
-                    dense_saving: float = DEFAULT_DENSE_SAVING) -> Encoding:
-    """The smallest encoding, unless a sparse one saves less than ``dense_saving`` of the dense bytes: then
-    dense (a tensor that changed mostly is cheaper to copy than to scatter into)."""
-    sizes = encoded_sizes(numel, changed, element_size)
-    sparse: Encoding = "indices" if sizes["indices"] <= sizes["bitmask"] else "bitmask"
-    return sparse if sizes[sparse] < sizes["dense"] * (1.0 - dense_saving) else "dense"
+def choose_encoding(numel: int, changed: int, element_size: int, dense_saving: float = DEFAULT_DENSE_SAVING,
+                    positions: np.ndarray | None = None) -> Encoding:
+    """The smallest encoding, unless the smallest sparse one saves less than ``dense_saving`` of the dense
+    bytes: then dense (a tensor that changed mostly is cheaper to copy than to scatter into)."""
+    sizes = encoded_sizes(numel, changed, element_size, positions)
+    dense = sizes.pop("dense")
+    sparse = min(sizes, key=lambda name: sizes[name])  # a tie goes to the first listed
+    return sparse if sizes[sparse] < dense * (1.0 - dense_saving) else "dense"
+
+
+def _encode_gaps(positions: np.ndarray, bits: int) -> torch.Tensor:
+    most = 2**bits - 1
+    gaps = _gaps(positions)
+    escapes = (gaps - 1) // most
+    out = np.zeros(len(gaps) + int(escapes.sum()), dtype=np.uint8 if bits == 8 else np.uint16)
+    out[np.cumsum(escapes + 1) - 1] = gaps - escapes * most  # each change after its escapes, 1..most
+    return torch.from_numpy(out if bits == 8 else out.view(np.int16))
+
+
+def _decode_gaps(index: torch.Tensor, bits: int) -> np.ndarray:
+    entries = index.numpy() if bits == 8 else index.numpy().view(np.uint16)
+    steps = np.where(entries == 0, 2**bits - 1, entries).astype(np.int64)
+    return (np.cumsum(steps) - 1)[entries != 0]
 
 
 def encode_tensor(name: str, previous: torch.Tensor, current: torch.Tensor,
@@ -158,14 +196,16 @@ def encode_tensor(name: str, previous: torch.Tensor, current: torch.Tensor,
     if not changed:
         return None
     flat = current.detach().contiguous().reshape(-1)
-    encoding = choose_encoding(flat.numel(), changed, flat.element_size(), dense_saving)
+    positions = mask.nonzero().reshape(-1)
+    encoding = choose_encoding(flat.numel(), changed, flat.element_size(), dense_saving, positions.numpy())
     index: torch.Tensor | None
     if encoding == "dense":
         index, values = None, flat.clone()
     elif encoding == "indices":
-        positions = mask.nonzero().reshape(-1)
         index = positions.to(torch.int32 if flat.numel() - 1 <= _INT32_MAX else torch.int64)
         values = flat[positions].clone()
+    elif encoding in _GAP_BITS:
+        index, values = _encode_gaps(positions.numpy(), _GAP_BITS[encoding]), flat[positions].clone()
     else:
         index = torch.from_numpy(np.packbits(mask.numpy(), bitorder="little"))
         values = flat[mask].clone()
@@ -184,6 +224,8 @@ def apply_tensor(previous: torch.Tensor, delta: TensorDelta) -> torch.Tensor:
         flat = previous.detach().contiguous().reshape(-1).clone()
         if delta.encoding == "indices":
             positions = delta.index.to(torch.int64)
+        elif delta.encoding in _GAP_BITS:
+            positions = torch.from_numpy(_decode_gaps(delta.index, _GAP_BITS[delta.encoding]))
         else:
             bits = np.unpackbits(delta.index.numpy(), count=delta.numel, bitorder="little")
             positions = torch.from_numpy(np.flatnonzero(bits))

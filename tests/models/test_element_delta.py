@@ -7,6 +7,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +19,7 @@ from models.element_delta import (
     cast_state,
     choose_encoding,
     encode_tensor,
+    encoded_sizes,
     from_tensors,
     plan_element_delta,
     to_tensors,
@@ -107,13 +109,29 @@ def test_dense_when_a_sparse_form_saves_too_little() -> None:
     assert choose_encoding(1024, 857, 2) == "bitmask"  # 1,842 < 1,843.2
     assert choose_encoding(1024, 858, 2) == "dense"
     assert choose_encoding(1024, 858, 2, dense_saving=0.0) == "bitmask"
-    before = torch.zeros(1024, dtype=torch.bfloat16)
-    for changed, encoding in ((10, "indices"), (500, "bitmask"), (900, "dense")):
-        after = before.clone()
-        after[torch.arange(changed) * (1024 // changed)] = 1.5
-        delta = encode_tensor("t", before, after)
-        assert delta is not None and (delta.encoding, delta.changed) == (encoding, changed)
-        assert torch.equal(apply_tensor(before, delta), after)
+    # with the positions, the gap forms compete: 1 byte per change (8 bits) where changes are close
+    assert choose_encoding(1024, 100, 2, positions=np.arange(100) * 10) == "gaps8"  # 300 < 328 < 600
+
+
+@pytest.mark.parametrize(("numel", "changes", "encoding"), [
+    (1024, list(range(0, 1024, 102)), "gaps8"),  # close changes: one byte each (11 + 22 < 66)
+    (1024, list(range(0, 1024, 2)), "bitmask"),  # every other element: 128 + 1,024 < 512 + 1,024
+    (1024, list(range(1000)), "dense"),  # nearly all: a copy
+    (200_000, list(range(0, 200_000, 10_000)), "gaps16"),  # far apart: 2 bytes each (8 bits: 39 escapes each)
+    (200_000, [0, 131_000], "gaps16"),  # one escape: (2 + 1) x 2 + 4 = 10 < 12 (indices)
+    (300_000, [0, 140_000, 280_000], "indices"),  # two escapes each: (3 + 4) x 2 + 6 = 20 > 18
+])
+def test_every_encoding_round_trips_and_is_picked_by_size(numel: int, changes: list[int], encoding: str) -> None:
+    before = torch.zeros(numel, dtype=torch.bfloat16)
+    after = before.clone()
+    positions = torch.tensor(changes)
+    after[positions] = 1.5
+    delta = encode_tensor("t", before, after)
+    assert delta is not None and (delta.encoding, delta.changed) == (encoding, len(changes))
+    sizes = encoded_sizes(numel, len(changes), 2, positions.numpy())
+    assert delta.nbytes == sizes[encoding]
+    assert encoding == "dense" or sizes[encoding] == min(sizes.values())
+    assert torch.equal(apply_tensor(before, delta), after)
 
 
 def test_no_element_delta_across_a_change_of_shape_or_names() -> None:
