@@ -53,8 +53,8 @@ class PolicyStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         # The last version this store published with a delta, as the engine holds it (its dtype, its tensors'
-        # digests): the next element delta's base without reading and hashing it again.
-        self._last_served: tuple[int, torch.dtype, Any] | None = None
+        # digests): the next element delta's base without hashing it again.
+        self._last_served: tuple[int, torch.dtype, dict[str, str]] | None = None
 
     def path(self, version: int) -> Path:
         return self.root / str(int(version))
@@ -126,24 +126,28 @@ class PolicyStore:
         return info
 
     def _write_delta(self, staging: Path, version: int, tensors: Mapping[str, torch.Tensor],
-                     engine_dtype: torch.dtype) -> Any:
-        """Write the deltas into ``staging``; returns the version as the engine holds it (a Mirror)."""
+                     engine_dtype: torch.dtype) -> dict[str, str]:
+        """Write the deltas into ``staging``; returns the digests of the version's tensors as the engine holds
+        them (each tensor hashed once: an unchanged one keeps its base's digest)."""
         from models.element_delta import Mirror, cast_state, plan_element_delta
         from models.policy_delta import plan_delta, write_delta, write_element_delta
 
         base = self.latest_version()
-        served = Mirror.of(cast_state(tensors, engine_dtype))
-        if base is not None and base < version:
-            previous = self.load_state_dict(base, verify=False)
-            plan = plan_delta(previous, tensors)
-            if plan is not None:
-                write_delta(staging, plan, tensors, base, self.info(base).sha256)
-            cached = self._last_served
-            known = cached[2].digests if cached is not None and cached[:2] == (base, engine_dtype) else None
-            elements = plan_element_delta(previous, tensors, engine_dtype, previous_digests=known)
-            if elements is not None and elements.digest == served.digest:
-                write_element_delta(staging, elements, base)
-        return served
+        if base is None or base >= version:
+            return dict(Mirror.of(cast_state(tensors, engine_dtype)).digests)
+        previous = self.load_state_dict(base, verify=False)
+        plan = plan_delta(previous, tensors)
+        if plan is not None:
+            write_delta(staging, plan, tensors, base, self.info(base).sha256)
+        cached = self._last_served
+        known = cached[2] if cached is not None and cached[:2] == (base, engine_dtype) else None
+        if known is None or known.keys() != tensors.keys():
+            known = dict(Mirror.of(cast_state(previous, engine_dtype)).digests)
+        elements = plan_element_delta(previous, tensors, engine_dtype, previous_digests=known)
+        if elements is None:
+            return dict(Mirror.of(cast_state(tensors, engine_dtype)).digests)
+        write_element_delta(staging, elements, base)
+        return {**known, **{item.name: item.sha256 for item in elements.tensors}}
 
     def load_state_dict(self, version: int, verify: bool = True) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file

@@ -152,6 +152,12 @@ def test_the_store_publishes_the_element_delta_and_a_torn_file_is_refused(tmp_pa
     delta = load_element_delta(store.path(2))
     result, _ = apply_element_delta(Mirror.of(cast_state(store.load_state_dict(1), torch.bfloat16)), delta)
     assert bits_equal(dict(result.tensors), cast_state(store.load_state_dict(2), torch.bfloat16))
+    # the next version's base digests come from what the store remembered of 2: the chain still proves out
+    _, third = two_versions(seed=2)
+    store.publish(3, {**step, "lm_head.weight": third["lm_head.weight"]}, delta=True, engine_dtype=torch.bfloat16)
+    result, names = apply_element_delta(result, load_element_delta(store.path(3)))
+    assert names == ("lm_head.weight",)
+    assert bits_equal(dict(result.tensors), cast_state(store.load_state_dict(3), torch.bfloat16))
     path = store.path(2) / ELEMENTS_DIR / ELEMENTS_WEIGHTS
     path.chmod(0o644)
     torn = bytearray(path.read_bytes())
