@@ -126,3 +126,21 @@ def test_an_element_delta_in_another_dtype_than_the_engine_serves_is_a_full_load
             await sync.close()
 
     asyncio.run(scenario())
+
+
+def test_the_trainer_publishes_element_deltas_in_the_engine_dtype(tmp_path: Path) -> None:
+    from trainer_consumer.policy import StorePublisher
+
+    store = PolicyStore(tmp_path / "policies")
+    publisher = StorePublisher(store, delta=True, engine_dtype="bfloat16")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 4)
+    publisher.publish(model, 1, {})
+    with torch.no_grad():
+        model.weight += 1e-5  # far below a bf16 step of these weights: almost nothing moves there
+        model.bias[0] = 3.0
+    publisher.publish(model, 2, {})
+    info = read_element_delta(store.path(2))
+    assert info is not None and info.dtype == "bfloat16" and info.base_version == 1
+    # of 260: the bias element and the weights small or near a rounding edge (28 in all with this seed)
+    assert 1 <= info.changed_elements < 64
