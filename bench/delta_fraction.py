@@ -1,70 +1,171 @@
-"""How much of a bf16 checkpoint one optimizer step changes, and what a delta sync would move for a 7B/8B model.
+"""Bytes a weight sync moves per update on real training steps: whole changed tensors (the group delta) against
+only the changed elements in the engine's dtype (the element delta), and the projection to a 7B/8B bf16 model.
 
-One real AdamW step (the trainer's optimizer) on the reference model, next-token loss over random token ids,
-at the trainer's learning rate and at a typical large-model RL one. Before and after are cast to bf16 (what an
-engine serving bf16 holds), and ``models.policy_delta.plan_delta`` says what changed: ``changed_bytes`` (the
-elements whose bf16 value moved: what an element-sparse delta moves) and ``delta_bytes`` (whole weight groups
-with any change: what this repo's delta load moves through vLLM's reload path). The element fraction is then
-projected to 7B and 8B parameters in bf16 (2 bytes each); it depends on the weights' magnitudes against the
-step size, so the projection from a tiny model is a rough guide, not a measurement of an 8B model.
+The trainer's own learner (``trainer_consumer.learner.Learner``: its policy-gradient loss, AdamW, gradient
+clipping) takes ``--steps`` consecutive steps on the reference model over the reference task's dialogues
+(``models.reference.warmup``'s tool-call dialogues, the outputs scored with on-policy logprobs and a random
+advantage per sequence). After every step the weights are published into a policy store with ``delta=True``
+for each engine dtype, exactly as the trainer publishes (``PolicyStore.publish``), and the files are read back:
 
-    python -m bench.delta_fraction [--lrs 2e-4,1e-6] [--seed 0]
+    full       the whole checkpoint in the engine's dtype (what a full sync moves)
+    tensor     the group delta's bytes over the full checkpoint (``delta.json``'s ``delta_bytes``): "before"
+    element    the element delta file's bytes (indices / bitmask / dense per tensor, values, its safetensors
+               header) over the full checkpoint: "after"
+    changed    the elements whose value changed in that dtype, over all elements
 
-Last line: one JSON object, per learning rate: element and group fractions and the 7B/8B projections.
+Every element delta is also applied to what an engine holds (the previous version, cast to its dtype) and must
+reconstruct the published version bit for bit (``apply_element_delta``'s checksums), or the bench fails.
+
+The reference engines serve float32 (the embedded engine, and deploy/vllm/serve.sh ``--dtype float32``); an
+8B model is served in bf16. The projection multiplies the measured bf16 element-delta fraction by 8e9 x 2 bytes;
+the fraction depends on the weights' magnitudes against the step (bf16 keeps 8 bits of mantissa), and a
+0.9M-parameter model's are not an 8B model's, so it is a rough guide (peers publish about 1% on an 8B model).
+
+    python -m bench.delta_fraction [--steps 5] [--lrs 2e-4,1e-6] [--dtypes bfloat16,float32] [--samples 16]
+
+Last line: one JSON object: per learning rate and dtype, the mean fractions and bytes per update and the
+7B/8B projections; ``bf16_element_fraction`` and ``bf16_tensor_fraction`` at the first learning rate.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from bench.common import emit
-from models.policy_delta import plan_delta
+from models.element_delta import Mirror, apply_element_delta, cast_state
+from models.policy_delta import load_element_delta, read_delta, read_element_delta
+from models.policy_store import PolicyStore
 
 PARAMS = {"7b": 7.0e9, "8b": 8.0e9}
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def one_step_fraction(model_dir: str, lr: float, seed: int) -> dict[str, Any]:
+def task_samples(tokenizer: Any, count: int, seed: int) -> list[tuple[list[int], int]]:
+    """(token ids, where the first sampled output starts) of ``count`` reference-task dialogues."""
+    from models.reference.warmup import _examples
+
+    examples = _examples(tokenizer, random.Random(seed), system=True, count=count)
+    return [(e.ids, e.loss_mask.index(1)) for e in examples]
+
+
+def on_policy_samples(learner: Any, dialogues: list[tuple[list[int], int]], rng: np.random.Generator) -> list[Any]:
+    """The dialogues as training samples whose rollout logprobs are the model's own (an on-policy step)."""
+    from testkit.samples import SequenceSpec, sample_record
+    from trainer_consumer.sample_view import sample_from_record
+
+    def build(logprobs: list[np.ndarray] | None) -> list[Any]:
+        out = []
+        for i, (ids, start) in enumerate(dialogues):
+            prompt, output = np.asarray(ids[:start], np.uint32), np.asarray(ids[start:], np.uint32)
+            lp = logprobs[i] if logprobs is not None else np.full(len(output), -1.0, np.float32)
+            spec = SequenceSpec(f"r{i}", prompt, output, lp, float(rng.normal()), group_id=f"g{i // 8}")
+            out.append(sample_from_record(sample_record([spec])))
+        return out
+
+    draft = build(None)
+    flat = learner.sample_logprobs(draft).float().numpy()
+    logprobs, offset = [], 0
+    for (ids, start), sample in zip(dialogues, draft, strict=True):
+        logprobs.append(flat[offset + start: offset + len(ids)].astype(np.float32))
+        offset += sample.num_tokens
+    return build(logprobs)
+
+
+def measure(model_dir: str, tokenizer: Any, lr: float, steps: int, samples: int, dtypes: list[str],
+            seed: int) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
+
+    from trainer_consumer.learner import Learner, LearnerConfig
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    before = {k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    ids = torch.randint(0, model.config.vocab_size, (4, 64))
-    loss = model(input_ids=ids, labels=ids).loss
-    loss.backward()
-    optimizer.step()
-    after = {k: v.detach().to(torch.bfloat16).clone() for k, v in model.state_dict().items()}
-    plan = plan_delta(before, after)
-    assert plan is not None
-    element = plan.changed_bytes / plan.full_bytes
-    return {"lr": lr, "full_bytes": plan.full_bytes, "changed_bytes": plan.changed_bytes,
-            "element_fraction": element, "group_fraction": plan.delta_bytes / plan.full_bytes,
-            "groups_changed": len(plan.groups),
-            **{f"projected_{name}_bf16_full_gb": n * 2 / 1e9 for name, n in PARAMS.items()},
-            **{f"projected_{name}_bf16_delta_gb": n * 2 * element / 1e9 for name, n in PARAMS.items()}}
+    learner = Learner(model, LearnerConfig(learning_rate=lr, micro_batch_tokens=None))
+    rng = np.random.default_rng(seed)
+    rows: dict[str, list[dict[str, float]]] = {d: [] for d in dtypes}
+    with tempfile.TemporaryDirectory(prefix="delta-fraction-") as tmp:
+        stores = {d: PolicyStore(Path(tmp) / d) for d in dtypes}
+        held = {d: Mirror.of(cast_state(model.state_dict(), DTYPES[d])) for d in dtypes}
+        for d in dtypes:
+            stores[d].publish(1, model.state_dict(), delta=True, engine_dtype=DTYPES[d])
+        for step in range(steps):
+            batch = on_policy_samples(learner, task_samples(tokenizer, samples, seed * 1000 + step), rng)
+            result = learner.step(batch)
+            version = step + 2
+            for d in dtypes:
+                store = stores[d]
+                store.publish(version, model.state_dict(), delta=True, engine_dtype=DTYPES[d])
+                group, element = read_delta(store.path(version)), read_element_delta(store.path(version))
+                assert group is not None and element is not None
+                began = time.perf_counter()
+                held[d], _ = apply_element_delta(held[d], load_element_delta(store.path(version)))
+                apply_s = time.perf_counter() - began
+                assert held[d].digest == Mirror.of(cast_state(model.state_dict(), DTYPES[d])).digest
+                row = {"tensor_fraction": group.delta_bytes / group.full_bytes,
+                       "element_fraction": element.nbytes / element.full_bytes,
+                       "changed_fraction": element.changed_elements / element.total_elements,
+                       "element_bytes": element.nbytes, "full_bytes": element.full_bytes,
+                       "tensor_bytes": group.delta_bytes * element.full_bytes / group.full_bytes,
+                       "apply_s": apply_s, "encodings": element.encodings}
+                rows[d].append(row)
+                print(f"  lr {lr:g} step {step + 1} ({d}, loss {result.stats.loss:.3f}): changed "
+                      f"{row['changed_fraction']:.2%} of elements; moves tensor {row['tensor_fraction']:.1%} / "
+                      f"element {row['element_fraction']:.2%} of {element.full_bytes:,} B "
+                      f"({element.nbytes:,} B; {element.encodings})", flush=True)
+    figures: dict[str, Any] = {"lr": lr, "steps": steps}
+    for d, items in rows.items():
+        mean = {k: statistics.fmean(float(r[k]) for r in items) for k in
+                ("tensor_fraction", "element_fraction", "changed_fraction", "element_bytes", "tensor_bytes",
+                 "full_bytes", "apply_s")}
+        figures[d] = {**mean, "element_fraction_max": max(float(r["element_fraction"]) for r in items),
+                      "per_step_element_fraction": [float(r["element_fraction"]) for r in items]}
+    if "bfloat16" in rows:
+        bf16 = figures["bfloat16"]
+        for name, n in PARAMS.items():
+            figures[f"projected_{name}_bf16_full_gb"] = n * 2 / 1e9
+            figures[f"projected_{name}_bf16_tensor_delta_gb"] = n * 2 * bf16["tensor_fraction"] / 1e9
+            figures[f"projected_{name}_bf16_element_delta_gb"] = n * 2 * bf16["element_fraction"] / 1e9
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.delta_fraction", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lrs", default="2e-4,1e-6", help="learning rates, comma-separated")
+    parser.add_argument("--lrs", default="2e-4,1e-6",
+                        help="learning rates, comma-separated (2e-4: the trainer's default; 1e-6: a typical "
+                             "large-model RL rate)")
+    parser.add_argument("--steps", type=int, default=5, help="consecutive training steps per learning rate")
+    parser.add_argument("--samples", type=int, default=16, help="dialogues per step")
+    parser.add_argument("--dtypes", default="bfloat16,float32", help="engine dtypes, comma-separated")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
     from models.reference.build import build_model
     from tokentrail.settings import get_settings
 
+    torch.set_num_threads(1)  # a shared 2-core machine
     model_dir = str(build_model(get_settings().model.dir))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    unknown = set(dtypes) - set(DTYPES)
+    if unknown:
+        parser.error(f"unknown dtypes {sorted(unknown)}; choose from {sorted(DTYPES)}")
     figures: dict[str, Any] = {}
     for lr in (float(x) for x in args.lrs.split(",")):
-        row = one_step_fraction(model_dir, lr, args.seed)
-        print(f"  lr {lr:g}: {row['changed_bytes']} of {row['full_bytes']} bf16 bytes changed "
-              f"({row['element_fraction']:.2%}); groups {row['group_fraction']:.0%}; 8B bf16: "
-              f"{row['projected_8b_bf16_delta_gb']:.2f} of {row['projected_8b_bf16_full_gb']:.0f} GB", flush=True)
-        figures[f"lr_{lr:g}"] = row
+        figures[f"lr_{lr:g}"] = measure(model_dir, tokenizer, lr, args.steps, args.samples, dtypes, args.seed)
+    first = next(iter(figures.values()))
+    if "bfloat16" in first:
+        figures["bf16_element_fraction"] = first["bfloat16"]["element_fraction"]
+        figures["bf16_tensor_fraction"] = first["bfloat16"]["tensor_fraction"]
     emit(figures)
     return 0
 

@@ -11,7 +11,8 @@ tokens each version sampled; a streamed token's arrival is timed, a whole answer
 end), and takes the time the server was paused and the bytes its loader read from the sync's report.
 
 ``--mode keep|wait`` (pause mode: ``keep`` updates in flight, ``wait`` lets running calls finish first)
-and ``--transfer delta|full`` (load only the changed weight groups, or the full checkpoint).
+and ``--transfer elements|delta|full`` (only the changed elements, reconstructed by the sync from its copy of the
+weights the server holds and loaded as the changed groups; only the changed weight groups; or the full checkpoint).
 
 Every call is checked, not assumed: its first sampled token's logprob must equal that token's logprob
 under the weights of the version it was recorded with (a transformers forward pass over the same
@@ -84,7 +85,7 @@ class BenchSettings(BaseSettings):
     # of a version is then known without waiting for the long calls to end
     probe_tokens: int = 0
     drain_s: float = 900.0  # at the end, how long running calls may take to finish before they are cut
-    transfer: Literal["delta", "full"] = "delta"
+    transfer: Literal["elements", "delta", "full"] = "delta"
     gap_s: float = 0.5  # between one version being served and the next publish
     interval_s: float = 0.05  # how often the sync looks at the store
     server: str = ""  # a running dev-mode vLLM; empty: start one
@@ -271,7 +272,7 @@ async def run(settings: BenchSettings, url: str, model_dir: Path, name: str) -> 
         await served_at(0)
         for version in range(1, settings.updates + 1):
             await asyncio.sleep(settings.gap_s)
-            await asyncio.to_thread(store.publish, version, weights[version], None, settings.transfer == "delta")
+            await asyncio.to_thread(store.publish, version, weights[version], None, settings.transfer != "full")
             published = time.monotonic()
             first = await served_at(version)
             latencies.append(first - published)
@@ -311,6 +312,8 @@ async def run(settings: BenchSettings, url: str, model_dir: Path, name: str) -> 
         "full_checkpoint_bytes": full_bytes,
         "bytes_fraction": float(np.mean(moved)) / full_bytes,
         "loads": sorted({load for r in reports for load in r.loads.values()}),
+        # what vLLM's loader read from the sync's reconstruction (element deltas), per update
+        "bytes_reloaded_per_update": float(np.mean([sum(r.bytes_reloaded.values()) for r in reports])),
         "calls_spanning_versions": sum(len({v for v, _, _ in c.spans}) > 1 for c in calls),
         "probe_tokens": settings.probe_tokens,
         "calls_cut_at_end": len(pending),
@@ -340,8 +343,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="output tokens per call, exactly (ignore_eos); e.g. 8, 512, 4096")
     parser.add_argument("--mode", choices=["keep", "wait"], default=defaults.mode,
                         help="pause mode: keep (update in flight) or wait (running calls finish first)")
-    parser.add_argument("--transfer", choices=["delta", "full"], default=defaults.transfer,
-                        help="load the published delta (changed weight groups) or the full checkpoint")
+    parser.add_argument("--transfer", choices=["elements", "delta", "full"], default=defaults.transfer,
+                        help="load only the changed elements (reconstructed by the sync), the published delta "
+                             "(changed weight groups), or the full checkpoint")
     parser.add_argument("--probe-tokens", type=int, default=defaults.probe_tokens,
                         help="one more caller with short streamed calls of this many tokens (0: none)")
     parser.add_argument("--drain", type=float, default=defaults.drain_s,

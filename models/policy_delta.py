@@ -14,6 +14,12 @@ and tensors moved, and the bytes: ``delta_bytes`` (what a delta sync moves), ``c
 the elements that really changed: what an element-sparse delta would move) and ``full_bytes`` (the whole
 checkpoint). A reader applies it only when the engine is at the base version and the file matches its
 checksum; anything else is a full load (``DeltaInfo.applies_to``).
+
+Beside it, the *element* delta (``models.element_delta``): only the elements that changed in the engine's dtype,
+``elements/delta.safetensors`` and ``elements.json`` (a directory of its own: vLLM's reload of ``delta/`` reads
+every safetensors file there) (base version, the file's sha256, its bytes, the dtype, the
+digests that prove the reconstruction). On a real training step every group changes, so the group delta moves
+nearly the whole checkpoint; the element delta moves what really changed.
 """
 
 from __future__ import annotations
@@ -27,9 +33,14 @@ from pathlib import Path
 
 import torch
 
+from models.element_delta import DeltaMismatch, ElementDelta, from_tensors, to_tensors
+
 DELTA_DIR = "delta"
 DELTA_META = "delta.json"
 DELTA_WEIGHTS = "model.safetensors"
+ELEMENTS_DIR = "elements"
+ELEMENTS_META = "elements.json"
+ELEMENTS_WEIGHTS = "delta.safetensors"
 _LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
 
 
@@ -120,6 +131,59 @@ def read_delta(version_dir: Path) -> DeltaInfo | None:
     return DeltaInfo(int(meta["base_version"]), str(meta["base_sha256"]), str(meta["sha256"]),
                      tuple(meta["groups"]), tuple(meta["tensors"]), int(meta["delta_bytes"]),
                      int(meta["changed_bytes"]), int(meta["full_bytes"]), version_dir / DELTA_DIR)
+
+
+@dataclass(frozen=True)
+class ElementDeltaInfo:
+    """An element delta as published (its tensors are read only when it is applied: ``load_element_delta``)."""
+
+    base_version: int
+    sha256: str  # of elements/delta.safetensors
+    dtype: str
+    nbytes: int  # the file's size: what an element delta sync moves
+    changed_elements: int
+    total_elements: int
+    full_bytes: int  # the whole state in ``dtype``
+    encodings: dict[str, int]
+    path: Path  # elements/delta.safetensors
+
+
+def write_element_delta(version_dir: Path, delta: ElementDelta, base_version: int) -> None:
+    """Write the element delta into ``version_dir`` (a staging directory, before it is published)."""
+    from safetensors.torch import save_file
+
+    directory = version_dir / ELEMENTS_DIR
+    directory.mkdir()
+    weights = directory / ELEMENTS_WEIGHTS
+    tensors, meta = to_tensors(delta)
+    save_file(tensors, str(weights), metadata={"tokentrail_delta_base_version": str(base_version)})
+    meta.update({"base_version": base_version, "sha256": file_sha256(weights), "nbytes": weights.stat().st_size,
+                 "changed_elements": delta.changed_elements, "encodings": delta.encodings()})
+    (version_dir / ELEMENTS_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+
+
+def read_element_delta(version_dir: Path) -> ElementDeltaInfo | None:
+    """The element delta published with a version, or None (published without one)."""
+    try:
+        meta = json.loads((version_dir / ELEMENTS_META).read_text())
+    except FileNotFoundError:
+        return None
+    return ElementDeltaInfo(int(meta["base_version"]), str(meta["sha256"]), str(meta["dtype"]), int(meta["nbytes"]),
+                            int(meta["changed_elements"]), int(meta["total_elements"]), int(meta["full_bytes"]),
+                            dict(meta["encodings"]), version_dir / ELEMENTS_DIR / ELEMENTS_WEIGHTS)
+
+
+def load_element_delta(version_dir: Path) -> ElementDelta:
+    """Read a version's element delta (only its own file); DeltaMismatch when it is missing, torn or altered."""
+    from safetensors.torch import load_file
+
+    info = read_element_delta(version_dir)
+    if info is None:
+        raise DeltaMismatch(f"{version_dir} was published without an element delta")
+    if not info.path.is_file() or file_sha256(info.path) != info.sha256:
+        raise DeltaMismatch(f"{info.path} does not match its sha256")
+    meta = json.loads((version_dir / ELEMENTS_META).read_text())
+    return from_tensors(load_file(str(info.path)), meta)
 
 
 def file_sha256(path: Path) -> str:

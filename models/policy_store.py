@@ -52,6 +52,9 @@ class PolicyInfo:
 class PolicyStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        # The last version this store published with a delta, as the engine holds it (its dtype, its tensors'
+        # digests): the next element delta's base without hashing it again.
+        self._last_served: tuple[int, torch.dtype, dict[str, str]] | None = None
 
     def path(self, version: int) -> Path:
         return self.root / str(int(version))
@@ -79,10 +82,14 @@ class PolicyStore:
                           dict(meta.get("metadata", {})))
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor],
-                metadata: Mapping[str, Any] | None = None, delta: bool = False) -> PolicyInfo:
+                metadata: Mapping[str, Any] | None = None, delta: bool = False,
+                engine_dtype: torch.dtype = torch.float32) -> PolicyInfo:
         """Write ``state_dict`` as policy ``version`` and point ``latest`` at it (if it is newer). ``delta``: also
-        write what changed since the latest published version (``models.policy_delta``), for engines that
-        hold that version; skipped when there is none or the change is not a delta (shapes, names)."""
+        write what changed since the latest published version (``models.policy_delta``: the changed weight
+        groups, and the changed elements in ``engine_dtype``, the dtype the engines serve: float32 for the
+        reference model's engines, bfloat16 for a bf16 vLLM), for engines that hold that version; skipped when
+        there is none or the change is not a delta (shapes, names). The full checkpoint keeps the trainer's
+        dtype (the trainer resumes from it; an engine casts it as it loads, the same cast the delta uses)."""
         from safetensors.torch import save_file
 
         if version < 0:
@@ -98,8 +105,7 @@ class PolicyStore:
             meta = {"version": version, "sha256": digest, "created_at": time.time(),
                     "metadata": dict(metadata or {})}
             (staging / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-            if delta:
-                self._write_delta(staging, version, tensors)
+            served = self._write_delta(staging, version, tensors, engine_dtype) if delta else None
             _fsync_dir_files(staging)
             target = self.path(version)
             if target.exists():
@@ -114,18 +120,34 @@ class PolicyStore:
         finally:
             if staging.exists():
                 shutil.rmtree(staging)
+        if served is not None:
+            self._last_served = (version, engine_dtype, served)
         self._advance_latest(version)
         return info
 
-    def _write_delta(self, staging: Path, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
-        from models.policy_delta import plan_delta, write_delta
+    def _write_delta(self, staging: Path, version: int, tensors: Mapping[str, torch.Tensor],
+                     engine_dtype: torch.dtype) -> dict[str, str]:
+        """Write the deltas into ``staging``; returns the digests of the version's tensors as the engine holds
+        them (each tensor hashed once: an unchanged one keeps its base's digest)."""
+        from models.element_delta import Mirror, cast_state, plan_element_delta
+        from models.policy_delta import plan_delta, write_delta, write_element_delta
 
         base = self.latest_version()
         if base is None or base >= version:
-            return
-        plan = plan_delta(self.load_state_dict(base, verify=False), tensors)
+            return dict(Mirror.of(cast_state(tensors, engine_dtype)).digests)
+        previous = self.load_state_dict(base, verify=False)
+        plan = plan_delta(previous, tensors)
         if plan is not None:
             write_delta(staging, plan, tensors, base, self.info(base).sha256)
+        cached = self._last_served
+        known = cached[2] if cached is not None and cached[:2] == (base, engine_dtype) else None
+        if known is None or known.keys() != tensors.keys():
+            known = dict(Mirror.of(cast_state(previous, engine_dtype)).digests)
+        elements = plan_element_delta(previous, tensors, engine_dtype, previous_digests=known)
+        if elements is None:
+            return dict(Mirror.of(cast_state(tensors, engine_dtype)).digests)
+        write_element_delta(staging, elements, base)
+        return {**known, **{item.name: item.sha256 for item in elements.tensors}}
 
     def load_state_dict(self, version: int, verify: bool = True) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file

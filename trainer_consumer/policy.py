@@ -57,12 +57,16 @@ def load_policy(model_dir: Path, store: PolicyStore, run_id: str, build_if_missi
 class StorePublisher:
     """Publishes the model's weights as a new version in the policy store."""
 
-    def __init__(self, store: PolicyStore, delta: bool = False) -> None:
+    def __init__(self, store: PolicyStore, delta: bool = False, engine_dtype: str = "float32") -> None:
         self.store = store
         self.delta = delta  # also publish what changed since the last version (models/policy_delta.py)
+        self.engine_dtype = engine_dtype  # what the engines serve: the dtype the element delta is in
 
     def publish(self, model: Any, version: int, metadata: dict[str, Any]) -> None:
-        self.store.publish(version, model.state_dict(), metadata, delta=self.delta)
+        import torch
+
+        self.store.publish(version, model.state_dict(), metadata, delta=self.delta,
+                           engine_dtype=getattr(torch, self.engine_dtype))
 
 
 def state_dict_loader(model_dir: Path, store: PolicyStore) -> Any:

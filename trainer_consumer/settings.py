@@ -39,6 +39,11 @@ class TrainerSettings(BaseModel):
     # The tiny demo model: 1e-3 breaks its tool-call format; 3e-4 lost it late in one 8-minute demo of
     # seven; 2e-4 learned as fast (measured, demo reward 0.36 -> 0.71).
     learning_rate: float = 2e-4
+    # Publish each version with its deltas against the version before (models/policy_delta.py): the changed
+    # weight groups, and the changed elements in `engine_dtype` (what the engines serve: float32 for the
+    # reference model, bfloat16 for a 7B/8B vLLM), for weight_sync.transfer "delta" / "elements".
+    publish_delta: bool = False
+    engine_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
 class TrainerStackSettings(Protocol):

@@ -27,8 +27,14 @@ class WeightSyncSettings(BaseModel):
     pause_mode: Literal["wait", "keep"] = "keep"
     # "delta": a version published with a delta against the version a server holds is loaded from the delta
     # (only the changed weight groups; models/policy_delta.py), anything else from the full checkpoint;
-    # "full": always the full checkpoint.
-    transfer: Literal["delta", "full"] = "delta"
+    # "full": always the full checkpoint. "elements": only the elements that changed in `engine_dtype`
+    # (models/element_delta.py), applied to the sync's in-memory copy of the weights the servers hold, checked
+    # against the published checksums and loaded as the changed groups; anything else from the full checkpoint.
+    # The trainer must publish with a delta in the same dtype (trainer.publish_delta, trainer.engine_dtype).
+    transfer: Literal["elements", "delta", "full"] = "delta"
+    # The dtype the servers serve (vLLM's --dtype): what element deltas are computed and checked in. The
+    # reference model's engines serve float32 (deploy/vllm/serve.sh); a 7B/8B model is served in bfloat16.
+    engine_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # Per request to vLLM; a reload of a large model from disk takes a while.
     timeout_s: float = 300.0
     # Several versions on vLLM at once (docs/release-vllm.md): with in_gateway, gateway.follow_releases and a

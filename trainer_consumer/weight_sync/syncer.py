@@ -31,6 +31,8 @@ path under the same lock, so the two never update one server at once.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -38,13 +40,16 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 import httpx
+import torch
 
-from models.policy_delta import read_delta
-from models.policy_store import PolicyStore, PolicyStoreError
+from models.element_delta import DeltaMismatch, Mirror, apply_element_delta, cast_state
+from models.policy_delta import load_element_delta, read_delta, read_element_delta, weight_group
+from models.policy_store import PolicyStore, PolicyStoreError, load_weights_dir
 from trainer_consumer.weight_sync.fleet import FleetView, ServerState, ServerStatus, initial_view, judge, parse_label
 from trainer_consumer.weight_sync.vllm_admin import AdminError, PauseMode, VLLMAdmin
 
-Transfer = Literal["delta", "full"]
+Transfer = Literal["elements", "delta", "full"]
+MIRRORS_KEPT = 2  # versions whose weights the sync keeps in memory, as the engines hold them (element deltas)
 
 
 def checkpoint_bytes(weights_dir: Path) -> int:
@@ -77,9 +82,13 @@ class SyncReport:
     # server -> the version it reported before this update (0: base weights, as after a restart; None:
     # unknown or unreachable): the evidence that a restarted server was synced before it took calls
     previous: dict[str, int | None] = field(default_factory=dict)
-    # server -> how its weights came: "delta" (only the changed groups), "full", or "full (why no delta)"
+    # server -> how its weights came: "elements" (only the changed elements, reconstructed here), "delta" (only
+    # the changed groups), "full", or "full (why no delta)"
     loads: dict[str, str] = field(default_factory=dict)
-    bytes_moved: dict[str, int] = field(default_factory=dict)  # server -> checkpoint bytes its loader read
+    # server -> bytes read from the policy store for it: the checkpoint, the group delta, or the element delta
+    bytes_moved: dict[str, int] = field(default_factory=dict)
+    # server -> bytes its loader read from the sync's reconstruction of the changed groups ("elements" only)
+    bytes_reloaded: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -95,6 +104,7 @@ class _Step:
     paused_s: float = 0.0
     load: str = ""
     bytes_moved: int = 0
+    bytes_reloaded: int = 0
     resumed: bool = False
     error: str = ""
     admin_errors: list[str] = field(default_factory=list)
@@ -105,15 +115,21 @@ class WeightSync:
                  timeout_s: float = 120.0, hooks: SyncHooks | None = None,
                  log: Callable[[str], None] | None = None, initial_target: int = 0,
                  base_dir: Path | None = None, client: httpx.AsyncClient | None = None,
-                 held: Callable[[], Collection[str]] | None = None, transfer: Transfer = "delta") -> None:
+                 held: Callable[[], Collection[str]] | None = None, transfer: Transfer = "delta",
+                 engine_dtype: torch.dtype = torch.float32) -> None:
         if not servers:
             raise ValueError("weight sync needs at least one vLLM server")
         self.store = store
         self.base_dir = base_dir  # the model the servers start with: version 0 unless the store has one
         self.pause_mode: PauseMode = pause_mode
         # "delta": load only what changed when a version was published with a delta against the version a
-        # server holds (else, or on any error, the full checkpoint); "full": always the full checkpoint
+        # server holds (else, or on any error, the full checkpoint); "full": always the full checkpoint;
+        # "elements": only the elements that changed (models/element_delta.py), applied to the sync's in-memory
+        # copy of the weights the server holds (in ``engine_dtype``), checked against the published checksums and
+        # loaded as the changed groups; any mismatch: the full checkpoint
         self.transfer: Transfer = transfer
+        self.engine_dtype = engine_dtype
+        self._mirrors: dict[int, tuple[Mirror, tuple[str, ...]]] = {}  # version -> weights, names changed
         self.hooks: SyncHooks = hooks or NoHooks()
         self._log = log or (lambda line: None)
         self._client = client or httpx.AsyncClient()
@@ -171,7 +187,8 @@ class WeightSync:
                                 {u: s.error for u, s in steps.items() if s.error},
                                 {u: s.paused_s for u, s in steps.items()}, time.monotonic() - began, self.view,
                                 previous, {u: s.load for u, s in steps.items()},
-                                {u: s.bytes_moved for u, s in steps.items()})
+                                {u: s.bytes_moved for u, s in steps.items()},
+                                {u: s.bytes_reloaded for u, s in steps.items() if s.load == "elements"})
             self.reports.append(report)
             self._log(f"weight sync to version {version}: {len(report.updated)}/{len(urls)} servers in "
                       f"{report.total_s:.2f} s" + (f"; FAILED {report.failed}" if report.failed else ""))
@@ -238,8 +255,14 @@ class WeightSync:
     async def _load(self, step: _Step, admin: VLLMAdmin, version: int, weights_dir: str) -> None:
         """Load ``version`` into the server: its delta when one applies to what the server holds, else (or
         when the delta load fails) the full checkpoint."""
-        why = self._delta_refused(step.state.version, version)
-        if not why:
+        if self.transfer == "elements":
+            why = await self._load_elements(step, admin, version)
+            if not why:
+                return
+            self._log(f"weight sync: {step.url} version {version}: {why}; loading the full checkpoint")
+        else:
+            why = self._delta_refused(step.state.version, version)
+        if not why and self.transfer == "delta":
             delta = read_delta(Path(weights_dir))
             assert delta is not None
             try:
@@ -250,8 +273,62 @@ class WeightSync:
                 why = f"delta load failed: {exc}"
                 self._log(f"weight sync: {step.url} version {version}: {why}; loading the full checkpoint")
         await admin.reload_weights(weights_dir)
-        step.load = "full" + (f" ({why})" if self.transfer == "delta" else "")
+        step.load = "full" + (f" ({why})" if self.transfer != "full" else "")
         step.bytes_moved = checkpoint_bytes(Path(weights_dir))
+        if self.transfer == "elements" and version not in self._mirrors:
+            # the base of the next element delta: the weights just loaded, as the engine holds them
+            try:
+                state = await asyncio.to_thread(load_weights_dir, Path(weights_dir))
+                self._remember(version, await asyncio.to_thread(Mirror.of, cast_state(state, self.engine_dtype)), ())
+            except (OSError, PolicyStoreError, ValueError) as exc:
+                self._log(f"weight sync: no copy of version {version} for element deltas: {exc}")
+
+    async def _load_elements(self, step: _Step, admin: VLLMAdmin, version: int) -> str:
+        """Bring the server to ``version`` by its element delta; returns why not ("" when it did). The delta is
+        applied to the sync's copy of the weights the server holds (no checkpoint is read), every tensor and the
+        whole state must match the published checksums, and the server's loader reads the changed groups
+        whole (vLLM fuses a layer's projections) from a temporary directory."""
+        held = step.state.version
+        info = read_element_delta(self.store.path(version)) if version in self.store.versions() else None
+        if info is None:
+            return "published without an element delta"
+        if held != info.base_version:
+            return f"server holds version {held}, the delta is against {info.base_version}"
+        served = str(self.engine_dtype).removeprefix("torch.")
+        if info.dtype != served:
+            return f"the element delta is in {info.dtype}, the engine serves {served}"
+        if version not in self._mirrors:
+            if info.base_version not in self._mirrors:
+                return f"no copy of version {info.base_version}'s weights to apply the element delta to"
+            base = self._mirrors[info.base_version][0]
+            try:
+                delta = await asyncio.to_thread(load_element_delta, self.store.path(version))
+                mirror, names = await asyncio.to_thread(apply_element_delta, base, delta)
+            except DeltaMismatch as exc:
+                return f"element delta mismatch: {exc}"
+            self._remember(version, mirror, names)
+        mirror, names = self._mirrors[version]
+        groups = {weight_group(name) for name in names}
+        moved = {name: t for name, t in mirror.tensors.items() if weight_group(name) in groups}
+        staging = Path(tempfile.mkdtemp(prefix=f".elements-{version}-", dir=self.store.root))
+        try:
+            from safetensors.torch import save_file
+
+            if moved:  # nothing changed: nothing to load, only the label moves
+                await asyncio.to_thread(save_file, moved, str(staging / "model.safetensors"))
+                await admin.reload_weights(str(staging))
+        except AdminError as exc:  # the full load puts every weight right
+            return f"element delta load failed: {exc}"
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        step.load, step.bytes_moved = "elements", info.nbytes
+        step.bytes_reloaded = sum(t.numel() * t.element_size() for t in moved.values())
+        return ""
+
+    def _remember(self, version: int, mirror: Mirror, names: tuple[str, ...]) -> None:
+        self._mirrors[version] = (mirror, names)
+        for old in sorted(self._mirrors)[:-MIRRORS_KEPT]:
+            del self._mirrors[old]
 
     def _delta_refused(self, held: int | None, version: int) -> str:
         """Why a server holding ``held`` cannot reach ``version`` by its delta ("" when it can)."""
