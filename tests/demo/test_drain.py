@@ -9,7 +9,8 @@ from demo.progress import ProgressTracker
 from tokentrail.settings import get_settings
 
 
-def _step(event_id: str, trained: list[str], dropped: tuple[str, ...] = (), filtered: dict[str, int] | None = None) -> dict:
+def _step(event_id: str, trained: list[str], dropped: tuple[str, ...] = (),
+          filtered: dict[str, int] | None = None) -> dict:
     return {"event_id": event_id, "sample_ids": trained, "stale_dropped_ids": list(dropped),
             "filtered_json": json.dumps(filtered or {}), "ranks": 1, "sample_ranks": [0] * len(trained),
             "loss": 0.0, "policy_version_after": 1, "mismatch_tokens": 0, "mismatch_mean_abs": 0.0,
