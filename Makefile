@@ -58,8 +58,9 @@ setup-trl: .venv-trl/.installed
 demo: setup
 	$(BIN)/tokentrail demo
 
-# The whole suite, as CI runs it (51 min 54 s in the last CI run, 3,114 s; budget 45, target under 40);
-# pyproject's addopts print the 30 slowest tests at the end (--durations=30).
+# The whole suite, as CI runs it (51 min 54 s in the last CI run, 3,114 s; budget 45, target under 40; 92 min
+# on the shared development machine under load, before the speed-ups in the test-quick note); pyproject's
+# addopts print the 30 slowest tests at the end (--durations=30).
 test: setup setup-harnesses setup-trl
 	$(BIN)/pytest
 
