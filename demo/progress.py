@@ -17,6 +17,7 @@ from schemas import topics
 from schemas.codec import DecodeError, get_codec
 from schemas.kafka import config as kafka_config
 from tokentrail.settings import Settings
+from trainer_consumer.step_audit import exactly_once
 
 
 @dataclass
@@ -52,6 +53,8 @@ class ProgressTracker:
         self.stale_dropped = self.stale_masked_tokens = 0
         self.importance_sampling = ""
         self._seen: set[str] = set()
+        self._sample_ids: list[str] = []
+        self._steps: list[dict] = []  # TrainerStep records: which samples each step trained or dropped
         self._thread = threading.Thread(target=self._run, name="demo-progress", daemon=True)
 
     def start(self) -> None:
@@ -90,8 +93,10 @@ class ProgressTracker:
             self._reward_of[record["rollout_id"]] = record["raw_reward"]
         elif name == "Sample":
             self.samples += 1
+            self._sample_ids.append(record["event_id"])
         elif name == "TrainerStep":
             self.trainer_steps += 1
+            self._steps.append(record)
             self.last_loss = record["loss"]
             self.policy_version = max(self.policy_version, record["policy_version_after"])
             n = record["mismatch_tokens"]
@@ -124,6 +129,17 @@ class ProgressTracker:
                 continue
             counts.append(f"{name.removeprefix('tokentrail.')}={total}")
         return "records on topics: " + " ".join(counts)
+
+    def drained(self, rollouts_finished: int) -> bool:
+        """Everything the workload finished has gone through: ``rollouts_finished`` rollouts seen, every COMPLETE
+        one rewarded, and every sample seen accounted for by a TrainerStep (trained, dropped as stale or
+        counted by a filter; ``trainer_consumer.step_audit``, the check the demo ends with)."""
+        with self._lock:
+            if self.rollouts + self.incomplete < rollouts_finished:
+                return False
+            if any(rollout_id not in self._reward_of for rollout_id in self._version_of):
+                return False
+            return exactly_once(self._steps, self._sample_ids).samples_lost == 0
 
     def reward_by_version(self) -> dict[int, VersionStats]:
         with self._lock:

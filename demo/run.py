@@ -170,7 +170,7 @@ def run_demo(args: argparse.Namespace) -> int:
               f"{len(workload.errors)} failed" + (f" (first: {workload.errors[0]})" if workload.errors else ""))
 
         step(6, total, "draining: processors close the last groups, the trainer takes the last samples")
-        _drain(tracker, args.drain_s)
+        _drain(tracker, args.drain_s, len(workload.outcomes))
         print(f"  {tracker.topic_counts()}", flush=True)
         for service in reversed(services):
             service.stop()
@@ -238,7 +238,14 @@ def _gateway_delivery(gateway_url: str) -> str:
     return ", ".join(f"{k} {v}" for k, v in sink.items()) or "no sink stats"
 
 
-def _drain(tracker: ProgressTracker, budget_s: float) -> None:
+# Drained: the tracker has seen every finished rollout rewarded and every sample accounted for by the trainer,
+# and nothing new for DRAINED_QUIET_S (a record between two stages shows up well within it); or, whatever the
+# tracker says, nothing new for QUIET_S.
+DRAINED_QUIET_S = 10.0
+QUIET_S = 30.0
+
+
+def _drain(tracker: ProgressTracker, budget_s: float, rollouts_finished: int) -> None:
     deadline = time.monotonic() + budget_s
     last = (-1, -1)
     quiet_since = time.monotonic()
@@ -247,8 +254,11 @@ def _drain(tracker: ProgressTracker, budget_s: float) -> None:
         if now != last:
             last, quiet_since = now, time.monotonic()
             print(f"  {tracker.line()}", flush=True)
-        elif time.monotonic() - quiet_since > 30:  # nothing new for a while: the pipeline is drained
-            return
+        else:
+            quiet = time.monotonic() - quiet_since
+            if quiet > QUIET_S or (quiet > DRAINED_QUIET_S and tracker.drained(rollouts_finished)):
+                print(f"  drained ({quiet:.0f} s with nothing new)", flush=True)
+                return
         time.sleep(1)
 
 

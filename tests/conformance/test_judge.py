@@ -5,8 +5,10 @@ parse normalization."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,10 +20,17 @@ from tokentrail.commands.conformance import harness_script, independent_renderer
 from tokentrail.commands.harnesses import HARNESSES
 
 
+@functools.cache
+def _judge(family: str, model_dir: Path) -> Any:
+    """renderers' renderer of the family, loaded once for this module's tests (it only renders; loading a
+    family's tokenizer takes seconds)."""
+    return independent_renderer(FORMATS[family], model_dir)
+
+
 def _renders(family: str, model_dir: Path) -> list[tuple[str, list[int], list[int]]]:
     """(where, the gateway's plain render, renderers' render) of every corpus request of the family."""
     text = FamilyTextSide.from_dir(model_dir)
-    judge = independent_renderer(FORMATS[family], model_dir)
+    judge = _judge(family, model_dir)
     out = []
     for conv in CONVERSATIONS:
         conv = adapted(conv, FORMATS[family].can)
@@ -47,7 +56,7 @@ def test_gpt_oss_gateway_harmony_and_renderers_differ_only_on_a_rerendered_tool_
     gives the content type ``json`` (``to=functions.X<|channel|>commentary json``) and renderers none. (The
     gateway splices the sampled call instead wherever the format keeps it; the corpus judges that by bridge.)"""
     model_dir = family_dir("gpt-oss")
-    judge = independent_renderer(FORMATS["gpt-oss"], model_dir)
+    judge = _judge("gpt-oss", model_dir)
     differ = {where: judge.difference(gateway, theirs) for where, gateway, theirs in _renders("gpt-oss", model_dir)
               if gateway != theirs}
     assert not [w for w in differ if w.endswith("/0")], differ
@@ -57,7 +66,7 @@ def test_gpt_oss_gateway_harmony_and_renderers_differ_only_on_a_rerendered_tool_
 
 def test_the_judge_names_a_changed_token(family_dir: Callable[[str], Path]) -> None:
     model_dir = family_dir("qwen3")
-    judge = independent_renderer(FORMATS["qwen3"], model_dir)
+    judge = _judge("qwen3", model_dir)
     conv = CONVERSATIONS[0]
     messages = requests(conv)[0]
     prompt = judge.render(messages, conv.tools)
@@ -71,7 +80,7 @@ def test_bridge_keeps_the_sampled_ids_where_a_rerender_drifts(family_dir: Callab
     """Qwen3: the next prompt built on prompt ‖ sampled output (renderers' bridge) is what the judge accepts for
     a spliced call; a plain re-render differs from it by a counted number of tokens."""
     model_dir = family_dir("qwen3")
-    judge = independent_renderer(FORMATS["qwen3"], model_dir)
+    judge = _judge("qwen3", model_dir)
     conv = adapted(CONVERSATIONS[2], FORMATS["qwen3"].can)  # non-ASCII arguments, a tool error
     first, second = requests(conv)[:2]
     prompt = judge.render(first, conv.tools)

@@ -57,6 +57,15 @@ def _llama3_style() -> Tokenizer:
                      [AddedToken("<|eot|>", normalized=False, special=True)], decoders.ByteLevel())
 
 
+@functools.cache
+def _encoder_for(tokenizer: Tokenizer) -> AsciiEncoder | None:
+    """The encoder of a tokenizer, built once for the hundreds of generated examples (building it reads the
+    tokenizer's JSON and runs its self-check: ~20 ms an example). Its only state is its memo of pieces,
+    whose every entry an earlier example compared with the tokenizer's ids, as the gateway's long-lived
+    encoder does."""
+    return AsciiEncoder.for_tokenizer(tokenizer)
+
+
 @pytest.fixture(scope="module")
 def reference(renderer: ChatRenderer) -> Tokenizer:
     return renderer.tokenizer.backend_tokenizer
@@ -69,7 +78,7 @@ texts = st.lists(st.one_of(st.sampled_from(PIECES), st.text(st.characters(max_co
 @settings(max_examples=400, deadline=None)
 @given(texts)
 def test_reference_tokenizer_ids_are_exact(reference: Tokenizer, text: str) -> None:
-    encoder = AsciiEncoder.for_tokenizer(reference)
+    encoder = _encoder_for(reference)
     assert encoder is not None
     ids = encoder.encode(text)
     if text.isascii():
@@ -84,7 +93,7 @@ def test_reference_tokenizer_ids_are_exact(reference: Tokenizer, text: str) -> N
 @given(text=texts)
 def test_other_split_patterns_give_exact_ids(make: Callable[[], Tokenizer], tail: str, text: str) -> None:
     tokenizer = make()
-    encoder = AsciiEncoder.for_tokenizer(tokenizer)
+    encoder = _encoder_for(tokenizer)
     assert encoder is not None
     for sample in (text, text + tail):  # the tail: added tokens of each kind, long digit runs
         assert encoder.encode(sample) == (_ids(tokenizer, sample) if sample.isascii() else None)

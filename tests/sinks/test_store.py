@@ -28,6 +28,7 @@ from sinks.store import (
     write_records,
 )
 from testkit.storage_records import GroupSpec, synthetic_group
+from tests.sinks.conftest import database_name
 from tokentrail.cli import main as cli_main
 from tokentrail.settings import REPO_ROOT
 
@@ -42,14 +43,31 @@ def example(name: str) -> dict:
     return record
 
 
-def test_migrate_is_idempotent_and_creates_everything(ch: Client) -> None:
-    assert migrate(ch) == []  # the fixture migrated already
-    names = {r[0] for r in ch.query("SHOW TABLES").result_rows}
-    assert set(TABLE_NAMES) | set(VIEWS) | {"schema_migrations"} <= names
-    applied = [r[0] for r in ch.query("SELECT id FROM schema_migrations FINAL ORDER BY id").result_rows]
-    assert applied == [m.id for m in MIGRATIONS]
-    engines = dict(ch.query("SELECT name, engine FROM system.tables WHERE database = currentDatabase()").result_rows)
-    assert all(engines[t] == "ReplacingMergeTree" for t in TABLE_NAMES)
+def _definitions(client: Client, db: str) -> dict[str, str]:
+    rows = client.query("SELECT name, create_table_query FROM system.tables WHERE database = {db:String}",
+                        parameters={"db": db}).result_rows
+    return {name: ddl.replace(f"{db}.", "DB.") for name, ddl in rows}
+
+
+def test_migrate_is_idempotent_and_creates_everything(chdb_dsn: str, ch: Client,
+                                                       request: pytest.FixtureRequest) -> None:
+    client = connect(dsn=chdb_dsn, database=database_name(request.node.name), create_database=True)
+    try:
+        assert migrate(client) == [m.id for m in MIGRATIONS]
+        assert migrate(client) == []  # applied migrations are recorded
+        names = {r[0] for r in client.query("SHOW TABLES").result_rows}
+        assert set(TABLE_NAMES) | set(VIEWS) | {"schema_migrations"} <= names
+        applied = [r[0] for r in client.query("SELECT id FROM schema_migrations FINAL ORDER BY id").result_rows]
+        assert applied == [m.id for m in MIGRATIONS]
+        engines = dict(client.query("SELECT name, engine FROM system.tables WHERE database = currentDatabase()")
+                       .result_rows)
+        assert all(engines[t] == "ReplacingMergeTree" for t in TABLE_NAMES)
+        # The ``ch`` fixture's database (a copy of a template migrated once per session) is what migrate
+        # makes: the same tables and views, each with the same definition, and the same migrations applied.
+        assert _definitions(ch, ch.database) == _definitions(client, client.database)
+        assert migrate(ch) == []
+    finally:
+        client.command(f"DROP DATABASE IF EXISTS {client.database}")
 
 
 @pytest.mark.parametrize("name", sorted(set(TABLE_OF) - {"CompletedRollout"}))

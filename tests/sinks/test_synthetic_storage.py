@@ -7,9 +7,9 @@ from clickhouse_connect.driver.client import Client
 
 from bench.sink import encoded_events, stored_ratios
 from schemas.tokens import unpack_ids
-from sinks.client import connect
 from sinks.store import load_records, load_rollouts, write_records
 from testkit.storage_records import VOCAB, GroupSpec, synthetic_group
+from tests.sinks.conftest import fresh_database
 
 
 def test_default_distributions_are_the_uniform_draws_other_tests_rely_on() -> None:
@@ -41,16 +41,18 @@ def test_model_like_distributions_round_trip_exactly(ch: Client) -> None:
     )
 
 
-def _ratios(dsn: str, bodies: str, turns: int) -> dict[str, float]:
-    client = connect(dsn=dsn, database=f"t_bench_ratios_{bodies}_{turns}", create_database=True)
+def _ratios(dsn: str, template: str, bodies: str, turns: int) -> dict[str, float]:
+    # A migrated database (the fixtures' copy of the session's template): stored_ratios' own migrate() finds
+    # every migration applied.
+    client = fresh_database(dsn, f"bench_ratios_{bodies}_{turns}", template)
     try:
         return stored_ratios(client, encoded_events(1, turns, 2000, 300, 50, only="CallRecord", bodies=bodies))
     finally:
         client.command(f"DROP DATABASE IF EXISTS {client.database}")
 
 
-def test_stored_share_of_full_prompts_falls_with_rollout_length(chdb_dsn: str) -> None:
-    tiny = {turns: _ratios(chdb_dsn, "tiny", turns) for turns in (2, 6)}
+def test_stored_share_of_full_prompts_falls_with_rollout_length(chdb_dsn: str, migrated_template: str) -> None:
+    tiny = {turns: _ratios(chdb_dsn, migrated_template, "tiny", turns) for turns in (2, 6)}
     for kind in ("same_design", "prompt_columns", "bytes_layout", "uncompressed"):
         assert 0 < tiny[6][kind] < tiny[2][kind], (kind, tiny)
         assert tiny[6][kind] < 0.9, (kind, tiny)
@@ -58,6 +60,6 @@ def test_stored_share_of_full_prompts_falls_with_rollout_length(chdb_dsn: str) -
     assert max(r for k, r in tiny[2].items() if k != "bytes_layout") < 1 and tiny[2]["bytes_layout"] < 1.05, tiny
     # With the conversation in every request body, the bodies' deltas keep the fall (the released byte
     # layout's ZSTD finds small repeated bodies itself, so only the same design is compared here).
-    chat = {turns: _ratios(chdb_dsn, "chat", turns) for turns in (2, 6)}
+    chat = {turns: _ratios(chdb_dsn, migrated_template, "chat", turns) for turns in (2, 6)}
     for kind in ("same_design", "uncompressed"):
         assert 0 < chat[6][kind] < chat[2][kind] < 1, (kind, chat)
