@@ -53,7 +53,7 @@ from producers.upstreams.vllm.answers import (
 )
 from producers.upstreams.vllm.bodies import CHAT_PATH, TOKEN_PATHS, TokenEndpoint
 from producers.upstreams.vllm.errors import ServerLost, bad_answer, error_from_response
-from producers.upstreams.vllm.fleet import Fleet, OpenStream
+from producers.upstreams.vllm.fleet import Fleet, OpenStream, server_list
 from producers.upstreams.vllm.labels import parse_spans, policy_spans, spans_text, spans_version
 from producers.upstreams.vllm.weights import push_weights
 from schemas.version_spans import PolicySpan
@@ -99,7 +99,6 @@ class VLLMUpstream:
             raise ValueError(f"token_endpoint {token_endpoint!r}: one of {', '.join(TOKEN_PATHS)}")
         self.token_endpoint: TokenEndpoint = token_endpoint
         self._fleet = Fleet(servers, api_key=api_key, timeout_s=timeout_s)
-        self.servers = self._fleet.servers
         self._model = model
         self._policy_version = policy_version
         self._engines: dict[str, str] = {}
@@ -113,6 +112,22 @@ class VLLMUpstream:
         return cls(gateway.upstream, **{**settings_options(gateway), **kwargs})
 
     # ------------------------------------------------------------------ routing and metadata
+
+    @property
+    def servers(self) -> list[str]:
+        """The servers calls are routed to: every call's rendezvous order (and failover) is over this list.
+        The weight sync narrows it to the servers at the current version (``GateHooks`` in
+        tokentrail/runtime/weight_sync.py), so a server that is down, failed its update or restarted on the
+        base weights takes no call until it is current again. The fleet's own list, not a copy: a copy
+        left routing over every server, and a restarted server served calls on the base weights."""
+        return self._fleet.servers
+
+    @servers.setter
+    def servers(self, servers: Sequence[str]) -> None:
+        routed = server_list(servers)
+        if not routed:
+            raise ValueError("a vLLM fleet routes to at least one server")
+        self._fleet.servers = routed
 
     def servers_for(self, rollout_id: str) -> list[str]:
         """Servers in the order this rollout tries them (the first one unless it is down)."""
