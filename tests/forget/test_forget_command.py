@@ -13,7 +13,7 @@ from schemas.kafka.forget_log import read_forgotten
 from schemas.kafka.key_store import ForgetSettings, KafkaKeyStore
 from schemas.sealing import Sealer
 from sinks.store import load_records, write_records
-from tests.sinks.conftest import ch, chdb_dsn  # noqa: F401  (the chDB fixtures)
+from tests.sinks.conftest import ch, chdb_dsn, migrated_template  # noqa: F401  (the chDB fixtures)
 from tokentrail.cli import build_parser
 from tokentrail.forgetting import expire, forget
 from tokentrail.settings import Settings

@@ -34,7 +34,7 @@ from sinks.trace import trace_sample
 from testkit.gateway import running_embedded_gateway
 from testkit.kafka_read import first_records
 from testkit.stages import constant_scores, full_group
-from tests.sinks.conftest import ch, chdb_dsn  # noqa: F401  (the chDB fixtures)
+from tests.sinks.conftest import ch, chdb_dsn, migrated_template  # noqa: F401  (the chDB fixtures)
 from tokentrail.residue_scan import ScanTargets, scan_residue
 from tokentrail.settings import Settings
 from trainer_consumer.batching import BatchBuilder

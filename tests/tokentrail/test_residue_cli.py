@@ -16,7 +16,7 @@ from schemas.kafka.config import producer_config
 from schemas.residue import Tally
 from sinks.store import write_records
 from tests.residue_data import CANARY, ODD_CANARY, RUN, call_record, encode, matcher
-from tests.sinks.conftest import ch, chdb_dsn  # noqa: F401 (fixtures: one migrated chDB database)
+from tests.sinks.conftest import ch, chdb_dsn, migrated_template  # noqa: F401 (fixtures: one migrated chDB database)
 from tokentrail.cli import main
 from tokentrail.residue_scan import default_reports, scan_files
 from tokentrail.settings import Settings

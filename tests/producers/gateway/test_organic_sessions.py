@@ -166,7 +166,10 @@ def test_harness_sessions_with_no_rollout_become_complete_rollouts(
         assert orjson.loads(started["task_input_json"]) == {} and started["attempt_number"] == 1
         assert metadata == {"organic": True, "session_ref": session_ref(key), "session_source": source,
                             "window_start_us": metadata["window_start_us"]}
-        assert key not in orjson.dumps(started).decode()  # the user's or harness's id is not stored
+        # The user's or harness's id is stored once: as the subject, the handle an erasure request names
+        # (docs/forgetting.md: subject ids are kept facts); never in the metadata or anywhere else.
+        assert started["subject"] == key
+        assert key not in orjson.dumps({**started, "subject": None}).decode()
     _complete(tokentrail_settings, topics, ended[2].json()["rollout_id"], 2)  # indices 0 and 1 of one attempt
     (_, bare_call), = read_records(tokentrail_settings, topics["calls_topic"], 1, where={"session_id": None,
                                                                                          "protocol": "openai.chat"})
