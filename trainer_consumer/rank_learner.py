@@ -77,10 +77,15 @@ class RankLearner(Learner):
             ddp = DistributedDataParallel(model, device_ids=[group.device] if group.device.type == "cuda" else None)
             ddp.register_comm_hook(None, sum_allreduce_hook)
             self.forward_model = ddp
+            group.on_close(self.release_group)
 
     @property
     def world_size(self) -> int:
         return self.group.world_size
+
+    def release_group(self) -> None:
+        """Drops the DDP wrapper (its reducer holds the process group); ``RankGroup.close`` calls it."""
+        self.forward_model = self.model
 
     def weights_replaced(self) -> None:
         self._resync = True

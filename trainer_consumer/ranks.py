@@ -8,12 +8,17 @@ is the one ``torchrun`` describes in the environment (RANK, WORLD_SIZE, LOCAL_RA
 The timeout is long on purpose: ranks other than 0 wait in ``scatter`` for as long as the samples topic
 is idle. A dead rank does not hang the others for that long: ``torchrun`` sees its exit and stops and
 restarts the whole group (``--max-restarts``).
+
+Closing the group first releases what holds it from C++ (the DDP wrapper's reducer): see ``close``.
 """
 
 from __future__ import annotations
 
 import datetime
+import gc
 import os
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -53,6 +58,7 @@ class RankGroup:
     world_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str = ""  # "" when there is no process group (one process)
+    _releases: list[weakref.WeakMethod[Callable[[], None]]] = field(default_factory=list, repr=False)
 
     @classmethod
     def single(cls) -> RankGroup:
@@ -105,6 +111,26 @@ class RankGroup:
         if self.distributed:
             self.gather(None)
 
+    def on_close(self, release: Callable[[], None]) -> None:
+        """``release`` (a bound method, held weakly) runs in ``close`` before the process group goes: it
+        drops what holds the group from C++, such as a DDP wrapper."""
+        self._releases.append(weakref.WeakMethod(release))
+
     def close(self) -> None:
+        """Destroys the process group, after dropping (and collecting) everything else that holds it.
+
+        Why the order matters (torch 2.13, gloo): the last reference to a gloo group runs its destructor,
+        which joins the group's worker threads. A worker that has just finished a collective still drops
+        that collective's tensors, and dropping a tensor that Python has seen takes the GIL. Python's own
+        handle releases the GIL before it runs the destructor, but a DDP reducer (freed with the learner)
+        does not: when the reducer held the last reference, the rank hung for good, the main thread
+        holding the GIL and joining a worker waiting for it. Releasing the wrappers first leaves the last
+        reference to ``destroy_process_group``."""
+        for release in self._releases:
+            method = release()
+            if method is not None:
+                method()
+        self._releases.clear()
+        gc.collect()  # wrappers caught in reference cycles too
         if self.distributed and dist.is_initialized():
             dist.destroy_process_group()

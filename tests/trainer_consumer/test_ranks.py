@@ -4,8 +4,10 @@ than ranks (a rank joins with nothing) and when micro-batches split a rank's sha
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,7 @@ def _rank_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
     group = RankGroup.from_env(timeout_s=60)
     try:
         learner = RankLearner(make_tiny_model(), CFG, group)
+        wrapper = weakref.ref(learner.forward_model)
         if group.is_leader:
             results = [learner.step(samples) for samples in _steps()]
             learner.stop_followers()
@@ -66,13 +69,17 @@ def _rank_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
                        Path(out_dir) / f"rank{rank}.pt")
     finally:
         group.close()
+    # The DDP wrapper (its reducer holds the gloo group) went before the group: see RankGroup.close.
+    assert wrapper() is None and learner.forward_model is learner.model
 
 
 def test_two_gloo_ranks_train_the_weights_one_process_trains(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     reference = make_tiny_model().state_dict()  # also imports the model's transformers modules, once
     # Forked, not spawned: the children start with torch and the model's modules already imported
-    # (seconds instead of a minute on a loaded host).
+    # (seconds instead of a minute on a loaded host). Collected first, so no child frees the parent's
+    # garbage (torch objects among it) in the middle of its work.
+    gc.collect()
     mp.start_processes(_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True,
                        start_method="fork")
     single = Learner(make_tiny_model(), CFG)
@@ -107,6 +114,7 @@ def _resync_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
     group = RankGroup.from_env(timeout_s=60)
     try:
         learner = RankLearner(make_tiny_model(), CFG, group)
+        wrapper = weakref.ref(learner.forward_model)
         if group.is_leader:
             steps = _steps()
             learner.step(steps[0])
@@ -120,11 +128,13 @@ def _resync_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
         torch.save(learner.model.state_dict(), Path(out_dir) / f"resync{rank}.pt")
     finally:
         group.close()
+    assert wrapper() is None and learner.forward_model is learner.model  # as in _rank_main
 
 
 def test_weights_replaced_on_rank_0_reach_every_rank_before_the_next_step(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     make_tiny_model()
+    gc.collect()  # as above
     mp.start_processes(_resync_main, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True,
                        start_method="fork")
     single = Learner(make_tiny_model(seed=5), CFG)  # the replaced weights, fresh moments, then the step
