@@ -58,19 +58,18 @@ setup-trl: .venv-trl/.installed
 demo: setup
 	$(BIN)/tokentrail demo
 
-# The whole suite, as CI runs it (51 min 54 s in the last CI run, 3,114 s; budget 45, target under 40; 92 min
-# on the shared development machine under load, before the speed-ups in the test-quick note); pyproject's
-# addopts print the 30 slowest tests at the end (--durations=30).
+# The whole suite, as CI runs it (51 min 54 s in the last CI run; budget 45, target under 40). On the shared
+# 2-core machine, 2026-12-05, load 2-13: quick tier 9 min 43 s + e2e tier 36 min 37 s; pyproject's addopts print
+# the 30 slowest tests at the end (--durations=30).
 test: setup setup-harnesses setup-trl
 	$(BIN)/pytest
 
 # The inner loop: every test but the e2e tier (demos, live vLLM, reliability faults, harness binaries,
 # multi-process gateways, faust worker processes; README "Tests"), so it needs no harnesses or .venv-vllm.
-# Measured on the shared 2-core machine (1,050 tests; the wall time follows the load other runs put on it):
-# before issue 27's speed-ups 12.5 min (user CPU 6.6 min) and 26.5 min at load 10-19 (model build included);
-# after them 36.4 min at load 8-26, of which 15 min were one hung test (test_ranks: a gloo teardown deadlock,
-# not a speed-up), so 21.4 min of tests, user CPU 5.7 min (model already built). One pytest process cannot go
-# below its CPU time: issue 27's target of under 5 minutes needs both cores (pytest-xdist), not done yet.
+# Measured on the shared 2-core machine (~1,150 tests; the wall time follows the load other runs put on it):
+# before issue 27's speed-ups 12.5 min (user CPU 6.6 min); after them 9 min 43 s at load 5-13 (user CPU ~5.7
+# min). One pytest process cannot go below its CPU time: issue 27's target of under 5 minutes needs both cores
+# (pytest-xdist), not done yet.
 test-quick: setup
 	$(BIN)/pytest -m "not e2e"
 
