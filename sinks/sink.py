@@ -146,6 +146,9 @@ def dead_letter_record(
         "error_type": error_type,
         "reason": reason,
         "created_at_us": timestamp_us,
+        # A bad message's subject is unknown (it could not be read): none, as the contract's default says.
+        "subject": None,
+        "sealed": None,
     }
 
 
