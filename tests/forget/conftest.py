@@ -9,7 +9,10 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from schemas.kafka.key_store import ForgetSettings
+from schemas.codec import install_sealer
+from schemas.kafka.key_store import ForgetSettings, KafkaKeyStore
+from schemas.sealing import Sealer
+from tokentrail.settings import Settings
 
 
 @pytest.fixture
@@ -24,3 +27,13 @@ def forget_settings(kafka_bootstrap: str, kafka_admin: AdminClient) -> Iterator[
             future.result(timeout=60)
         except Exception:  # a topic the test never created
             pass
+
+
+@pytest.fixture
+def sealing(tokentrail_settings: Settings, forget_settings: ForgetSettings) -> Iterator[KafkaKeyStore]:
+    """This process seals and opens as every component would (gateway, stages, sink and trainer share it)."""
+    store = KafkaKeyStore(tokentrail_settings.kafka, forget_settings)
+    previous = install_sealer(Sealer(store))
+    yield store
+    install_sealer(previous)
+    store.close()

@@ -7,7 +7,6 @@ request forgot her, and the other user's content is all still there."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,12 +20,11 @@ from processors.credit import CreditConfig, compute_credits
 from processors.rewards import RewardConfig, compute_rewards
 from processors.samples import SampleConfig, build_samples
 from producers.gateway.text_side import ModelTextSide
-from schemas.codec import get_codec, install_sealer
+from schemas.codec import get_codec
 from schemas.kafka import config as kafka_config
 from schemas.kafka.key_store import ForgetSettings, KafkaKeyStore
 from schemas.kafka.residue import TopicSelection
 from schemas.residue import Needles, canary_token_run
-from schemas.sealing import Sealer
 from sinks.audit import run_audit
 from sinks.sink import SinkOptions, run_sink
 from sinks.store import load_records, write_records
@@ -45,16 +43,6 @@ pytestmark = pytest.mark.e2e
 MODEL = "tokentrail-tiny"
 REWARD = RewardConfig(metrics=[{"name": "m", "verifier": "v"}], normalize={"method": "none"},
                       filters={"zero_variance": False})
-
-
-@pytest.fixture
-def sealing(tokentrail_settings: Settings, forget_settings: ForgetSettings) -> Iterator[KafkaKeyStore]:
-    """This process seals and opens as every component would (gateway, stages, sink and trainer share it)."""
-    store = KafkaKeyStore(tokentrail_settings.kafka, forget_settings)
-    previous = install_sealer(Sealer(store))
-    yield store
-    install_sealer(previous)
-    store.close()
 
 
 def _rollout_through_gateway(gw_url: str, subject: str, canary: str) -> str:

@@ -5,13 +5,11 @@ step is dropped right before the step (the stream re-reads the key store); other
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import numpy as np
-import pytest
 from confluent_kafka import Producer
 
-from schemas.codec import Codec, install_sealer
+from schemas.codec import Codec
 from schemas.kafka import config as kafka_config
 from schemas.kafka.forget_log import forget_subject, read_forgotten
 from schemas.kafka.key_store import ForgetSettings, KafkaKeyStore
@@ -20,16 +18,6 @@ from testkit.samples import random_sequence, sample_record
 from tokentrail.settings import Settings
 from trainer_consumer.batching import BatchBuilder
 from trainer_consumer.dataset import FORGOTTEN, SampleStream
-
-
-@pytest.fixture
-def trainer_keys(tokentrail_settings: Settings, forget_settings: ForgetSettings) -> Iterator[KafkaKeyStore]:
-    """The trainer process's key store, installed as the process's sealer."""
-    store = KafkaKeyStore(tokentrail_settings.kafka, forget_settings)
-    previous = install_sealer(Sealer(store))
-    yield store
-    install_sealer(previous)
-    store.close()
 
 
 def _samples(subject: str | None, n: int, rng: np.random.Generator) -> list[dict]:
@@ -42,7 +30,7 @@ def _samples(subject: str | None, n: int, rng: np.random.Generator) -> list[dict
 
 
 def test_forgotten_samples_are_never_handed_to_a_step(
-    tokentrail_settings: Settings, forget_settings: ForgetSettings, new_topic, trainer_keys: KafkaKeyStore
+    tokentrail_settings: Settings, forget_settings: ForgetSettings, new_topic, sealing: KafkaKeyStore
 ) -> None:
     kafka = tokentrail_settings.kafka
     topic = new_topic(1)
