@@ -26,7 +26,7 @@ from .vllm_server import VLLMServer
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 PROMPT = [5, 17, 33, 41, 12, 9, 100, 200]
-TOKENS = 120
+TOKENS = 1500  # long enough that the update lands mid-call even on a loaded CI machine
 
 
 def test_a_long_call_runs_across_a_keep_update_and_records_both_versions(
