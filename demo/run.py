@@ -64,12 +64,18 @@ class Workload:
         return [self.pool.submit(run_rollout, self.gateway_url, self.model, task, group_id, self.group_size)
                 for _ in range(self.group_size)]
 
-    def run_until(self, deadline: float, on_tick: Callable[[int], None]) -> None:
+    def run_until(self, deadline: float, on_tick: Callable[[int], None],
+                  enough: Callable[[], bool] = lambda: False) -> None:
+        """Starts groups until the deadline or until ``enough()`` says so, then lets the last ones finish."""
         in_flight: set[Future[RolloutOutcome]] = set()
         groups_started = 0
         last_tick = time.monotonic()
-        while time.monotonic() < deadline or in_flight:
-            while time.monotonic() < deadline and len(in_flight) < self.concurrency * self.group_size:
+
+        def starting() -> bool:
+            return time.monotonic() < deadline and not enough()
+
+        while starting() or in_flight:
+            while starting() and len(in_flight) < self.concurrency * self.group_size:
                 in_flight.update(self._group())
                 groups_started += 1
             done, in_flight = wait(in_flight, timeout=1.0, return_when=FIRST_COMPLETED)
@@ -145,7 +151,8 @@ def run_demo(args: argparse.Namespace) -> int:
         tracker = ProgressTracker(settings)
         tracker.start()
 
-        step(5, total, f"online RL: {args.minutes:g} min of lookup-task rollouts, groups of {args.group_size}, "
+        until = f" or {args.until_steps} trainer steps" if args.until_steps else ""
+        step(5, total, f"online RL: {args.minutes:g} min{until} of lookup-task rollouts, groups of {args.group_size}, "
                         f"{args.concurrency} groups in flight")
         workload = Workload(gateway_url, settings.model.name, args.group_size, args.concurrency, args.seed)
         start = time.monotonic()
@@ -163,7 +170,9 @@ def run_demo(args: argparse.Namespace) -> int:
             if ticks[0] % 6 == 0:  # about every minute: where the records are, stage by stage
                 print(f"         {tracker.topic_counts()}; gateway {_gateway_delivery(gateway_url)}", flush=True)
 
-        workload.run_until(start + args.minutes * 60, tick)
+        until_steps = args.until_steps
+        workload.run_until(start + args.minutes * 60, tick,
+                           enough=lambda: until_steps is not None and tracker.trainer_steps >= until_steps)
         failed_rollouts = len(workload.errors)
         correct = sum(o.correct for o in workload.outcomes)
         print(f"  workload done: {len(workload.outcomes)} rollouts, {correct} answered right, "
@@ -289,6 +298,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="the main job: online RL end to end on the embedded defaults",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=8.0, help="how long to run the workload (default 8)")
+    p.add_argument("--until-steps", type=int, default=None, metavar="N",
+                   help="end the workload once the trainer has taken N optimizer steps (or at --minutes, "
+                        "whichever comes first): the reward depends on steps, not wall time, so a short run "
+                        "on a loaded machine still trains as far")
     p.add_argument("--group-size", type=int, default=None,
                    help="rollouts per group (default 8; 4 with --upstream vllm)")
     p.add_argument("--concurrency", type=int, default=None,
