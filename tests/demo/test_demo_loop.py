@@ -40,9 +40,9 @@ def test_short_online_loop_improves_reward_and_passes_audit(tmp_path: Path) -> N
         # The model build is deterministic and cached; share it with the rest of the suite.
         "TOKENTRAIL_MODEL__DIR": str(get_settings().model.dir),
     }
-    # Ends at 80 trainer steps (about a minute on a quiet machine): the reward depends on steps, so a loaded
+    # Ends at 100 trainer steps (about 80 s on a quiet machine): the reward depends on steps, so a loaded
     # machine runs longer rather than training less; 6 minutes bounds it.
-    command = [sys.executable, "-m", "tokentrail.cli", "demo", "--minutes", "6", "--until-steps", "80",
+    command = [sys.executable, "-m", "tokentrail.cli", "demo", "--minutes", "6", "--until-steps", "100",
                "--drain-s", "90"]
     try:
         result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200)
