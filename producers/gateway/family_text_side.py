@@ -21,7 +21,8 @@ from producers.families.stream import FamilyStream
 from producers.gateway.attempts import PriorSample
 from producers.gateway.ports import ParsedText, ParsedToolCall, Rendered, TextEvent
 from producers.gateway.text_side import ModelTextSide
-from producers.rendering import CacheBudgets, ChatRenderer
+from producers.render_caches import CacheBudgets
+from producers.rendering import ChatRenderer
 
 
 class FamilyTextSide(ModelTextSide):

@@ -29,7 +29,8 @@ from producers.gateway.identity import CallIdentity
 from producers.gateway.ports import Rendered, TextSide
 from producers.gateway.prompt_bound import StructureLimit, min_prompt_tokens, min_prompt_tokens_raw, structure_error
 from producers.gateway.release_routed import session_key
-from producers.rendering import RenderError, check_template_kwargs
+from producers.rendered_prompt import RenderError
+from producers.template_variables import check_template_kwargs
 from producers.upstreams.base import (
     ChatGenerateRequest,
     ChatUpstream,

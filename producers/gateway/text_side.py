@@ -19,7 +19,9 @@ from producers.parsing import (
     StreamingParser,
     parse_output,
 )
-from producers.rendering import CacheBudgets, ChatRenderer, PriorCall, RenderError
+from producers.render_caches import CacheBudgets
+from producers.rendered_prompt import PriorCall, RenderError
+from producers.rendering import ChatRenderer
 from schemas.tokens import IDS_DTYPE, NO_IDS, IdArray
 
 
