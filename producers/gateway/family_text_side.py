@@ -18,7 +18,7 @@ from producers.families.formats import FamilyParse, OutputFormat, output_format
 from producers.families.harmony import HarmonyChat, Prior
 from producers.families.messages import template_messages
 from producers.families.stream import FamilyStream
-from producers.gateway.attempts import PriorSample
+from producers.gateway.attempt_state import PriorSample
 from producers.gateway.ports import ParsedText, ParsedToolCall, Rendered, TextEvent
 from producers.gateway.text_side import ModelTextSide
 from producers.render_caches import CacheBudgets

@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 
 from producers.gateway import records
-from producers.gateway.attempts import DeliveredCall, SampledOutput
+from producers.gateway.attempt_state import DeliveredCall, SampledOutput
 from producers.gateway.chat import CallOutcome, InternalCall, ToolCallOut, tool_call_id
 from producers.gateway.context import GatewayContext
 from producers.gateway.errors import GatewayError, bad_request, internal_error

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from producers.gateway.attempts import PriorSample
+from producers.gateway.attempt_state import PriorSample
 from producers.gateway.ports import ParsedText, ParsedToolCall, Rendered, TextEvent
 from producers.parsing import (
     PARSER_VERSION,
