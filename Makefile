@@ -66,7 +66,7 @@ test: setup setup-harnesses setup-trl
 
 # The inner loop: every test but the e2e tier (demos, live vLLM, reliability faults, harness binaries,
 # multi-process gateways, faust worker processes; README "Tests"), so it needs no harnesses or .venv-vllm.
-# Two pytest-xdist workers, one a core: the tier costs ~5.2 CPU-minutes (user+sys), so one process cannot go
+# Two pytest-xdist workers, one a core: the tier costs ~5.5 CPU-minutes (user+sys), so one process cannot go
 # below that. tests/conftest.py makes the shared services safe for two workers (one broker start under a lock
 # file; chDB, spools and state dirs are per process or per test; model builds lock and rename). Measured on the
 # shared 2-core machine (~1,150 tests; the wall time follows the load other engineers' runs put on it): serial
