@@ -10,11 +10,12 @@ Two modes:
   ``prompt_i ‖ output_i`` wherever the template renders the same text.
 
 Splicing never changes the text: the spliced ids always decode to exactly what the template renders,
-proven on every call. For byte-level decoders the proof is piecewise (see ``piecewise_decoding``):
-earlier prompts' proven texts are passed in, and only the new text is decoded (not even that where the
-tokenizer's configuration proves it comes back unchanged, see ``round_trip_rule``); otherwise the whole
-prompt is decoded and compared. Where the template renders something other than what was sampled (it drops
-earlier reasoning, re-serialises arguments, ...), the rendered text wins and the break is reported.
+proven on every call. For byte-level decoders the proof is piecewise (see ``piecewise_decoding`` in
+``producers/tokenizer_config.py``): earlier prompts' proven texts are passed in, and only the new text is
+decoded (not even that where the tokenizer's configuration proves it comes back unchanged, see
+``round_trip_rule`` there); otherwise the whole prompt is decoded and compared. Where the template renders
+something other than what was sampled (it drops earlier reasoning, re-serialises arguments, ...), the
+rendered text wins and the break is reported.
 
 How spans are found, without knowing the template: (1) the longest earlier ``prompt ‖ output`` whose
 decoded text is a prefix of the rendered text is reused whole (the usual case: the new prompt only
@@ -22,96 +23,46 @@ appends tool results or a user turn); (2) assistant messages after that prefix t
 call's parsed output are located by rendering once more with each replaced by a unique sentinel: the
 text between sentinels is template output that does not depend on those messages, so the real render
 must consist of the same pieces with the messages' rendered bodies between them.
+
+Beside this module: its inputs and outputs (``producers/rendered_prompt.py``), its caches
+(``producers/render_caches.py``), the template variables a request may set (``producers/template_variables.py``),
+the text matching of splicing (``producers/splice_text.py``) and the tokenizer facts it relies on
+(``producers/tokenizer_config.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
-import secrets
 import sys
-import threading
 from array import array
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
-import orjson
 
 from models.reference.fingerprint import sha256_file, sha256_text
 from producers.parsing import ParsedOutput, parse_output
+from producers.render_caches import ByteLru, CacheBudgets, RenderMemo
+from producers.rendered_prompt import Message, PrefixBreak, PriorCall, RenderedPrompt, RenderError, SplicedSpan
+from producers.splice_text import (
+    find_body_end,
+    first_difference,
+    latest_matched,
+    match_messages,
+    reasoning_of,
+    short,
+    snippet,
+    split_on,
+    unique_sentinels,
+)
+from producers.template_variables import PROVIDED_TEMPLATE_NAMES, check_template_kwargs, template_variables
 from producers.token_cache import PrefixTokenCache
-from producers.tokenizer_config import adds_nothing, nfc_only, normalizer_steps
+from producers.tokenizer_config import piecewise_decoding, round_trip_rule
 from schemas.tokens import IDS_DTYPE, IdArray
-
-Message = Mapping[str, Any]
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-@dataclass(frozen=True)
-class PriorCall:
-    """An earlier call of the same attempt: the ids the engine ran and sampled."""
-
-    call_index: int
-    prompt_ids: Sequence[int]
-    output_ids: Sequence[int]
-    # The assistant message returned for it (OpenAI form). None: parsed here from the output ids.
-    message: Message | None = None
-    # What ``prompt_ids`` decode to, when known exactly (``RenderedPrompt.text`` of a prompt whose
-    # ``text_is_exact``); None: decoded here. Saves decoding every earlier prompt on every call.
-    prompt_text: str | None = None
-
-
-@dataclass(frozen=True)
-class SplicedSpan:
-    """``prompt_ids[start:end]`` are ids copied unchanged from an earlier call."""
-
-    call_index: int
-    start: int
-    end: int
-    kind: str  # "prefix": that call's prompt ‖ output; "output": that call's output ids only
-
-
-@dataclass(frozen=True)
-class PrefixBreak:
-    """Why this prompt does not reuse what an earlier call sampled."""
-
-    call_index: int | None
-    message_index: int | None
-    reason: str
-
-    def __str__(self) -> str:
-        where = [f"call {self.call_index}"] if self.call_index is not None else []
-        if self.message_index is not None:
-            where.append(f"message {self.message_index}")
-        return f"{', '.join(where) or 'prompt'}: {self.reason}"
-
-
-@dataclass(frozen=True)
-class RenderedPrompt:
-    prompt_array: IdArray  # read-only
-    text: str
-    spliced: tuple[SplicedSpan, ...] = ()
-    breaks: tuple[PrefixBreak, ...] = ()
-    # The earlier call whose whole prompt ‖ output starts this prompt (None: no such call).
-    base_call_index: int | None = None
-    # The ids decode to ``text``, proven so that later prompts can build on it (with piecewise decoding:
-    # their bytes are exactly the text's); a later call may pass ``text`` as ``PriorCall.prompt_text``.
-    text_is_exact: bool = False
-
-    @property
-    def prompt_ids(self) -> list[int]:
-        return self.prompt_array.tolist()
-
-    @property
-    def break_descriptions(self) -> list[str]:
-        return [str(b) for b in self.breaks]
 
 
 @dataclass
@@ -124,10 +75,6 @@ class _Piece:
     kind: str = ""
     # The ids' UTF-8 bytes are exactly ``text``'s (so they decode to it next to any other such piece).
     exact: bool = False
-
-
-class RenderError(ValueError):
-    """The messages cannot be rendered (bad shape, template error); a client error."""
 
 
 class ChatRenderer:
@@ -252,7 +199,7 @@ class ChatRenderer:
         check_template_kwargs(requested)
         known = self.template_variables
         return {k: v for k, v in requested.items()
-                if (k in known if known is not None else k not in _PROVIDED_TEMPLATE_NAMES)}
+                if (k in known if known is not None else k not in PROVIDED_TEMPLATE_NAMES)}
 
     def render_text(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None,
                     add_generation_prompt: bool = True, template_kwargs: Mapping[str, Any] | None = None) -> str:
@@ -305,7 +252,7 @@ class ChatRenderer:
             # Proven here when the rule covers the text: the attempt's next call then needs no decoding.
             return RenderedPrompt(_frozen(self.token_cache.encode(text)), text, text_is_exact=self.round_trips(text))
         outputs = {c.call_index: _OutputView(self, c) for c in prior_calls}
-        matches = _match_messages(messages, prior_calls, outputs)
+        matches = match_messages(messages, prior_calls, {i: view.message for i, view in outputs.items()})
         breaks: list[PrefixBreak] = []
 
         pieces: list[_Piece] = []
@@ -319,7 +266,7 @@ class ChatRenderer:
                                  exact=prompt_exact and outputs[base_call.call_index].exact))
             covered = len(base_text)
             base_message = max((k for k, c in matches.items() if c == base[0].call_index), default=-1)
-        latest = _latest_matched(matches)
+        latest = latest_matched(matches)
         if latest is None and base is None:
             # Nothing of this attempt recurs (a side conversation, or a history the harness rewrote).
             latest = (-1, prior_calls[-1].call_index)
@@ -363,17 +310,17 @@ class ChatRenderer:
         message_index, call_index = latest
         call = next(c for c in prior_calls if c.call_index == call_index)
         chain_text = self._prompt_text(call) + outputs[call_index].text
-        at = _first_difference(chain_text, text)
+        at = first_difference(chain_text, text)
         sampled = outputs[call_index].message
         dropped = [
             k for k, m in enumerate(messages)
-            if m.get("role") == "assistant" and _reasoning_of(m) and _reasoning_of(m) not in text
+            if m.get("role") == "assistant" and reasoning_of(m) and reasoning_of(m) not in text
         ]
-        if message_index >= 0 and sampled.get("reasoning_content") and _reasoning_of(sampled) not in text:
+        if message_index >= 0 and sampled.get("reasoning_content") and reasoning_of(sampled) not in text:
             dropped.append(message_index)
         reason = (
             f"prompt ‖ output is not a prefix of this prompt; texts differ from character {at}: "
-            f"earlier {_snippet(chain_text, at)} vs now {_snippet(text, at)}"
+            f"earlier {snippet(chain_text, at)} vs now {snippet(text, at)}"
         )
         if dropped:
             reason += f"; the template dropped the reasoning of assistant message(s) {sorted(set(dropped))}"
@@ -387,7 +334,7 @@ class ChatRenderer:
                         ) -> tuple[list[tuple[int, int]], list[PrefixBreak]]:
         """Find where each pending assistant message's body is in ``text``; splice it when it is exactly
         the sampled output."""
-        sentinels = _sentinels(text, len(messages))
+        sentinels = unique_sentinels(text, len(messages))
         masked = [
             {"role": "assistant", "content": sentinels[k]} if k in pending else m
             for k, m in enumerate(messages)
@@ -398,7 +345,7 @@ class ChatRenderer:
         except RenderError as exc:  # e.g. a template that needs the tool call before a tool message
             reason = f"the template cannot render the history with these messages masked ({exc}); no splice"
             return [], [PrefixBreak(None, order[0], reason)]
-        fixed = _split_on(skeleton, [sentinels[k] for k in order])
+        fixed = split_on(skeleton, [sentinels[k] for k in order])
         if fixed is None or not text.startswith(fixed[0]):
             reason = "the template renders other messages differently when these change; no splice"
             return [], [PrefixBreak(None, order[0], reason)]
@@ -408,7 +355,7 @@ class ChatRenderer:
         for n, k in enumerate(order):
             after = fixed[n + 1]
             view = outputs[pending[k]]
-            body_end = _body_end(text, pos, after, is_last=n == len(order) - 1)
+            body_end = find_body_end(text, pos, after, is_last=n == len(order) - 1)
             if body_end is None:
                 breaks.append(PrefixBreak(pending[k], k, "cannot locate the rendered message; no splice"))
                 return located, breaks
@@ -416,7 +363,7 @@ class ChatRenderer:
             if body == view.body and text.startswith(view.text, pos) and pos >= covered:
                 located.append((pos, pending[k]))
             elif pos >= covered:
-                reason = f"the template renders {_short(body)} where the call sampled {_short(view.body)}"
+                reason = f"the template renders {short(body)} where the call sampled {short(view.body)}"
                 if view.message.get("reasoning_content") and view.message["reasoning_content"] not in body:
                     reason += " (its reasoning is dropped)"
                 breaks.append(PrefixBreak(pending[k], k, reason))
@@ -460,141 +407,6 @@ class ChatRenderer:
 
 
 # ---------------------------------------------------------------------------------------- helpers
-# Template variables the renderer itself sets (or that steer rendering): a request may not set them.
-RESERVED_TEMPLATE_VARIABLES = frozenset({
-    "messages", "tools", "add_generation_prompt", "continue_final_message", "documents", "chat_template",
-    "tokenize", "return_dict", "return_assistant_tokens_mask", "conversation"})
-# Names Jinja and transformers give every template; a request may not shadow them.
-_PROVIDED_TEMPLATE_NAMES = frozenset({"range", "dict", "lipsum", "cycler", "joiner", "namespace",
-                                      "raise_exception", "strftime_now"})
-
-
-def check_template_kwargs(requested: Mapping[str, Any]) -> None:
-    """Refuse (RenderError) template variables a request may not set: the renderer sets them itself."""
-    reserved = sorted(set(requested) & RESERVED_TEMPLATE_VARIABLES)
-    if reserved:
-        raise RenderError(f"chat_template_kwargs may not set {', '.join(reserved)}: the gateway sets them itself")
-
-
-def template_variables(template: str) -> frozenset[str] | None:
-    """The variables ``template`` reads but does not set itself (a request may supply them), less the
-    names Jinja and transformers provide (helpers such as ``raise_exception``, ``range``); None where the
-    template uses syntax a plain Jinja parser does not know (e.g. transformers' ``{% generation %}``)."""
-    import jinja2
-    from jinja2 import meta
-
-    env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
-    try:
-        names = meta.find_undeclared_variables(env.parse(template))
-    except jinja2.TemplateSyntaxError:
-        return None
-    return frozenset(names - _PROVIDED_TEMPLATE_NAMES - RESERVED_TEMPLATE_VARIABLES)
-
-
-@dataclass(frozen=True)
-class CacheBudgets:
-    """Bytes each of the renderer's caches may hold (0: that cache is off). Every one is an LRU: over
-    its budget the least recently used entries go; a single entry larger than the budget is not kept."""
-
-    token_cache_bytes: int = 32 * 1024 * 1024
-    render_memo_bytes: int = 16 * 1024 * 1024
-    output_memo_bytes: int = 8 * 1024 * 1024
-
-
-# What an LRU entry costs beside its value: the ordered dict's slot and node, the key object.
-LRU_ENTRY_BYTES = 160
-
-
-class ByteLru(Generic[K, V]):
-    """A thread-safe LRU map bounded by the bytes its values hold (as the caller sizes them, plus
-    ``LRU_ENTRY_BYTES`` an entry)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: K) -> V | None:
-        with self._lock:
-            found = self._items.get(key)
-            if found is None:
-                return None
-            self._items.move_to_end(key)
-            return found[0]
-
-    def put(self, key: K, value: V, nbytes: int) -> None:
-        size = nbytes + LRU_ENTRY_BYTES
-        if size > self.max_bytes:
-            return
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self._bytes -= old[1]
-            self._items[key] = (value, size)
-            self._bytes += size
-            while self._bytes > self.max_bytes:
-                self._bytes -= self._items.popitem(last=False)[1][1]
-
-    def memory(self) -> dict[str, int]:
-        with self._lock:
-            return {"bytes": self._bytes, "max_bytes": self.max_bytes, "entries": len(self._items)}
-
-
-class RenderMemo:
-    """Rendered texts of recent conversations, keyed by a digest of their exact JSON, in a byte budget.
-
-    Only plain JSON values are keyed (dicts with string keys, lists, strings, ints, finite floats, bools,
-    None), where equal JSON means equal values to the template; anything else is rendered every time.
-
-    The key is the 16-byte keyed BLAKE2b of the JSON, not the JSON (a conversation's JSON is as large as
-    its text: keeping it doubled what the memo held). Equal digests stand for equal JSON: the key is a
-    secret drawn per process, so no one can search for two conversations that collide (keyed BLAKE2b is
-    a pseudorandom function: without the key a collision takes about 2**128 tries, and a request learns
-    nothing of the digests), and by chance, with n lookups against at most m entries, a collision has
-    probability below n*m / 2**128 (1e12 lookups against 1e6 entries: 3e-21)."""
-
-    def __init__(self, *, enabled: bool = True, max_bytes: int = 16 * 1024 * 1024) -> None:
-        self.enabled = enabled and max_bytes > 0
-        self._texts: ByteLru[bytes, str] = ByteLru(max_bytes)
-        self._secret = secrets.token_bytes(32)
-
-    @property
-    def max_bytes(self) -> int:
-        return self._texts.max_bytes
-
-    def key(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
-            add_generation_prompt: bool, template_kwargs: Mapping[str, Any] | None = None) -> bytes | None:
-        value = [list(messages), list(tools) if tools else None, add_generation_prompt]
-        if template_kwargs:
-            value.append(dict(template_kwargs))
-        if not self.enabled or not _plain_json(value):
-            return None
-        return hashlib.blake2b(orjson.dumps(value), digest_size=16, key=self._secret).digest()
-
-    def get(self, key: bytes | None) -> str | None:
-        return None if key is None else self._texts.get(key)
-
-    def put(self, key: bytes | None, text: str) -> None:
-        if key is not None:
-            self._texts.put(key, text, sys.getsizeof(text) + sys.getsizeof(key))
-
-    def memory(self) -> dict[str, int]:
-        return self._texts.memory()
-
-
-def _plain_json(value: Any) -> bool:
-    if value is None or type(value) in (str, int, bool):
-        return True
-    if type(value) is float:
-        return math.isfinite(value)
-    if type(value) is list:
-        return all(_plain_json(v) for v in value)
-    if type(value) is dict:
-        return all(type(k) is str and _plain_json(v) for k, v in value.items())
-    return False
-
-
 class _OutputView:
     """An earlier call's output as text: ``text`` decodes all its ids, ``body`` without the stop, and
     ``message`` is the assistant message it became. ``exact``: the ids' bytes are exactly ``text``'s
@@ -606,72 +418,6 @@ class _OutputView:
         self.exact = renderer.piecewise and "\ufffd" not in self.text
         parsed = call.message if call.message is not None else renderer.parse(call.output_ids).to_message()
         self.message: Message = parsed
-
-
-def piecewise_decoding(config: dict[str, Any]) -> bool:
-    """Whether a tokenizer (its ``tokenizer.json`` as a dict) decodes ids piecewise: its decoder is
-    byte-level alone, so every id stands for fixed bytes and ``decode`` is the (lossy) UTF-8 decoding
-    of the ids' bytes joined. Then ids whose bytes are valid UTF-8 decode piece by piece:
-    ``decode(a + b) == decode(a) + decode(b)``, and a decoded text without U+FFFD shows the bytes were
-    valid (lossy decoding marks every invalid sequence with it). A spliced prompt made of such pieces,
-    each known to decode to its part of the rendered text, decodes to the whole text: proven without
-    decoding the earlier prompts again."""
-    model = config.get("model") or {}
-    return ((config.get("decoder") or {}).get("type") == "ByteLevel"
-            and model.get("type") == "BPE" and not model.get("byte_fallback"))
-
-
-# Pre-tokenizers that only cut text into pieces, keeping every character (unless told to remove some).
-_SPLITTING_PRE_TOKENIZERS = {"Split", "Digits", "Punctuation"}
-
-
-def round_trip_rule(config: dict[str, Any]) -> str | None:
-    """For which texts ``decode(encode(text)) == text`` holds by construction, for a tokenizer (its
-    ``tokenizer.json`` as a dict) that decodes piecewise: ``"any"``, ``"ascii"`` (an NFC normalizer
-    leaves ASCII alone, other text maybe not), or None (not provable: decode and compare).
-
-    Encoding splits out added tokens (each decodes to its own text: checked on the tokenizer itself,
-    ``ChatRenderer._added_tokens_round_trip``); the rest is normalized (a no-op by the rule), cut into
-    pieces keeping every character, mapped byte by byte to the 256 characters of the byte-level alphabet
-    (every one in the vocabulary, so BPE never drops a byte or emits an unknown token) and merged by BPE,
-    whose tokens' strings join to exactly those characters. Decoding maps the same characters back to the
-    same bytes, so valid UTF-8 text comes back unchanged. Anything that adds, removes or rewrites
-    characters on the way (a prefix space, stripping added tokens, subword markers, padding,
-    truncation, a model id whose token is not the added token's text) makes the rule None."""
-    from tokenizers.pre_tokenizers import ByteLevel
-
-    model = config.get("model") or {}
-    vocab: dict[str, int] = model.get("vocab") or {}
-    if not piecewise_decoding(config) or model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") \
-            or config.get("truncation") or config.get("padding"):
-        return None
-    if not all(ch in vocab for ch in ByteLevel.alphabet()) or len(set(vocab.values())) != len(vocab):
-        return None
-    added = config.get("added_tokens") or []
-    by_id = {int(t["id"]): t["content"] for t in added}
-    if any(t.get("lstrip") or t.get("rstrip") for t in added) \
-            or any(by_id[i] != token for token, i in vocab.items() if i in by_id):
-        return None
-    if not _keeps_characters(config.get("pre_tokenizer")) or not adds_nothing(config.get("post_processor")):
-        return None
-    return _normalized_texts(config.get("normalizer"))
-
-
-def _keeps_characters(node: dict[str, Any] | None) -> bool:
-    """A byte-level pre-tokenizer (exactly one ByteLevel, no prefix space) that only cuts text."""
-    steps = (node or {}).get("pretokenizers", []) if (node or {}).get("type") == "Sequence" else [node]
-    byte_level = [s for s in steps if s and s.get("type") == "ByteLevel"]
-    return len(byte_level) == 1 and not byte_level[0].get("add_prefix_space") and all(
-        s is not None and (s.get("type") == "ByteLevel" or (
-            s.get("type") in _SPLITTING_PRE_TOKENIZERS and s.get("behavior") != "Removed"))
-        for s in steps)
-
-
-def _normalized_texts(node: dict[str, Any] | None) -> str | None:
-    """Which texts the normalizer leaves unchanged: "any" (none), "ascii" (NFC alone), else None."""
-    if not normalizer_steps(node):
-        return "any"
-    return "ascii" if nfc_only(node) else None
 
 
 def _ids(values: Sequence[int] | array | IdArray) -> IdArray:
@@ -702,106 +448,3 @@ def _check_messages(messages: Sequence[Message]) -> None:
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             raise RenderError(f"messages[{index}] must be an object with a string role")
-
-
-def _text_of(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):
-        parts = [p for p in content if isinstance(p, Mapping) and p.get("type") == "text"]
-        return "".join(str(p.get("text", "")) for p in parts)
-    return str(content)
-
-
-def _reasoning_of(message: Message) -> str:
-    return str(message.get("reasoning_content") or message.get("reasoning") or "")
-
-
-def _message_key(message: Message) -> tuple[str, tuple[tuple[str, str], ...]]:
-    """What must agree for a history message to be the output of an earlier call: the content and the
-    tool calls (name and arguments as JSON values). Ids and reasoning may be dropped by harnesses."""
-    calls = []
-    for call in message.get("tool_calls") or ():
-        function = call.get("function", call) if isinstance(call, Mapping) else {}
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                pass
-        calls.append((str(function.get("name", "")), json.dumps(arguments, sort_keys=True)))
-    return _text_of(message.get("content")), tuple(calls)
-
-
-def _match_messages(messages: Sequence[Message], prior_calls: Sequence[PriorCall],
-                    outputs: Mapping[int, _OutputView]) -> dict[int, int]:
-    """Assistant message index -> the earlier call that produced it (latest unused call that matches,
-    walking the history backwards so that repeated identical outputs pair up in order)."""
-    by_key: dict[tuple[str, tuple[tuple[str, str], ...]], list[int]] = {}
-    for call in prior_calls:
-        by_key.setdefault(_message_key(outputs[call.call_index].message), []).append(call.call_index)
-    matches: dict[int, int] = {}
-    for index in range(len(messages) - 1, -1, -1):
-        message = messages[index]
-        if message.get("role") != "assistant":
-            continue
-        candidates = by_key.get(_message_key(message))
-        if candidates:
-            matches[index] = candidates.pop()
-    return matches
-
-
-def _latest_matched(matches: Mapping[int, int]) -> tuple[int, int] | None:
-    if not matches:
-        return None
-    index = max(matches)
-    return index, matches[index]
-
-
-def _sentinels(text: str, count: int) -> list[str]:
-    salt = 0
-    while True:
-        candidates = [f"\u2063tt-splice-{salt}-{k}\u2063" for k in range(count)]
-        if not any(s in text for s in candidates):
-            return candidates
-        salt += 1
-
-
-def _split_on(text: str, separators: Sequence[str]) -> list[str] | None:
-    """``text`` split at each separator in order, or None if they do not occur exactly once each."""
-    parts: list[str] = []
-    rest = text
-    for separator in separators:
-        if rest.count(separator) != 1:
-            return None
-        before, rest = rest.split(separator)
-        parts.append(before)
-    parts.append(rest)
-    return parts
-
-
-def _body_end(text: str, pos: int, after: str, is_last: bool) -> int | None:
-    """Where the message body starting at ``pos`` ends: just before the template text that follows it.
-    The last body is followed by the rest of the prompt, so it is located from the end."""
-    if is_last:
-        return len(text) - len(after) if text.endswith(after) and len(text) - len(after) >= pos else None
-    found = text.find(after, pos)
-    return None if found < 0 else found
-
-
-def _first_difference(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
-def _snippet(text: str, at: int, width: int = 24) -> str:
-    return repr(text[at:at + width])
-
-
-def _short(text: str, width: int = 60) -> str:
-    return repr(text if len(text) <= width else text[: width - 3] + "...")

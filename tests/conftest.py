@@ -1,8 +1,10 @@
 """Fixtures shared by every test area. Area-specific fixtures belong in tests/<area>/conftest.py.
 
 Kafka: ``kafka_bootstrap`` reuses a broker already answering on settings.kafka.bootstrap_servers or
-starts the local one (and stops it at the end only if it started it); any test that uses it is
-marked ``kafka`` automatically. ``new_topic`` makes throwaway topics with unique names.
+starts the local one (and stops it at the end only if this run started it); any test that uses it is
+marked ``kafka`` automatically. ``new_topic`` makes throwaway topics with unique names. Under pytest-xdist
+(``make test-quick`` runs two workers) each worker runs the session fixtures: the broker start is
+serialised by a lock file, and the controller stops a broker that a worker started once every worker is done.
 
 Reference model (tests/models, tests/producers): ``model_dir``, built once (cached in settings.model.dir)
 per session, and ``renderer``, a ChatRenderer on it.
@@ -10,9 +12,11 @@ per session, and ``renderer``, a ChatRenderer on it.
 
 from __future__ import annotations
 
+import fcntl
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,7 +27,7 @@ from producers.rendering import ChatRenderer
 from schemas.kafka.config import admin_config
 from schemas.kafka.topic_admin import ensure_topics
 from tokentrail import kafka_local
-from tokentrail.settings import Settings, get_settings
+from tokentrail.settings import KafkaSettings, Settings, get_settings
 
 # ---------------------------------------------------------------- reference model
 
@@ -74,25 +78,60 @@ def tokentrail_settings() -> Settings:
     return get_settings()
 
 
+# The xdist worker that started the broker says so in its ``workeroutput``; the controller stops it.
+STARTED_KAFKA = "tokentrail_started_kafka"
+_WORKER_STARTED_KAFKA = pytest.StashKey[bool]()
+
+
+def is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@contextmanager
+def broker_start_lock(kafka: KafkaSettings) -> Iterator[None]:
+    """Held while a process checks the broker, starts it if none answers and brings the topics to spec: two
+    xdist workers on a fresh machine would otherwise both start a node on one data dir, or both create topics."""
+    lock_path = Path(kafka.data_dir).parent / f".{Path(kafka.data_dir).name}-start.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session")
-def kafka_bootstrap(tokentrail_settings: Settings) -> Iterator[str]:
+def kafka_bootstrap(tokentrail_settings: Settings, pytestconfig: pytest.Config) -> Iterator[str]:
     """Bootstrap servers of a running broker on which every tokentrail topic exists."""
     settings = tokentrail_settings
     kafka = settings.kafka
-    started_here = False
-    if not kafka_local.broker_answers(kafka):
-        kafka_local.start(wait_s=120, kafka=kafka)
-        started_here = True
-    try:
+    worker = is_xdist_worker(pytestconfig)
+    with broker_start_lock(kafka):
+        started_here = not kafka_local.broker_answers(kafka)
+        if started_here:
+            kafka_local.start(wait_s=120, kafka=kafka)
+            if worker:  # stopped by the controller after the last worker (pytest_sessionfinish below)
+                pytestconfig.workeroutput[STARTED_KAFKA] = True  # type: ignore[attr-defined]
         # A broker kept from an earlier run may carry older topic configs: bring them to the spec.
         report = ensure_topics(AdminClient(admin_config(settings.kafka)), settings.kafka, fix_configs=True)
-        if not report.ok:
-            pytest.fail("topics differ from schemas/topics.py: "
-                        + "; ".join(d.describe() for d in report.differences))
+    if not report.ok:
+        pytest.fail("topics differ from schemas/topics.py: "
+                    + "; ".join(d.describe() for d in report.differences))
+    try:
         yield kafka.bootstrap_servers
     finally:
-        if started_here:
+        if started_here and not worker:
             kafka_local.stop(kafka=kafka)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """xdist, on the controller: remember that a finished worker started the broker."""
+    if getattr(node, "workeroutput", {}).get(STARTED_KAFKA):
+        node.config.stash[_WORKER_STARTED_KAFKA] = True  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not is_xdist_worker(session.config) and session.config.stash.get(_WORKER_STARTED_KAFKA, False):
+        kafka_local.stop(kafka=get_settings().kafka)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,9 +23,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from producers.gateway import anthropic_adapter, openai_adapter, records, responses_adapter
+from producers.gateway.asgi_app import Endpoint, GatewayApp
 from producers.gateway.attempts import DEFAULT_MAX_BYTES, AttemptRegistry
 from producers.gateway.body import parse_json_object, read_limited, read_model, validate
 from producers.gateway.body_checks import BodyChecks
@@ -47,11 +47,12 @@ from producers.gateway.identity import (
     traffic_label_of,
 )
 from producers.gateway.keys import resolve_secret
+from producers.gateway.live_text import LiveText
 from producers.gateway.metrics import GatewayMetrics
 from producers.gateway.models_anthropic import CountTokensRequest, MessagesRequest
 from producers.gateway.models_openai import ChatCompletionRequest, CompletionRequest
 from producers.gateway.models_responses import ResponsesRequest
-from producers.gateway.ports import TextEvent, TextSide
+from producers.gateway.ports import TextSide
 from producers.gateway.recovery import KafkaRecoverySource, RecoveryReport, recover
 from producers.gateway.release_routed import public_release_status
 from producers.gateway.service import CallService, ErrorBody, PreparedCall, ResponseBuilder
@@ -506,102 +507,6 @@ class Gateway:
         """Wait for calls in flight to be recorded (shutdown)."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout_s)
-
-
-class LiveText:
-    """Turns the growing output text into reasoning/content frames that are never retracted.
-
-    Text that could still be the start of a stop string is held back; the parser holds back what
-    could still change meaning (partial markers, open tool-call blocks).
-    """
-
-    def __init__(self, text: TextSide, fmt: Any, emit: Callable[[bytes], None], *, holdback: int,
-                 raw_text: bool, template_kwargs: dict[str, Any] | None = None) -> None:
-        self.fmt, self.emit = fmt, emit
-        self.holdback, self.raw_text = holdback, raw_text
-        self.parser = None if raw_text else text.stream_parser(template_kwargs)
-        self.fed = 0  # characters of the output text given to the parser (or sent, for raw text)
-
-    async def update(self, full_text: str) -> None:
-        safe = len(full_text) - self.holdback
-        if safe > self.fed:
-            for frame in self._feed(full_text[self.fed:safe]):
-                self.emit(frame)
-
-    def _feed(self, delta: str) -> list[bytes]:
-        self.fed += len(delta)
-        if self.parser is None:
-            return self.fmt.content(delta)
-        return self._frames(self.parser.feed(delta))
-
-    def _frames(self, events: list[TextEvent]) -> list[bytes]:
-        frames: list[bytes] = []
-        for kind, text in events:
-            frames += self.fmt.reasoning(text) if kind == "reasoning" else self.fmt.content(text)
-        return frames
-
-    def finish(self, outcome: CallOutcome) -> list[bytes]:
-        """The rest of the text (the outcome's text is final: cut at a stop string if one matched)."""
-        frames = self._feed(outcome.text[self.fed:]) if len(outcome.text) > self.fed else []
-        if self.parser is not None:
-            frames += self._frames(self.parser.finish())
-        return frames
-
-
-Endpoint = Callable[[Request], Awaitable[Response]]
-ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
-
-
-class GatewayApp(Starlette):
-    """The Starlette app, but a model call goes straight to its endpoint.
-
-    Starlette's two exception middlewares, its router (a regular expression per route, tried in turn) and
-    the per-request wrappers cost more CPU than what they do for these routes. A ``POST`` to a model-call
-    path (``Gateway.model_calls``, under ``/v1`` or an attempt's prefix) is served here with the same
-    request object, path parameters and exception handling: an ``HTTPException`` goes to the app's handler
-    for it, any other exception to the 500 handler, whose response is sent before the exception is raised
-    on (as Starlette's ``ServerErrorMiddleware`` does). Everything else, and any scope with a ``root_path``,
-    takes Starlette's way."""
-
-    def __init__(self, *, model_calls: dict[str, Endpoint], http_error: ErrorHandler, crash: ErrorHandler,
-                 **kwargs: Any) -> None:
-        super().__init__(exception_handlers={HTTPException: http_error, Exception: crash}, **kwargs)
-        self._model_calls, self._http_error, self._crash = model_calls, http_error, crash
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        found = _model_call(scope, self._model_calls)
-        if found is None:
-            await super().__call__(scope, receive, send)
-            return
-        endpoint, params = found
-        scope["app"], scope["router"], scope["path_params"] = self, self.router, params
-        request = Request(scope, receive, send)
-        try:
-            response = await endpoint(request)
-        except HTTPException as exc:
-            response = await self._http_error(request, exc)
-        except Exception as exc:
-            await (await self._crash(request, exc))(scope, receive, send)
-            raise
-        await response(scope, receive, send)
-
-
-def _model_call(scope: Scope, calls: dict[str, Endpoint]) -> tuple[Endpoint, dict[str, str]] | None:
-    """The endpoint and path parameters of a model-call POST, matched as ``Route`` matches its path
-    (``/v1/...`` or ``/rollouts/{rollout_id}/attempts/{attempt_id}/v1/...``, parameters without '/')."""
-    if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
-        return None
-    path: str = scope["path"]
-    endpoint = calls.get(path)
-    if endpoint is not None:
-        return endpoint, {}
-    if not path.startswith("/rollouts/"):
-        return None
-    parts = path.split("/", 5)  # "", "rollouts", rollout_id, "attempts", attempt_id, the rest
-    if len(parts) < 6 or parts[3] != "attempts" or not parts[2] or not parts[4]:
-        return None
-    endpoint = calls.get("/" + parts[5])
-    return None if endpoint is None else (endpoint, {"rollout_id": parts[2], "attempt_id": parts[4]})
 
 
 def _error_protocol(path: str) -> Protocol:

@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from producers.gateway import records
-from producers.gateway.attempts import AttemptState
+from producers.gateway.attempt_state import AttemptState
 from producers.gateway.body import read_json, read_model, validate
 from producers.gateway.context import GatewayContext
 from producers.gateway.errors import GatewayError, bad_request

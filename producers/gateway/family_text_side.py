@@ -18,10 +18,11 @@ from producers.families.formats import FamilyParse, OutputFormat, output_format
 from producers.families.harmony import HarmonyChat, Prior
 from producers.families.messages import template_messages
 from producers.families.stream import FamilyStream
-from producers.gateway.attempts import PriorSample
+from producers.gateway.attempt_state import PriorSample
 from producers.gateway.ports import ParsedText, ParsedToolCall, Rendered, TextEvent
 from producers.gateway.text_side import ModelTextSide
-from producers.rendering import CacheBudgets, ChatRenderer
+from producers.render_caches import CacheBudgets
+from producers.rendering import ChatRenderer
 
 
 class FamilyTextSide(ModelTextSide):

@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from producers.gateway.attempts import AttemptRegistry, AttemptState
+from producers.gateway.attempt_state import AttemptState
+from producers.gateway.attempts import AttemptRegistry
 from producers.gateway.errors import GatewayError
 
 # Harness session ids seen on the wire, first match wins.

@@ -12,7 +12,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from producers.gateway.attempts import PriorSample
+from producers.gateway.attempt_state import PriorSample
 from schemas.tokens import IDS_DTYPE, IdArray, TokenIds
 
 

@@ -28,15 +28,8 @@ from typing import Any
 
 import orjson
 
-from producers.gateway.attempts import (
-    RECENT_CALLS,
-    UNATTRIBUTED,
-    AttemptRegistry,
-    DeliveredCall,
-    RestoredAttempt,
-    SampledOutput,
-    Tombstone,
-)
+from producers.gateway.attempt_state import RECENT_CALLS, DeliveredCall, SampledOutput
+from producers.gateway.attempts import UNATTRIBUTED, AttemptRegistry, RestoredAttempt, Tombstone
 from schemas.ids import call_id as make_call_id
 from schemas.prompt_delta import PromptReconstructionError, full_prompt, reconstruct_prompt
 from schemas.tokens import NO_IDS, IdArray, pack_floats, pack_ids, unpack_ids

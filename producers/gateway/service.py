@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 
 from producers.gateway import records
-from producers.gateway.attempts import DeliveredCall, SampledOutput
+from producers.gateway.attempt_state import DeliveredCall, SampledOutput
 from producers.gateway.chat import CallOutcome, InternalCall, ToolCallOut, tool_call_id
 from producers.gateway.context import GatewayContext
 from producers.gateway.errors import GatewayError, bad_request, internal_error
@@ -29,7 +29,8 @@ from producers.gateway.identity import CallIdentity
 from producers.gateway.ports import Rendered, TextSide
 from producers.gateway.prompt_bound import StructureLimit, min_prompt_tokens, min_prompt_tokens_raw, structure_error
 from producers.gateway.release_routed import session_key
-from producers.rendering import RenderError, check_template_kwargs
+from producers.rendered_prompt import RenderError
+from producers.template_variables import check_template_kwargs
 from producers.upstreams.base import (
     ChatGenerateRequest,
     ChatUpstream,

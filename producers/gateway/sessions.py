@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from producers.gateway.attempts import AttemptState
+from producers.gateway.attempt_state import AttemptState
 from producers.gateway.body import read_json, validate
 from producers.gateway.env_api import EnvApi, Finish
 from producers.gateway.errors import GatewayError, not_found

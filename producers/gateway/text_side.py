@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from producers.gateway.attempts import PriorSample
+from producers.gateway.attempt_state import PriorSample
 from producers.gateway.ports import ParsedText, ParsedToolCall, Rendered, TextEvent
 from producers.parsing import (
     PARSER_VERSION,
@@ -19,7 +19,9 @@ from producers.parsing import (
     StreamingParser,
     parse_output,
 )
-from producers.rendering import CacheBudgets, ChatRenderer, PriorCall, RenderError
+from producers.render_caches import CacheBudgets
+from producers.rendered_prompt import PriorCall, RenderError
+from producers.rendering import ChatRenderer
 from schemas.tokens import IDS_DTYPE, NO_IDS, IdArray
 
 

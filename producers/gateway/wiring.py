@@ -62,8 +62,8 @@ def build_configured_model(settings: GatewayStackSettings, progress: Any = print
 
 
 def cache_budgets(gateway: GatewaySettings) -> Any:
-    """The text side's cache budgets (``producers.rendering.CacheBudgets``) from the gateway settings."""
-    from producers.rendering import CacheBudgets
+    """The text side's cache budgets (``producers.render_caches.CacheBudgets``) from the gateway settings."""
+    from producers.render_caches import CacheBudgets
 
     return CacheBudgets(gateway.token_cache_max_bytes, gateway.render_memo_max_bytes, gateway.output_memo_max_bytes)
 

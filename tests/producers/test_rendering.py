@@ -12,7 +12,8 @@ TOOLS = [LOOKUP_TOOL]
 
 
 def test_template_kwargs_reach_the_template_and_its_memo(renderer: ChatRenderer) -> None:
-    from producers.rendering import PriorCall, RenderError, template_variables
+    from producers.rendered_prompt import PriorCall, RenderError
+    from producers.template_variables import template_variables
 
     messages = task_messages("fox")
     variables = renderer.template_variables

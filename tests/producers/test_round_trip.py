@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from models.reference.task import task_messages
-from producers.rendering import ChatRenderer, PriorCall, round_trip_rule
+from producers.rendered_prompt import PriorCall
+from producers.rendering import ChatRenderer
+from producers.tokenizer_config import round_trip_rule
 
 NOT_NFC = "cafe\u0301"  # "café" with a combining accent: NFC composes it, so its ids decode to other text
 

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.reference.task import LOOKUP_TOOL, task_messages
-from producers.rendering import ChatRenderer, PriorCall
+from producers.rendered_prompt import PriorCall
+from producers.rendering import ChatRenderer
 
 TOOLS = [LOOKUP_TOOL]
 CALL_TEXT = '<tool_call>\n{"name": "lookup", "arguments": {"key": "fox"}}\n</tool_call>'

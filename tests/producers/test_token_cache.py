@@ -206,7 +206,7 @@ def test_the_byte_budget_bounds_many_distinct_texts_and_counts_what_they_hold(re
 
 # ------------------------------------------------------------------ the render memo
 def test_render_memo_returns_what_the_template_renders(renderer: ChatRenderer) -> None:
-    from producers.rendering import RenderMemo
+    from producers.render_caches import RenderMemo
 
     for messages in _conversation():
         fresh = renderer.tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False,

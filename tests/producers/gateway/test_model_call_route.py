@@ -12,7 +12,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match, Route
 from starlette.testclient import TestClient
 
-from producers.gateway.app import ATTEMPT_PREFIX, GatewayApp, _model_call
+from producers.gateway.app import ATTEMPT_PREFIX
+from producers.gateway.asgi_app import GatewayApp, match_model_call
 
 PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"]
 
@@ -58,7 +59,7 @@ CANDIDATES = [*PATHS, *(f"/rollouts/r-1/attempts/a%202{p}" for p in PATHS),
 @pytest.mark.parametrize("method", ["POST", "GET"])
 def test_it_matches_what_the_routes_match(path: str, method: str) -> None:
     scope: dict[str, Any] = {"type": "http", "method": method, "path": path, "root_path": ""}
-    found = _model_call(scope, dict.fromkeys(PATHS, _echo))
+    found = match_model_call(scope, dict.fromkeys(PATHS, _echo))
     full = [r for r in _app().routes if isinstance(r, Route) and r.endpoint is _echo
             and r.matches(scope)[0] == Match.FULL]
     if found is None:

@@ -6,7 +6,8 @@ import numpy as np
 import orjson
 import pytest
 
-from producers.gateway.attempts import UNATTRIBUTED, AttemptRegistry, DeliveredCall, SampledOutput
+from producers.gateway.attempt_state import DeliveredCall, SampledOutput
+from producers.gateway.attempts import UNATTRIBUTED, AttemptRegistry
 from producers.gateway.errors import GatewayError
 from producers.gateway.identity import resolve_call
 from producers.gateway.records import REDACTED, request_json

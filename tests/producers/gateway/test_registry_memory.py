@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from producers.gateway.attempts import AttemptRegistry, AttemptState, DeliveredCall, SampledOutput
+from producers.gateway.attempt_state import AttemptState, DeliveredCall, SampledOutput
+from producers.gateway.attempts import AttemptRegistry
 from producers.gateway.errors import GatewayError
 from producers.gateway.identity import resolve_call
 

@@ -20,7 +20,7 @@ import pytest
 
 from models.reference.task import LOOKUP_TOOL, task_messages
 from producers.gateway.text_side import ModelTextSide
-from producers.rendering import PriorCall
+from producers.rendered_prompt import PriorCall
 from producers.sdk import Rollout
 from tokentrail.settings import Settings
 
