@@ -31,7 +31,10 @@ class WeightSyncSettings(BaseModel):
     # (models/element_delta.py), applied to the sync's in-memory copy of the weights the servers hold, checked
     # against the published checksums and loaded as the changed groups; anything else from the full checkpoint.
     # The trainer must publish with a delta in the same dtype (trainer.publish_delta, trainer.engine_dtype).
-    transfer: Literal["elements", "delta", "full"] = "delta"
+    # "scatter": only the elements that changed, read by the servers' workers and written into their parameters
+    # in place (servers started with deploy/vllm/serve.sh, which loads the worker extension
+    # trainer_consumer.weight_sync.vllm_scatter); a server without it, or any mismatch: the full checkpoint.
+    transfer: Literal["scatter", "elements", "delta", "full"] = "delta"
     # The dtype the servers serve (vLLM's --dtype): what element deltas are computed and checked in. The
     # reference model's engines serve float32 (deploy/vllm/serve.sh); a 7B/8B model is served in bfloat16.
     engine_dtype: Literal["float32", "bfloat16", "float16"] = "float32"

@@ -47,8 +47,9 @@ from models.policy_delta import load_element_delta, read_delta, read_element_del
 from models.policy_store import PolicyStore, PolicyStoreError, load_weights_dir
 from trainer_consumer.weight_sync.fleet import FleetView, ServerState, ServerStatus, initial_view, judge, parse_label
 from trainer_consumer.weight_sync.vllm_admin import AdminError, PauseMode, VLLMAdmin
+from trainer_consumer.weight_sync.vllm_scatter import PREPARE, SCATTER
 
-Transfer = Literal["elements", "delta", "full"]
+Transfer = Literal["scatter", "elements", "delta", "full"]
 MIRRORS_KEPT = 2  # versions whose weights the sync keeps in memory, as the engines hold them (element deltas)
 
 
@@ -82,7 +83,8 @@ class SyncReport:
     # server -> the version it reported before this update (0: base weights, as after a restart; None:
     # unknown or unreachable): the evidence that a restarted server was synced before it took calls
     previous: dict[str, int | None] = field(default_factory=dict)
-    # server -> how its weights came: "elements" (only the changed elements, reconstructed here), "delta" (only
+    # server -> how its weights came: "scatter" (only the changed elements, written in place by the server's
+    # workers), "elements" (only the changed elements, reconstructed here), "delta" (only
     # the changed groups), "full", or "full (why no delta)"
     loads: dict[str, str] = field(default_factory=dict)
     # server -> bytes read from the policy store for it: the checkpoint, the group delta, or the element delta
@@ -126,10 +128,14 @@ class WeightSync:
         # server holds (else, or on any error, the full checkpoint); "full": always the full checkpoint;
         # "elements": only the elements that changed (models/element_delta.py), applied to the sync's in-memory
         # copy of the weights the server holds (in ``engine_dtype``), checked against the published checksums and
-        # loaded as the changed groups; any mismatch: the full checkpoint
+        # loaded as the changed groups; any mismatch: the full checkpoint; "scatter": only the changed elements,
+        # read by the server's workers and written into their parameters in place (the server runs the worker
+        # extension ``vllm_scatter.ScatterExtension``); any mismatch or refusal: the full checkpoint
         self.transfer: Transfer = transfer
         self.engine_dtype = engine_dtype
         self._mirrors: dict[int, tuple[Mirror, tuple[str, ...]]] = {}  # version -> weights, names changed
+        # server -> the version its workers' scatter copy holds (prepared after a full load, moved by scatters)
+        self._scatter_ready: dict[str, int] = {}
         self.hooks: SyncHooks = hooks or NoHooks()
         self._log = log or (lambda line: None)
         self._client = client or httpx.AsyncClient()
@@ -255,7 +261,12 @@ class WeightSync:
     async def _load(self, step: _Step, admin: VLLMAdmin, version: int, weights_dir: str) -> None:
         """Load ``version`` into the server: its delta when one applies to what the server holds, else (or
         when the delta load fails) the full checkpoint."""
-        if self.transfer == "elements":
+        if self.transfer == "scatter":
+            why = await self._load_scatter(step, admin, version)
+            if not why:
+                return
+            self._log(f"weight sync: {step.url} version {version}: {why}; loading the full checkpoint")
+        elif self.transfer == "elements":
             why = await self._load_elements(step, admin, version)
             if not why:
                 return
@@ -275,6 +286,8 @@ class WeightSync:
         await admin.reload_weights(weights_dir)
         step.load = "full" + (f" ({why})" if self.transfer != "full" else "")
         step.bytes_moved = checkpoint_bytes(Path(weights_dir))
+        if self.transfer == "scatter":
+            await self._prepare_scatter(step, admin, version, weights_dir)
         if self.transfer == "elements" and version not in self._mirrors:
             # the base of the next element delta: the weights just loaded, as the engine holds them
             try:
@@ -324,6 +337,41 @@ class WeightSync:
         step.load, step.bytes_moved = "elements", info.nbytes
         step.bytes_reloaded = sum(t.numel() * t.element_size() for t in moved.values())
         return ""
+
+    async def _load_scatter(self, step: _Step, admin: VLLMAdmin, version: int) -> str:
+        """Bring the server to ``version`` by scattering its element delta in place (``vllm_scatter``); returns
+        why not ("" when it did). Nothing crosses but the delta file, which the workers read and check."""
+        held = step.state.version
+        info = read_element_delta(self.store.path(version)) if version in self.store.versions() else None
+        if info is None:
+            return "published without an element delta"
+        if held != info.base_version:
+            return f"server holds version {held}, the delta is against {info.base_version}"
+        served = str(self.engine_dtype).removeprefix("torch.")
+        if info.dtype != served:
+            return f"the element delta is in {info.dtype}, the engine serves {served}"
+        ready = self._scatter_ready.get(step.url)
+        if ready != held:
+            return f"the server's workers hold no scatter copy of version {held} (theirs: {ready})"
+        try:
+            await admin.worker_call(SCATTER, version_dir=str(self.store.path(version)))
+        except AdminError as exc:  # the full load puts every weight right (and prepares again)
+            self._scatter_ready.pop(step.url, None)
+            return f"scatter failed: {exc}"
+        self._scatter_ready[step.url] = version
+        step.load, step.bytes_moved = "scatter", info.nbytes
+        return ""
+
+    async def _prepare_scatter(self, step: _Step, admin: VLLMAdmin, version: int, weights_dir: str) -> None:
+        """After a full load: the workers keep what the next scatter needs. A server without the extension (or
+        a model it cannot map) keeps loading full checkpoints; its weights are right either way."""
+        self._scatter_ready.pop(step.url, None)
+        try:
+            await admin.worker_call(PREPARE, weights_path=weights_dir)
+        except AdminError as exc:
+            self._log(f"weight sync: {step.url} cannot scatter element deltas (full loads go on): {exc}")
+            return
+        self._scatter_ready[step.url] = version
 
     def _remember(self, version: int, mirror: Mirror, names: tuple[str, ...]) -> None:
         self._mirrors[version] = (mirror, names)
