@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import httpx
 import torch
@@ -91,6 +91,9 @@ class SyncReport:
     bytes_moved: dict[str, int] = field(default_factory=dict)
     # server -> bytes its loader read from the sync's reconstruction of the changed groups ("elements" only)
     bytes_reloaded: dict[str, int] = field(default_factory=dict)
+    # server -> what each of its workers answered to a scatter ("scatter" only: elements and tensors written,
+    # layers repacked, the bytes the worker read, seconds)
+    scattered: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -107,6 +110,7 @@ class _Step:
     load: str = ""
     bytes_moved: int = 0
     bytes_reloaded: int = 0
+    scattered: list[Any] = field(default_factory=list)
     resumed: bool = False
     error: str = ""
     admin_errors: list[str] = field(default_factory=list)
@@ -194,7 +198,8 @@ class WeightSync:
                                 {u: s.paused_s for u, s in steps.items()}, time.monotonic() - began, self.view,
                                 previous, {u: s.load for u, s in steps.items()},
                                 {u: s.bytes_moved for u, s in steps.items()},
-                                {u: s.bytes_reloaded for u, s in steps.items() if s.load == "elements"})
+                                {u: s.bytes_reloaded for u, s in steps.items() if s.load == "elements"},
+                                {u: s.scattered for u, s in steps.items() if s.load == "scatter"})
             self.reports.append(report)
             self._log(f"weight sync to version {version}: {len(report.updated)}/{len(urls)} servers in "
                       f"{report.total_s:.2f} s" + (f"; FAILED {report.failed}" if report.failed else ""))
@@ -259,12 +264,20 @@ class WeightSync:
         step.state = ServerState(step.url, version, ServerStatus.CURRENT)
 
     async def _load(self, step: _Step, admin: VLLMAdmin, version: int, weights_dir: str) -> None:
-        """Load ``version`` into the server: its delta when one applies to what the server holds, else (or
-        when the delta load fails) the full checkpoint."""
+        """Load ``version`` into the server: by its element delta (``scatter``, ``elements``) or its group delta
+        (``delta``; also ``scatter`` when the scatter was not tried: no element delta, a server without the
+        extension) when one applies to what the server holds, else (or when that load fails) the full
+        checkpoint."""
         if self.transfer == "scatter":
-            why = await self._load_scatter(step, admin, version)
+            why, tried = await self._load_scatter(step, admin, version)
             if not why:
                 return
+            if not tried:  # nothing was written: the group delta may still apply
+                why = self._delta_refused(step.state.version, version) or await self._load_delta(
+                    step, admin, version, weights_dir, why)
+                if not why:
+                    await self._prepare_scatter(step, admin, version, weights_dir)
+                    return
             self._log(f"weight sync: {step.url} version {version}: {why}; loading the full checkpoint")
         elif self.transfer == "elements":
             why = await self._load_elements(step, admin, version)
@@ -273,16 +286,10 @@ class WeightSync:
             self._log(f"weight sync: {step.url} version {version}: {why}; loading the full checkpoint")
         else:
             why = self._delta_refused(step.state.version, version)
-        if not why and self.transfer == "delta":
-            delta = read_delta(Path(weights_dir))
-            assert delta is not None
-            try:
-                await admin.reload_weights(str(delta.path))
-                step.load, step.bytes_moved = "delta", delta.delta_bytes
-                return
-            except AdminError as exc:  # the full load below puts every weight right
-                why = f"delta load failed: {exc}"
-                self._log(f"weight sync: {step.url} version {version}: {why}; loading the full checkpoint")
+            if not why and self.transfer == "delta":
+                why = await self._load_delta(step, admin, version, weights_dir)
+                if not why:
+                    return
         await admin.reload_weights(weights_dir)
         step.load = "full" + (f" ({why})" if self.transfer != "full" else "")
         step.bytes_moved = checkpoint_bytes(Path(weights_dir))
@@ -295,6 +302,20 @@ class WeightSync:
                 self._remember(version, await asyncio.to_thread(Mirror.of, cast_state(state, self.engine_dtype)), ())
             except (OSError, PolicyStoreError, ValueError) as exc:
                 self._log(f"weight sync: no copy of version {version} for element deltas: {exc}")
+
+    async def _load_delta(self, step: _Step, admin: VLLMAdmin, version: int, weights_dir: str,
+                          instead_of: str = "") -> str:
+        """Load the version's group delta (the changed groups, whole); returns why not ("" when it did)."""
+        delta = read_delta(Path(weights_dir))
+        assert delta is not None
+        try:
+            await admin.reload_weights(str(delta.path))
+        except AdminError as exc:  # the full load puts every weight right
+            why = f"delta load failed: {exc}"
+            self._log(f"weight sync: {step.url} version {version}: {why}; loading the full checkpoint")
+            return why
+        step.load, step.bytes_moved = "delta" + (f" ({instead_of})" if instead_of else ""), delta.delta_bytes
+        return ""
 
     async def _load_elements(self, step: _Step, admin: VLLMAdmin, version: int) -> str:
         """Bring the server to ``version`` by its element delta; returns why not ("" when it did). The delta is
@@ -338,29 +359,30 @@ class WeightSync:
         step.bytes_reloaded = sum(t.numel() * t.element_size() for t in moved.values())
         return ""
 
-    async def _load_scatter(self, step: _Step, admin: VLLMAdmin, version: int) -> str:
+    async def _load_scatter(self, step: _Step, admin: VLLMAdmin, version: int) -> tuple[str, bool]:
         """Bring the server to ``version`` by scattering its element delta in place (``vllm_scatter``); returns
-        why not ("" when it did). Nothing crosses but the delta file, which the workers read and check."""
+        why not ("" when it did) and whether the workers were asked (then they may have written part of it).
+        Nothing crosses but the delta file, which the workers read and check."""
         held = step.state.version
         info = read_element_delta(self.store.path(version)) if version in self.store.versions() else None
         if info is None:
-            return "published without an element delta"
+            return "published without an element delta", False
         if held != info.base_version:
-            return f"server holds version {held}, the delta is against {info.base_version}"
+            return f"server holds version {held}, the delta is against {info.base_version}", False
         served = str(self.engine_dtype).removeprefix("torch.")
         if info.dtype != served:
-            return f"the element delta is in {info.dtype}, the engine serves {served}"
+            return f"the element delta is in {info.dtype}, the engine serves {served}", False
         ready = self._scatter_ready.get(step.url)
         if ready != held:
-            return f"the server's workers hold no scatter copy of version {held} (theirs: {ready})"
+            return f"the server's workers hold no scatter copy of version {held} (theirs: {ready})", False
         try:
-            await admin.worker_call(SCATTER, version_dir=str(self.store.path(version)))
+            step.scattered = await admin.worker_call(SCATTER, version_dir=str(self.store.path(version)))
         except AdminError as exc:  # the full load puts every weight right (and prepares again)
             self._scatter_ready.pop(step.url, None)
-            return f"scatter failed: {exc}"
+            return f"scatter failed: {exc}", True
         self._scatter_ready[step.url] = version
         step.load, step.bytes_moved = "scatter", info.nbytes
-        return ""
+        return "", True
 
     async def _prepare_scatter(self, step: _Step, admin: VLLMAdmin, version: int, weights_dir: str) -> None:
         """After a full load: the workers keep what the next scatter needs. A server without the extension (or
@@ -380,7 +402,7 @@ class WeightSync:
 
     def _delta_refused(self, held: int | None, version: int) -> str:
         """Why a server holding ``held`` cannot reach ``version`` by its delta ("" when it can)."""
-        if self.transfer != "delta":
+        if self.transfer not in ("delta", "scatter"):
             return "full transfer"
         if version == 0 or version not in self.store.versions():
             return "no delta for this version"

@@ -74,7 +74,7 @@ def test_a_scatter_moves_only_the_delta_and_any_mismatch_is_a_full_load(tmp_path
         try:
             store.publish(1, v1, delta=True)
             report = await sync.tick()
-            assert report is not None and report.loads == {"http://a": "full (published without an element delta)"}
+            assert report is not None and report.loads == {"http://a": "full (published without a delta)"}
             assert server.calls == ["reload_weights", PREPARE]  # prepared from the checkpoint just loaded
 
             store.publish(2, v2, delta=True)
@@ -84,6 +84,8 @@ def test_a_scatter_moves_only_the_delta_and_any_mismatch_is_a_full_load(tmp_path
             info = read_element_delta(store.path(2))
             assert info is not None and report.bytes_moved == {"http://a": info.nbytes}
             assert server.calls == [SCATTER] and server.label == "2"  # no checkpoint, no reload
+            [worker] = report.scattered["http://a"]
+            assert worker["bytes_read"] == info.nbytes and worker["elements"] == info.changed_elements
             assert all(torch.equal(a, b) for a, b in zip(outputs(server.worker.model), outputs(engine(v2)),
                                                          strict=True))
 
@@ -109,7 +111,7 @@ def test_a_scatter_moves_only_the_delta_and_any_mismatch_is_a_full_load(tmp_path
     asyncio.run(scenario())
 
 
-def test_a_server_without_the_extension_keeps_loading_full_checkpoints(tmp_path: Path) -> None:
+def test_a_server_without_the_extension_loads_the_group_delta(tmp_path: Path) -> None:
     server = ScatterServer(extension=False)
     store = PolicyStore(tmp_path / "policies")
     logs: list[str] = []
@@ -124,9 +126,10 @@ def test_a_server_without_the_extension_keeps_loading_full_checkpoints(tmp_path:
             store.publish(2, sparse(checkpoint(1), 2), delta=True)
             report = await sync.tick()
             assert report is not None and report.ok and server.label == "2"
-            assert report.loads == {"http://a": "full (the server's workers hold no scatter copy of version 1 "
+            # the changed groups whole, as under transfer "delta"
+            assert report.loads == {"http://a": "delta (the server's workers hold no scatter copy of version 1 "
                                                 "(theirs: None))"}
-            assert server.loaded == str(store.path(2))
+            assert server.loaded == str(store.path(2) / "delta")
         finally:
             await sync.close()
 

@@ -78,6 +78,7 @@ def test_a_scattered_element_delta_serves_as_the_full_checkpoint(vllm_server: VL
     assert info is not None and info.base_version == 1 and info.dtype == "float32"
     url = vllm_server.url
     logs: list[str] = []
+    worker: dict[str, Any] = {}
 
     async def scenario() -> None:
         scatter = WeightSync([url], store, base_dir=live_model_dir, transfer="scatter", log=logs.append)
@@ -85,13 +86,17 @@ def test_a_scattered_element_delta_serves_as_the_full_checkpoint(vllm_server: VL
         async with httpx.AsyncClient() as client:
             try:
                 report = await scatter.sync_to(1)  # nothing to diff against: full, then the workers prepare
-                assert report.ok and report.loads == {url: "full (published without an element delta)"}, report
+                assert report.ok and report.loads == {url: "full (published without a delta)"}, report
                 assert not [line for line in logs if "cannot scatter" in line], logs
                 before = await answers(client, vllm_server)
 
                 report = await scatter.sync_to(2)
                 assert report.ok and report.loads == {url: "scatter"}, (report, logs)
                 assert report.bytes_moved == {url: info.nbytes}  # the delta file, nothing else
+                worker.update(report.scattered[url][0])  # what the worker wrote, in place
+                assert worker["bytes_read"] == info.nbytes and worker["elements"] == info.changed_elements
+                # every fused part moved: each layer's qkv, o, gate_up and down, and lm_head repacked
+                assert worker["tensors"] == len(v2) and worker["repacked"] >= 4 * 2 + 1, worker
                 assert info.nbytes < 0.15 * info.full_bytes
                 scattered = await answers(client, vllm_server)
 
@@ -101,7 +106,10 @@ def test_a_scattered_element_delta_serves_as_the_full_checkpoint(vllm_server: VL
             finally:
                 await scatter.close()
                 await full.close()
-        assert max_gap(scattered, loaded) <= 1e-5
+        gap = max_gap(scattered, loaded)
+        print(f"scatter: {info.nbytes} of {info.full_bytes} B, worker {worker}; scatter vs full load: max "
+              f"logprob gap {gap:.2e}")
+        assert gap <= 1e-5
         # the scatter changed the model: other tokens, or the same ones with other logprobs
         moved = [abs(top_a[k] - top_b[k]) for (_, tops_a), (_, tops_b) in zip(before, scattered, strict=True)
                  for top_a, top_b in zip(tops_a, tops_b, strict=False) for k in top_a.keys() & top_b.keys()]
