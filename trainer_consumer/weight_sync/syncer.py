@@ -140,6 +140,7 @@ class WeightSync:
         self._mirrors: dict[int, tuple[Mirror, tuple[str, ...]]] = {}  # version -> weights, names changed
         # server -> the version its workers' scatter copy holds (prepared after a full load, moved by scatters)
         self._scatter_ready: dict[str, int] = {}
+        self._cannot_scatter: set[str] = set()  # servers whose workers refused to prepare (logged once)
         self.hooks: SyncHooks = hooks or NoHooks()
         self._log = log or (lambda line: None)
         self._client = client or httpx.AsyncClient()
@@ -274,7 +275,7 @@ class WeightSync:
                 return
             if not tried:  # nothing was written: the group delta may still apply
                 why = self._delta_refused(step.state.version, version) or await self._load_delta(
-                    step, admin, version, weights_dir, why)
+                    step, admin, version, weights_dir)
                 if not why:
                     await self._prepare_scatter(step, admin, version, weights_dir)
                     return
@@ -303,8 +304,7 @@ class WeightSync:
             except (OSError, PolicyStoreError, ValueError) as exc:
                 self._log(f"weight sync: no copy of version {version} for element deltas: {exc}")
 
-    async def _load_delta(self, step: _Step, admin: VLLMAdmin, version: int, weights_dir: str,
-                          instead_of: str = "") -> str:
+    async def _load_delta(self, step: _Step, admin: VLLMAdmin, version: int, weights_dir: str) -> str:
         """Load the version's group delta (the changed groups, whole); returns why not ("" when it did)."""
         delta = read_delta(Path(weights_dir))
         assert delta is not None
@@ -314,7 +314,7 @@ class WeightSync:
             why = f"delta load failed: {exc}"
             self._log(f"weight sync: {step.url} version {version}: {why}; loading the full checkpoint")
             return why
-        step.load, step.bytes_moved = "delta" + (f" ({instead_of})" if instead_of else ""), delta.delta_bytes
+        step.load, step.bytes_moved = "delta", delta.delta_bytes
         return ""
 
     async def _load_elements(self, step: _Step, admin: VLLMAdmin, version: int) -> str:
@@ -385,14 +385,24 @@ class WeightSync:
         return "", True
 
     async def _prepare_scatter(self, step: _Step, admin: VLLMAdmin, version: int, weights_dir: str) -> None:
-        """After a full load: the workers keep what the next scatter needs. A server without the extension (or
-        a model it cannot map) keeps loading full checkpoints; its weights are right either way."""
+        """After a load other than a scatter: the workers read the checkpoint and keep what the next scatter needs
+        (on a CPU build a copy of the packed weights). Skipped when the store shows no sign of element deltas (the
+        version has none and an earlier one exists: the trainer publishes without them), since preparing reads
+        the whole checkpoint. A server without the extension (or a model it cannot map) goes on with group
+        deltas and full loads; its weights are right either way."""
         self._scatter_ready.pop(step.url, None)
+        in_store = version in self.store.versions()
+        if in_store and read_element_delta(self.store.path(version)) is None and min(self.store.versions()) < version:
+            return
         try:
             await admin.worker_call(PREPARE, weights_path=weights_dir)
         except AdminError as exc:
-            self._log(f"weight sync: {step.url} cannot scatter element deltas (full loads go on): {exc}")
+            if step.url not in self._cannot_scatter:
+                self._cannot_scatter.add(step.url)
+                self._log(f"weight sync: {step.url} cannot scatter element deltas (group deltas and full loads go "
+                          f"on): {exc}")
             return
+        self._cannot_scatter.discard(step.url)
         self._scatter_ready[step.url] = version
 
     def _remember(self, version: int, mirror: Mirror, names: tuple[str, ...]) -> None:
