@@ -134,7 +134,8 @@ class WeightSync:
         # copy of the weights the server holds (in ``engine_dtype``), checked against the published checksums and
         # loaded as the changed groups; any mismatch: the full checkpoint; "scatter": only the changed elements,
         # read by the server's workers and written into their parameters in place (the server runs the worker
-        # extension ``vllm_scatter.ScatterExtension``); any mismatch or refusal: the full checkpoint
+        # extension ``vllm_scatter.ScatterExtension``); when it cannot be tried, what "delta" does; when the workers
+        # refuse it, the full checkpoint
         self.transfer: Transfer = transfer
         self.engine_dtype = engine_dtype
         self._mirrors: dict[int, tuple[Mirror, tuple[str, ...]]] = {}  # version -> weights, names changed
@@ -273,13 +274,14 @@ class WeightSync:
             why, tried = await self._load_scatter(step, admin, version)
             if not why:
                 return
-            if not tried:  # nothing was written: the group delta may still apply
+            if tried:  # the workers may have written part of it: only a full load puts every weight right
+                self._log(f"weight sync: {step.url} version {version}: {why}; loading the full checkpoint")
+            else:  # nothing was written: the group delta may still apply, as under "delta"
                 why = self._delta_refused(step.state.version, version) or await self._load_delta(
                     step, admin, version, weights_dir)
                 if not why:
                     await self._prepare_scatter(step, admin, version, weights_dir)
                     return
-            self._log(f"weight sync: {step.url} version {version}: {why}; loading the full checkpoint")
         elif self.transfer == "elements":
             why = await self._load_elements(step, admin, version)
             if not why:
