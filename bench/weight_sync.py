@@ -11,8 +11,11 @@ tokens each version sampled; a streamed token's arrival is timed, a whole answer
 end), and takes the time the server was paused and the bytes its loader read from the sync's report.
 
 ``--mode keep|wait`` (pause mode: ``keep`` updates in flight, ``wait`` lets running calls finish first)
-and ``--transfer elements|delta|full`` (only the changed elements, reconstructed by the sync from its copy of the
-weights the server holds and loaded as the changed groups; only the changed weight groups; or the full checkpoint).
+and ``--transfer scatter|elements|delta|full`` (only the changed elements, written into the parameters in place by
+the server's workers; only the changed elements, reconstructed by the sync from its copy of the weights the server
+holds and loaded as the changed groups; only the changed weight groups; or the full checkpoint).
+``--change-share F`` (0 < F < 1): each version moves that share of the elements of every tensor instead of one
+whole layer, as a small optimizer step does in bf16 (``python -m bench.delta_fraction`` measures 1.4-2.7%).
 
 Every call is checked, not assumed: its first sampled token's logprob must equal that token's logprob
 under the weights of the version it was recorded with (a transformers forward pass over the same
@@ -85,7 +88,8 @@ class BenchSettings(BaseSettings):
     # of a version is then known without waiting for the long calls to end
     probe_tokens: int = 0
     drain_s: float = 900.0  # at the end, how long running calls may take to finish before they are cut
-    transfer: Literal["elements", "delta", "full"] = "delta"
+    transfer: Literal["scatter", "elements", "delta", "full"] = "delta"
+    change_share: float = 0.0  # >0: each version moves this share of every tensor's elements (else one layer)
     gap_s: float = 0.5  # between one version being served and the next publish
     interval_s: float = 0.05  # how often the sync looks at the store
     server: str = ""  # a running dev-mode vLLM; empty: start one
@@ -122,6 +126,19 @@ def version_chain(base: dict[str, torch.Tensor], updates: int) -> dict[int, dict
     chain, weights = {}, base
     for version in range(1, updates + 1):
         weights = perturbed(weights, seed=version, group=layers[version % len(layers)])
+        chain[version] = weights
+    return chain
+
+
+def sparse_chain(base: dict[str, torch.Tensor], updates: int, share: float) -> dict[int, dict[str, torch.Tensor]]:
+    """Versions 1..updates, each moving ``share`` of the elements of every tensor of the one before (by about
+    the tensor's spread): every weight group changes, few elements do, as in a small step in bf16."""
+    chain, weights = {}, base
+    for version in range(1, updates + 1):
+        generator = torch.Generator().manual_seed(version)
+        weights = {k: torch.where(torch.rand(t.shape, generator=generator) < share,
+                                  t + torch.randn(t.shape, generator=generator) * (t.float().std() + 0.02), t)
+                   for k, t in weights.items()}
         chain[version] = weights
     return chain
 
@@ -222,7 +239,8 @@ async def run(settings: BenchSettings, url: str, model_dir: Path, name: str) -> 
 
     base = load_file(str(model_dir / "model.safetensors"))
     reference = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    weights = version_chain(base, settings.updates)
+    weights = (sparse_chain(base, settings.updates, settings.change_share) if settings.change_share > 0
+               else version_chain(base, settings.updates))
     expected = {0: next_token_logprobs(reference, base)} | {v: next_token_logprobs(reference, w)
                                                              for v, w in weights.items()}
     store = PolicyStore(Path(tempfile.mkdtemp(prefix="bench-weight-sync-")))
@@ -305,6 +323,7 @@ async def run(settings: BenchSettings, url: str, model_dir: Path, name: str) -> 
         "call_tokens": settings.call_tokens,
         "mode": settings.mode,
         "transfer": settings.transfer,
+        "change_share": settings.change_share,
         "publish_to_served_p50_s": float(np.percentile(latencies, 50)),
         "publish_to_served_p99_s": float(np.percentile(latencies, 99)),
         "publish_to_served_max_s": float(max(latencies)),
@@ -343,9 +362,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="output tokens per call, exactly (ignore_eos); e.g. 8, 512, 4096")
     parser.add_argument("--mode", choices=["keep", "wait"], default=defaults.mode,
                         help="pause mode: keep (update in flight) or wait (running calls finish first)")
-    parser.add_argument("--transfer", choices=["elements", "delta", "full"], default=defaults.transfer,
-                        help="load only the changed elements (reconstructed by the sync), the published delta "
-                             "(changed weight groups), or the full checkpoint")
+    parser.add_argument("--transfer", choices=["scatter", "elements", "delta", "full"], default=defaults.transfer,
+                        help="only the changed elements written in place by the server's workers, only the changed "
+                             "elements (reconstructed by the sync), the published delta (changed weight groups), "
+                             "or the full checkpoint")
+    parser.add_argument("--change-share", type=float, default=defaults.change_share,
+                        help="each version moves this share of every tensor's elements (0: one whole layer)")
     parser.add_argument("--probe-tokens", type=int, default=defaults.probe_tokens,
                         help="one more caller with short streamed calls of this many tokens (0: none)")
     parser.add_argument("--drain", type=float, default=defaults.drain_s,
@@ -358,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = BenchSettings(updates=args.updates, concurrency=args.concurrency, call_tokens=args.call_tokens,
                              mode=args.mode, transfer=args.transfer, probe_tokens=args.probe_tokens,
+                             change_share=args.change_share,
                              drain_s=args.drain,
                              gap_s=args.gap, interval_s=args.interval, server=args.server)
     from models.reference.build import build_model

@@ -212,27 +212,38 @@ def encode_tensor(name: str, previous: torch.Tensor, current: torch.Tensor,
     return TensorDelta(name, encoding, changed, flat.numel(), index, values, tensor_digest(current))
 
 
+def changed_positions(delta: TensorDelta) -> torch.Tensor | None:
+    """The flat positions (int64, ascending) the delta's values go to; None for a dense delta (all of them).
+    DeltaMismatch when they do not pair with the values or point past the tensor."""
+    if delta.encoding == "dense":
+        if delta.values.numel() != delta.numel:
+            raise DeltaMismatch(f"{delta.name}: {delta.values.numel()} dense values for {delta.numel} elements")
+        return None
+    assert delta.index is not None
+    if delta.encoding == "indices":
+        positions = delta.index.to(torch.int64)
+    elif delta.encoding in _GAP_BITS:
+        positions = torch.from_numpy(_decode_gaps(delta.index, _GAP_BITS[delta.encoding]))
+    else:
+        bits = np.unpackbits(delta.index.numpy(), count=delta.numel, bitorder="little")
+        positions = torch.from_numpy(np.flatnonzero(bits))
+    if positions.numel() != delta.values.numel():
+        raise DeltaMismatch(f"{delta.name}: {positions.numel()} positions for {delta.values.numel()} values")
+    if positions.numel() and (int(positions.max()) >= delta.numel or int(positions.min()) < 0):
+        raise DeltaMismatch(f"{delta.name}: a position outside the tensor's {delta.numel} elements")
+    return positions
+
+
 def apply_tensor(previous: torch.Tensor, delta: TensorDelta) -> torch.Tensor:
     """``previous`` with ``delta`` applied (a new tensor); DeltaMismatch unless it hashes to ``delta.sha256``."""
     if previous.numel() != delta.numel or previous.dtype != delta.values.dtype:
         raise DeltaMismatch(f"{delta.name}: holds {previous.dtype} x{previous.numel()}, the delta is "
                             f"{delta.values.dtype} x{delta.numel}")
-    if delta.encoding == "dense":
+    positions = changed_positions(delta)
+    if positions is None:
         result = delta.values.reshape(previous.shape).clone()
     else:
-        assert delta.index is not None
         flat = previous.detach().contiguous().reshape(-1).clone()
-        if delta.encoding == "indices":
-            positions = delta.index.to(torch.int64)
-        elif delta.encoding in _GAP_BITS:
-            positions = torch.from_numpy(_decode_gaps(delta.index, _GAP_BITS[delta.encoding]))
-        else:
-            bits = np.unpackbits(delta.index.numpy(), count=delta.numel, bitorder="little")
-            positions = torch.from_numpy(np.flatnonzero(bits))
-        if positions.numel() != delta.values.numel():
-            raise DeltaMismatch(f"{delta.name}: {positions.numel()} positions for {delta.values.numel()} values")
-        if positions.numel() and int(positions.max()) >= delta.numel:
-            raise DeltaMismatch(f"{delta.name}: a position past the tensor's {delta.numel} elements")
         flat[positions] = delta.values
         result = flat.reshape(previous.shape)
     if tensor_digest(result) != delta.sha256:

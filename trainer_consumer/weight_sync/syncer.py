@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import httpx
 import torch
@@ -47,8 +47,9 @@ from models.policy_delta import load_element_delta, read_delta, read_element_del
 from models.policy_store import PolicyStore, PolicyStoreError, load_weights_dir
 from trainer_consumer.weight_sync.fleet import FleetView, ServerState, ServerStatus, initial_view, judge, parse_label
 from trainer_consumer.weight_sync.vllm_admin import AdminError, PauseMode, VLLMAdmin
+from trainer_consumer.weight_sync.vllm_scatter import PREPARE, SCATTER
 
-Transfer = Literal["elements", "delta", "full"]
+Transfer = Literal["scatter", "elements", "delta", "full"]
 MIRRORS_KEPT = 2  # versions whose weights the sync keeps in memory, as the engines hold them (element deltas)
 
 
@@ -82,13 +83,17 @@ class SyncReport:
     # server -> the version it reported before this update (0: base weights, as after a restart; None:
     # unknown or unreachable): the evidence that a restarted server was synced before it took calls
     previous: dict[str, int | None] = field(default_factory=dict)
-    # server -> how its weights came: "elements" (only the changed elements, reconstructed here), "delta" (only
+    # server -> how its weights came: "scatter" (only the changed elements, written in place by the server's
+    # workers), "elements" (only the changed elements, reconstructed here), "delta" (only
     # the changed groups), "full", or "full (why no delta)"
     loads: dict[str, str] = field(default_factory=dict)
     # server -> bytes read from the policy store for it: the checkpoint, the group delta, or the element delta
     bytes_moved: dict[str, int] = field(default_factory=dict)
     # server -> bytes its loader read from the sync's reconstruction of the changed groups ("elements" only)
     bytes_reloaded: dict[str, int] = field(default_factory=dict)
+    # server -> what each of its workers answered to a scatter ("scatter" only: elements and tensors written,
+    # layers repacked, the bytes the worker read, seconds)
+    scattered: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -105,6 +110,7 @@ class _Step:
     load: str = ""
     bytes_moved: int = 0
     bytes_reloaded: int = 0
+    scattered: list[Any] = field(default_factory=list)
     resumed: bool = False
     error: str = ""
     admin_errors: list[str] = field(default_factory=list)
@@ -126,10 +132,16 @@ class WeightSync:
         # server holds (else, or on any error, the full checkpoint); "full": always the full checkpoint;
         # "elements": only the elements that changed (models/element_delta.py), applied to the sync's in-memory
         # copy of the weights the server holds (in ``engine_dtype``), checked against the published checksums and
-        # loaded as the changed groups; any mismatch: the full checkpoint
+        # loaded as the changed groups; any mismatch: the full checkpoint; "scatter": only the changed elements,
+        # read by the server's workers and written into their parameters in place (the server runs the worker
+        # extension ``vllm_scatter.ScatterExtension``); when it cannot be tried, what "delta" does; when the workers
+        # refuse it, the full checkpoint
         self.transfer: Transfer = transfer
         self.engine_dtype = engine_dtype
         self._mirrors: dict[int, tuple[Mirror, tuple[str, ...]]] = {}  # version -> weights, names changed
+        # server -> the version its workers' scatter copy holds (prepared after a full load, moved by scatters)
+        self._scatter_ready: dict[str, int] = {}
+        self._cannot_scatter: set[str] = set()  # servers whose workers refused to prepare (logged once)
         self.hooks: SyncHooks = hooks or NoHooks()
         self._log = log or (lambda line: None)
         self._client = client or httpx.AsyncClient()
@@ -188,7 +200,8 @@ class WeightSync:
                                 {u: s.paused_s for u, s in steps.items()}, time.monotonic() - began, self.view,
                                 previous, {u: s.load for u, s in steps.items()},
                                 {u: s.bytes_moved for u, s in steps.items()},
-                                {u: s.bytes_reloaded for u, s in steps.items() if s.load == "elements"})
+                                {u: s.bytes_reloaded for u, s in steps.items() if s.load == "elements"},
+                                {u: s.scattered for u, s in steps.items() if s.load == "scatter"})
             self.reports.append(report)
             self._log(f"weight sync to version {version}: {len(report.updated)}/{len(urls)} servers in "
                       f"{report.total_s:.2f} s" + (f"; FAILED {report.failed}" if report.failed else ""))
@@ -253,28 +266,38 @@ class WeightSync:
         step.state = ServerState(step.url, version, ServerStatus.CURRENT)
 
     async def _load(self, step: _Step, admin: VLLMAdmin, version: int, weights_dir: str) -> None:
-        """Load ``version`` into the server: its delta when one applies to what the server holds, else (or
-        when the delta load fails) the full checkpoint."""
-        if self.transfer == "elements":
+        """Load ``version`` into the server: by its element delta (``scatter``, ``elements``) or its group delta
+        (``delta``; also ``scatter`` when the scatter was not tried: no element delta, a server without the
+        extension) when one applies to what the server holds, else (or when that load fails) the full
+        checkpoint."""
+        if self.transfer == "scatter":
+            why, tried = await self._load_scatter(step, admin, version)
+            if not why:
+                return
+            if tried:  # the workers may have written part of it: only a full load puts every weight right
+                self._log(f"weight sync: {step.url} version {version}: {why}; loading the full checkpoint")
+            else:  # nothing was written: the group delta may still apply, as under "delta"
+                why = self._delta_refused(step.state.version, version) or await self._load_delta(
+                    step, admin, version, weights_dir)
+                if not why:
+                    await self._prepare_scatter(step, admin, version, weights_dir)
+                    return
+        elif self.transfer == "elements":
             why = await self._load_elements(step, admin, version)
             if not why:
                 return
             self._log(f"weight sync: {step.url} version {version}: {why}; loading the full checkpoint")
         else:
             why = self._delta_refused(step.state.version, version)
-        if not why and self.transfer == "delta":
-            delta = read_delta(Path(weights_dir))
-            assert delta is not None
-            try:
-                await admin.reload_weights(str(delta.path))
-                step.load, step.bytes_moved = "delta", delta.delta_bytes
-                return
-            except AdminError as exc:  # the full load below puts every weight right
-                why = f"delta load failed: {exc}"
-                self._log(f"weight sync: {step.url} version {version}: {why}; loading the full checkpoint")
+            if not why and self.transfer == "delta":
+                why = await self._load_delta(step, admin, version, weights_dir)
+                if not why:
+                    return
         await admin.reload_weights(weights_dir)
         step.load = "full" + (f" ({why})" if self.transfer != "full" else "")
         step.bytes_moved = checkpoint_bytes(Path(weights_dir))
+        if self.transfer == "scatter":
+            await self._prepare_scatter(step, admin, version, weights_dir)
         if self.transfer == "elements" and version not in self._mirrors:
             # the base of the next element delta: the weights just loaded, as the engine holds them
             try:
@@ -282,6 +305,19 @@ class WeightSync:
                 self._remember(version, await asyncio.to_thread(Mirror.of, cast_state(state, self.engine_dtype)), ())
             except (OSError, PolicyStoreError, ValueError) as exc:
                 self._log(f"weight sync: no copy of version {version} for element deltas: {exc}")
+
+    async def _load_delta(self, step: _Step, admin: VLLMAdmin, version: int, weights_dir: str) -> str:
+        """Load the version's group delta (the changed groups, whole); returns why not ("" when it did)."""
+        delta = read_delta(Path(weights_dir))
+        assert delta is not None
+        try:
+            await admin.reload_weights(str(delta.path))
+        except AdminError as exc:  # the full load puts every weight right
+            why = f"delta load failed: {exc}"
+            self._log(f"weight sync: {step.url} version {version}: {why}; loading the full checkpoint")
+            return why
+        step.load, step.bytes_moved = "delta", delta.delta_bytes
+        return ""
 
     async def _load_elements(self, step: _Step, admin: VLLMAdmin, version: int) -> str:
         """Bring the server to ``version`` by its element delta; returns why not ("" when it did). The delta is
@@ -325,6 +361,52 @@ class WeightSync:
         step.bytes_reloaded = sum(t.numel() * t.element_size() for t in moved.values())
         return ""
 
+    async def _load_scatter(self, step: _Step, admin: VLLMAdmin, version: int) -> tuple[str, bool]:
+        """Bring the server to ``version`` by scattering its element delta in place (``vllm_scatter``); returns
+        why not ("" when it did) and whether the workers were asked (then they may have written part of it).
+        Nothing crosses but the delta file, which the workers read and check."""
+        held = step.state.version
+        info = read_element_delta(self.store.path(version)) if version in self.store.versions() else None
+        if info is None:
+            return "published without an element delta", False
+        if held != info.base_version:
+            return f"server holds version {held}, the delta is against {info.base_version}", False
+        served = str(self.engine_dtype).removeprefix("torch.")
+        if info.dtype != served:
+            return f"the element delta is in {info.dtype}, the engine serves {served}", False
+        ready = self._scatter_ready.get(step.url)
+        if ready != held:
+            return f"the server's workers hold no scatter copy of version {held} (theirs: {ready})", False
+        try:
+            step.scattered = await admin.worker_call(SCATTER, version_dir=str(self.store.path(version)))
+        except AdminError as exc:  # the full load puts every weight right (and prepares again)
+            self._scatter_ready.pop(step.url, None)
+            return f"scatter failed: {exc}", True
+        self._scatter_ready[step.url] = version
+        step.load, step.bytes_moved = "scatter", info.nbytes
+        return "", True
+
+    async def _prepare_scatter(self, step: _Step, admin: VLLMAdmin, version: int, weights_dir: str) -> None:
+        """After a load other than a scatter: the workers read the checkpoint and keep what the next scatter needs
+        (on a CPU build a copy of the packed weights). Skipped when the store shows no sign of element deltas (the
+        version has none and an earlier one exists: the trainer publishes without them), since preparing reads
+        the whole checkpoint. A server without the extension (or a model it cannot map) goes on with group
+        deltas and full loads; its weights are right either way."""
+        self._scatter_ready.pop(step.url, None)
+        in_store = version in self.store.versions()
+        if in_store and read_element_delta(self.store.path(version)) is None and min(self.store.versions()) < version:
+            return
+        try:
+            await admin.worker_call(PREPARE, weights_path=weights_dir)
+        except AdminError as exc:
+            if step.url not in self._cannot_scatter:
+                self._cannot_scatter.add(step.url)
+                self._log(f"weight sync: {step.url} cannot scatter element deltas (group deltas and full loads go "
+                          f"on): {exc}")
+            return
+        self._cannot_scatter.discard(step.url)
+        self._scatter_ready[step.url] = version
+
     def _remember(self, version: int, mirror: Mirror, names: tuple[str, ...]) -> None:
         self._mirrors[version] = (mirror, names)
         for old in sorted(self._mirrors)[:-MIRRORS_KEPT]:
@@ -332,7 +414,7 @@ class WeightSync:
 
     def _delta_refused(self, held: int | None, version: int) -> str:
         """Why a server holding ``held`` cannot reach ``version`` by its delta ("" when it can)."""
-        if self.transfer != "delta":
+        if self.transfer not in ("delta", "scatter"):
             return "full transfer"
         if version == 0 or version not in self.store.versions():
             return "no delta for this version"

@@ -63,6 +63,15 @@ class VLLMAdmin:
         await self._call("POST", "/collective_rpc",
                          {"method": "reload_weights", "kwargs": {"weights_path": weights_dir}})
 
+    async def worker_call(self, method: str, **kwargs: str) -> list[Any]:
+        """``method`` run in every worker (``/collective_rpc``; a worker extension's method, e.g. the element
+        scatter of ``vllm_scatter``): each worker's answer. vLLM passes only string arguments."""
+        answer = await self._call("POST", "/collective_rpc", {"method": method, "kwargs": kwargs})
+        results = answer.get("results") if isinstance(answer, dict) else None
+        if not isinstance(results, list):
+            raise AdminError(self.url, "/collective_rpc", f"{method}: no per-worker results in {answer!r}"[:500])
+        return results
+
     async def reset_prefix_cache(self, preempt_running: bool = False) -> bool:
         """KV blocks computed by the old weights must not serve prompts under the new ones. vLLM resets
         nothing while a request holds blocks (``success: false``); ``preempt_running`` (an update with
