@@ -84,7 +84,9 @@ def test_an_update_landing_mid_request_gives_the_request_two_spans(
         first_token = asyncio.Event()
 
         async def consume() -> GenerateResult:
-            async for item in generate.generate_stream(request("ev-span", 300, temperature=0.0)):
+            # 1,500 tokens: long enough that the pause lands mid-request even on a loaded machine (300 tokens
+            # once ended in 1.2 s, before it).
+            async for item in generate.generate_stream(request("ev-span", 1500, temperature=0.0)):
                 if isinstance(item, TokenChunk):
                     first_token.set()
                 else:
