@@ -55,6 +55,7 @@ from producers.gateway.ports import TextEvent, TextSide
 from producers.gateway.recovery import KafkaRecoverySource, RecoveryReport, recover
 from producers.gateway.release_routed import public_release_status
 from producers.gateway.service import CallService, ErrorBody, PreparedCall, ResponseBuilder
+from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs
 from producers.gateway.sessions import DEFAULT_KEY_SOURCES, OrganicSessions, session_key
 from producers.gateway.settings import GatewayStackSettings
 from producers.gateway.sse import SSE_HEADERS
@@ -110,6 +111,8 @@ class GatewayOptions:
     # Tenants of organic traffic (tenants.py).
     tenant_keys: tuple[tuple[str, str], ...] = ()
     tenant_max_open_sessions: int = 1000
+    # The secret of the keyed hashes of session keys (session_refs.py); the default is dev-only.
+    session_ref_key: str = DEV_SESSION_REF_KEY
 
     @classmethod
     def from_settings(cls, settings: GatewayStackSettings) -> GatewayOptions:
@@ -123,7 +126,8 @@ class GatewayOptions:
                    key_secret=g.key_secret, key_secret_dir=g.spool_dir,
                    organic_sessions=g.organic_sessions, session_idle_s=g.session_idle_s,
                    session_key_sources=tuple(g.session_key_sources), traffic_label_key=g.traffic_label_key,
-                   tenant_keys=tuple(g.tenant_keys.items()), tenant_max_open_sessions=g.tenant_max_open_sessions)
+                   tenant_keys=tuple(g.tenant_keys.items()), tenant_max_open_sessions=g.tenant_max_open_sessions,
+                   session_ref_key=g.session_ref_key.get_secret_value())
 
     def make_registry(self) -> AttemptRegistry:
         secret = resolve_secret(self.key_secret, self.admin_key, self.key_secret_dir)
@@ -179,7 +183,12 @@ class Gateway:
         if options.organic_sessions and options.session_idle_s >= options.attempt_idle_timeout_s:
             raise ValueError("gateway.session_idle_s must be below gateway.attempt_idle_timeout_s (an organic "
                              "session would be dropped unfinished before it ends)")
-        self.sessions = OrganicSessions(self.env_api, options.session_idle_s) if options.organic_sessions else None
+        self.session_refs = SessionRefs(options.session_ref_key)
+        if options.organic_sessions and self.session_refs.is_dev_key:
+            log.warning("organic sessions: session refs are keyed with the DEV-ONLY key; set "
+                        "TOKENTRAIL_GATEWAY__SESSION_REF_KEY")
+        self.sessions = (OrganicSessions(self.env_api, options.session_idle_s, self.session_refs)
+                         if options.organic_sessions else None)
         self.forget_api: ForgetApi | None = None  # POST /v1/admin/forget, where the app has Kafka settings
         self._tasks: set[asyncio.Task[Any]] = set()
         self.metrics.watch_attempts(lambda: self.ctx.registry.counts()["active"])

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from processors.assembler import RolloutAssembly
-from producers.gateway.sessions import key_part, rollout_id_for
+from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs
 from producers.gateway.tenants import Tenants
 from schemas.topics import FEEDBACK_TOPIC
 from tokentrail.settings import Settings
@@ -116,8 +116,10 @@ def test_a_tenant_key_and_its_scope() -> None:
     # Routed by the key its calls carry: a scoped key's windows start with the unscoped key's part (one owner
     # with --processes N), yet two tenants' windows of one session id are different rollouts.
     assert Tenants.unscoped(scoped) == "s1" and Tenants.unscoped("s1") == "s1"
-    assert key_part(scoped) == key_part("s1")
-    assert rollout_id_for(scoped, 1) != rollout_id_for(Tenants.scope("blue", "s1"), 1) != rollout_id_for("s1", 1)
+    refs = SessionRefs(DEV_SESSION_REF_KEY)
+    assert refs.key_part(scoped) == refs.key_part("s1")
+    assert refs.rollout_id_for(scoped, 1) != refs.rollout_id_for(Tenants.scope("blue", "s1"), 1) \
+        != refs.rollout_id_for("s1", 1)
 
 
 def test_a_caller_without_a_tenant_key_cannot_name_itself_into_a_tenants_session(
