@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from producers.gateway import anthropic_adapter, openai_adapter, records, responses_adapter
 from producers.gateway.attempts import DEFAULT_MAX_BYTES, AttemptRegistry
-from producers.gateway.body import parse_json_object, read_limited, read_model, validate
+from producers.gateway.body import validate
 from producers.gateway.body_checks import BodyChecks
 from producers.gateway.chat import CallOutcome, InternalCall, SamplingSpec
 from producers.gateway.context import GatewayContext
@@ -174,12 +174,13 @@ class Gateway:
                                   admin_key=options.admin_key, require_auth=options.require_auth,
                                   unattributed=options.unattributed, max_body_bytes=options.max_body_bytes,
                                   tenants=Tenants(dict(options.tenant_keys), options.tenant_max_open_sessions),
+                                  body_checks=BodyChecks(options.offload_body_bytes, options.body_check_processes,
+                                                         options.body_check_queue),
                                   **(topics or {}))
         self.service = CallService(self.ctx, upstream, text, model_name=options.model_name,
                                    model_aliases=options.model_aliases, prefix_mode=options.prefix_mode)
         self.env_api = EnvApi(self.ctx)
-        self.body_checks = BodyChecks(options.offload_body_bytes, options.body_check_processes,
-                                      options.body_check_queue)
+        self.body_checks = self.ctx.body_checks  # every route's body is read through it (body_checks.py)
         if options.organic_sessions and options.session_idle_s >= options.attempt_idle_timeout_s:
             raise ValueError("gateway.session_idle_s must be below gateway.attempt_idle_timeout_s (an organic "
                              "session would be dropped unfinished before it ends)")
@@ -348,7 +349,11 @@ class Gateway:
     async def count_tokens(self, request: Request) -> Response:
         try:
             named = self._named(request)
-            req, raw = await read_model(request, CountTokensRequest, self.options.max_body_bytes)
+            # Counted only within the context, as a call is: an over-long structure is refused before rendering.
+            raw = await self.body_checks.read_json(request, self.options.max_body_bytes, model=CountTokensRequest,
+                                                   limit=self.service.structure_limit())
+            self.service.check_structure(raw)
+            req = validate(CountTokensRequest, raw)
             identity = named or self._unnamed(request, raw, "anthropic")
             self.service.check_model(req.model)
             messages, tools = anthropic_adapter.conversation(req)
@@ -367,9 +372,9 @@ class Gateway:
         received = records.now_us()
         try:
             named = self._named(request)
-            body = await read_limited(request, self.options.max_body_bytes)
-            await self.body_checks.check(body, self.service.structure_limit())  # a large body, off the loop
-            raw = parse_json_object(body)
+            # A large body is parsed and measured off the loop first (body_checks.py).
+            raw = await self.body_checks.read_json(request, self.options.max_body_bytes,
+                                                   limit=self.service.structure_limit())
             # Timings run from the body's end: a client that trickles its body must not make the policy that
             # serves it look slow (the release controller compares total_ms between versions).
             started = time.perf_counter()

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from producers.gateway.body import read_model
+from producers.gateway.body import validate
 from producers.gateway.context import GatewayContext
 from producers.gateway.errors import GatewayError, bad_request
 from producers.gateway.identity import is_admin, presented_key
@@ -155,7 +155,8 @@ class FeedbackApi:
     async def post_feedback(self, request: Request) -> JSONResponse:
         try:
             tenant = self._require_admin(request)
-            body, _ = await read_model(request, FeedbackBody, self.ctx.max_body_bytes)
+            body = validate(FeedbackBody, await self.ctx.body_checks.read_json(request, self.ctx.max_body_bytes,
+                                                                                model=FeedbackBody))
             record = feedback_record(body, now_us())
             record["subject"] = self._subject(body, record)
             if tenant is not None:

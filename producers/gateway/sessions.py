@@ -43,7 +43,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from producers.gateway.attempts import AttemptState
-from producers.gateway.body import read_json, validate
+from producers.gateway.body import validate
 from producers.gateway.env_api import EnvApi, Finish
 from producers.gateway.errors import GatewayError, not_found
 from producers.gateway.identity import SESSION_HEADERS, is_admin, presented_key
@@ -285,7 +285,8 @@ class OrganicSessions:
                 # as for calls (app._session_key): else a caller without a key ends a tenant's session by name
                 raise GatewayError(403, "session keys beginning 'tenant:' are the tenants' own", "permission",
                                    code="wrong_tenant")
-            body = validate(Finish, await read_json(request, self.ctx.max_body_bytes, allow_empty=True))
+            body = validate(Finish, await self.ctx.body_checks.read_json(request, self.ctx.max_body_bytes,
+                                                                          model=Finish, allow_empty=True))
             state = self._live(self.refs.ref(key))
             if state is None:
                 raise not_found("no open session for this key", code="unknown_session")
