@@ -234,7 +234,7 @@ class Gateway:
         model_routes.append(("/v1/models", self.models, ["GET"]))
         routes = [Route("/health", self.health, methods=["GET"]),
                   Route("/metrics", self.metrics_endpoint, methods=["GET"]),
-                  *self.env_api.routes(), *FeedbackApi(self.ctx).routes(),
+                  *self.env_api.routes(), *FeedbackApi(self.ctx, self.session_refs).routes(),
                   *(self.sessions.routes() if self.sessions is not None else []),
                   *(self.forget_api.routes() if self.forget_api is not None else [])]
         for path, endpoint, methods in model_routes:
@@ -388,9 +388,16 @@ class Gateway:
                 or self._unnamed(request, raw, route.protocol)
             prep = self._prepare(request, identity, call, raw, received, started,
                                  route.adapter_version, route.tool_call_prefix)
+            self._remember_tenant_call(request, prep)
         except GatewayError as exc:
             return self._refuse(exc, route.protocol, route.call_protocol)
         return req, prep
+
+    def _remember_tenant_call(self, request: Request, prep: PreparedCall) -> None:
+        """A call in a tenant's own window: the tenant may post feedback on it (its call or response id)."""
+        tenant = self.ctx.tenants.of(presented_key(request.headers)) if self.ctx.tenants else None
+        if tenant is not None and self.session_refs.owned_by(prep.identity.rollout_id, tenant):
+            self.ctx.tenants.remember_call(prep.call_id, tenant)
 
     def _named(self, request: Request) -> CallIdentity | None:
         """The attempt the call names (path, headers, minted key), None when it names none (identity.py)."""
@@ -404,7 +411,7 @@ class Gateway:
         if found is None or self.sessions is None:
             return None
         state = await self.sessions.attempt_for(*found)
-        return CallIdentity(state, "session", session_id_of(request.headers))
+        return CallIdentity(state, "session", self._session_id(request, found[0]))
 
     def _session_key(self, request: Request, raw: dict[str, Any], protocol: Protocol) -> tuple[str, str] | None:
         if self.sessions is None:
@@ -420,13 +427,21 @@ class Gateway:
             return found
         return Tenants.scope(tenant, found[0]), found[1]  # a tenant's sessions live in its own namespace
 
+    @staticmethod
+    def _session_id(request: Request, key: str) -> str | None:
+        """The harness session id a tenant's call is recorded with is in its tenant's namespace too, so the
+        feedback join's SESSION targets (CallRecord.session_id) reach only that tenant's calls (feedback_api.py)."""
+        session = session_id_of(request.headers)
+        tenant = Tenants.tenant_of_session(key)
+        return session if session is None or tenant is None else Tenants.scope(tenant, session)
+
     def _unnamed(self, request: Request, raw: dict[str, Any], protocol: Protocol) -> CallIdentity:
         """A call that names no attempt and starts none: its session's live organic attempt if there is one
         (count_tokens renders with its history), else the unattributed pseudo-attempt (or a refusal)."""
         found = self._session_key(request, raw, protocol)
         state = self.sessions.current(found[0]) if found is not None and self.sessions is not None else None
         if state is not None:
-            return CallIdentity(state, "session", session_id_of(request.headers))
+            return CallIdentity(state, "session", self._session_id(request, found[0] if found else ""))
         return resolve_unattributed(request.headers, self.ctx.registry, unattributed=self.options.unattributed)
 
     def _prepare(self, request: Request, identity: CallIdentity, call: InternalCall, raw: dict[str, Any],

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 
 from producers.gateway.keys import ORGANIC_ROLLOUT_PREFIX
 from producers.gateway.tenants import Tenants
@@ -25,6 +26,12 @@ from producers.gateway.tenants import Tenants
 DEV_SESSION_REF_KEY = "tokentrail-DEV-ONLY-session-ref-key-set-TOKENTRAIL_GATEWAY__SESSION_REF_KEY"
 REF_PREFIX = "hmac:"
 REF_HEX = 32
+_TENANT_WINDOW = re.compile(r"(session-[0-9a-f]{16}-[0-9a-f]{16})-([0-9a-f]{16})")
+
+
+def is_tenant_window(rollout_id: str) -> bool:
+    """Whether the id has the shape of a tenant's window (whosever): callers without a key may not name one."""
+    return _TENANT_WINDOW.fullmatch(rollout_id) is not None
 
 
 class SessionRefs:
@@ -62,4 +69,18 @@ class SessionRefs:
         microseconds). Deterministic in the two (and the secret), so a restart rebuilding the window from its
         AttemptStarted (which carries both) names the same rollout; hashed, so a user id does not become a
         Kafka key and the id always fits the rollout id pattern (keys.owner_key)."""
-        return f"{self.key_part(key)}-{self._hex('window', key, str(window_start_us))[:16]}"
+        rollout_id = f"{self.key_part(key)}-{self._hex('window', key, str(window_start_us))[:16]}"
+        tenant = Tenants.tenant_of_session(key)
+        return rollout_id if tenant is None else f"{rollout_id}-{self._tenant_tag(tenant, rollout_id)}"
+
+    # A tenant's window carries its tenant's tag (a keyed hash of the tenant and the rest of the id), so any
+    # process or replica holding the secret tells whose window a rollout is from its id alone: a tenant's
+    # feedback is checked the same on a process that never served the session and after a restart.
+
+    def _tenant_tag(self, tenant: str, rollout_id: str) -> str:
+        return self._hex("tenant", tenant, rollout_id)[:16]
+
+    def owned_by(self, rollout_id: str, tenant: str) -> bool:
+        """Whether ``rollout_id`` is a window of one of ``tenant``'s sessions."""
+        found = _TENANT_WINDOW.fullmatch(rollout_id)
+        return found is not None and hmac.compare_digest(found[2], self._tenant_tag(tenant, found[1]))

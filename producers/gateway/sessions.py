@@ -159,8 +159,6 @@ class OrganicSessions:
                          "subject": key}  # the user's (or the tenant's) content: forgettable under this key
                 state = self.ctx.registry.start(self.refs.rollout_id_for(key, window_start_us), start)
                 await self.env.publish_start(state, start)
-                if tenant is not None:
-                    self.ctx.tenants.remember(state.rollout_id, tenant)
                 self._hold(ref, state)
                 self.started += 1
                 return state
@@ -184,7 +182,6 @@ class OrganicSessions:
             self._key_of.pop(previous.rollout_id, None)
         elif (tenant := Tenants.tenant_of_session(ref)) is not None:
             self.ctx.tenants.open[tenant] += 1
-            self.ctx.tenants.remember(state.rollout_id, tenant)
         self._open[ref], self._key_of[state.rollout_id] = state, ref
 
     def _release(self, state: AttemptState) -> None:
