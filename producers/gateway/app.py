@@ -27,7 +27,7 @@ from starlette.routing import Route
 from producers.gateway import anthropic_adapter, openai_adapter, records, responses_adapter
 from producers.gateway.asgi_app import Endpoint, GatewayApp
 from producers.gateway.attempts import DEFAULT_MAX_BYTES, AttemptRegistry
-from producers.gateway.body import parse_json_object, read_limited, read_model, validate
+from producers.gateway.body import validate
 from producers.gateway.body_checks import BodyChecks
 from producers.gateway.chat import CallOutcome, InternalCall, SamplingSpec
 from producers.gateway.context import GatewayContext
@@ -56,6 +56,7 @@ from producers.gateway.ports import TextSide
 from producers.gateway.recovery import KafkaRecoverySource, RecoveryReport, recover
 from producers.gateway.release_routed import public_release_status
 from producers.gateway.service import CallService, ErrorBody, PreparedCall, ResponseBuilder
+from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs
 from producers.gateway.sessions import DEFAULT_KEY_SOURCES, OrganicSessions, session_key
 from producers.gateway.settings import GatewayStackSettings
 from producers.gateway.sse import SSE_HEADERS
@@ -111,6 +112,8 @@ class GatewayOptions:
     # Tenants of organic traffic (tenants.py).
     tenant_keys: tuple[tuple[str, str], ...] = ()
     tenant_max_open_sessions: int = 1000
+    # The secret of the keyed hashes of session keys (session_refs.py); the default is dev-only.
+    session_ref_key: str = DEV_SESSION_REF_KEY
 
     @classmethod
     def from_settings(cls, settings: GatewayStackSettings) -> GatewayOptions:
@@ -124,7 +127,8 @@ class GatewayOptions:
                    key_secret=g.key_secret, key_secret_dir=g.spool_dir,
                    organic_sessions=g.organic_sessions, session_idle_s=g.session_idle_s,
                    session_key_sources=tuple(g.session_key_sources), traffic_label_key=g.traffic_label_key,
-                   tenant_keys=tuple(g.tenant_keys.items()), tenant_max_open_sessions=g.tenant_max_open_sessions)
+                   tenant_keys=tuple(g.tenant_keys.items()), tenant_max_open_sessions=g.tenant_max_open_sessions,
+                   session_ref_key=g.session_ref_key.get_secret_value())
 
     def make_registry(self) -> AttemptRegistry:
         secret = resolve_secret(self.key_secret, self.admin_key, self.key_secret_dir)
@@ -171,16 +175,22 @@ class Gateway:
                                   admin_key=options.admin_key, require_auth=options.require_auth,
                                   unattributed=options.unattributed, max_body_bytes=options.max_body_bytes,
                                   tenants=Tenants(dict(options.tenant_keys), options.tenant_max_open_sessions),
+                                  body_checks=BodyChecks(options.offload_body_bytes, options.body_check_processes,
+                                                         options.body_check_queue),
                                   **(topics or {}))
         self.service = CallService(self.ctx, upstream, text, model_name=options.model_name,
                                    model_aliases=options.model_aliases, prefix_mode=options.prefix_mode)
         self.env_api = EnvApi(self.ctx)
-        self.body_checks = BodyChecks(options.offload_body_bytes, options.body_check_processes,
-                                      options.body_check_queue)
+        self.body_checks = self.ctx.body_checks  # every route's body is read through it (body_checks.py)
         if options.organic_sessions and options.session_idle_s >= options.attempt_idle_timeout_s:
             raise ValueError("gateway.session_idle_s must be below gateway.attempt_idle_timeout_s (an organic "
                              "session would be dropped unfinished before it ends)")
-        self.sessions = OrganicSessions(self.env_api, options.session_idle_s) if options.organic_sessions else None
+        self.session_refs = SessionRefs(options.session_ref_key)
+        if options.organic_sessions and self.session_refs.is_dev_key:
+            log.warning("organic sessions: session refs are keyed with the DEV-ONLY key; set "
+                        "TOKENTRAIL_GATEWAY__SESSION_REF_KEY")
+        self.sessions = (OrganicSessions(self.env_api, options.session_idle_s, self.session_refs)
+                         if options.organic_sessions else None)
         self.forget_api: ForgetApi | None = None  # POST /v1/admin/forget, where the app has Kafka settings
         self._tasks: set[asyncio.Task[Any]] = set()
         self.metrics.watch_attempts(lambda: self.ctx.registry.counts()["active"])
@@ -225,7 +235,7 @@ class Gateway:
         model_routes.append(("/v1/models", self.models, ["GET"]))
         routes = [Route("/health", self.health, methods=["GET"]),
                   Route("/metrics", self.metrics_endpoint, methods=["GET"]),
-                  *self.env_api.routes(), *FeedbackApi(self.ctx).routes(),
+                  *self.env_api.routes(), *FeedbackApi(self.ctx, self.session_refs).routes(),
                   *(self.sessions.routes() if self.sessions is not None else []),
                   *(self.forget_api.routes() if self.forget_api is not None else [])]
         for path, endpoint, methods in model_routes:
@@ -340,7 +350,11 @@ class Gateway:
     async def count_tokens(self, request: Request) -> Response:
         try:
             named = self._named(request)
-            req, raw = await read_model(request, CountTokensRequest, self.options.max_body_bytes)
+            # Counted only within the context, as a call is: an over-long structure is refused before rendering.
+            raw = await self.body_checks.read_json(request, self.options.max_body_bytes, model=CountTokensRequest,
+                                                   limit=self.service.structure_limit())
+            self.service.check_structure(raw)
+            req = validate(CountTokensRequest, raw)
             identity = named or self._unnamed(request, raw, "anthropic")
             self.service.check_model(req.model)
             messages, tools = anthropic_adapter.conversation(req)
@@ -359,9 +373,9 @@ class Gateway:
         received = records.now_us()
         try:
             named = self._named(request)
-            body = await read_limited(request, self.options.max_body_bytes)
-            await self.body_checks.check(body, self.service.structure_limit())  # a large body, off the loop
-            raw = parse_json_object(body)
+            # A large body is parsed and measured off the loop first (body_checks.py).
+            raw = await self.body_checks.read_json(request, self.options.max_body_bytes,
+                                                   limit=self.service.structure_limit())
             # Timings run from the body's end: a client that trickles its body must not make the policy that
             # serves it look slow (the release controller compares total_ms between versions).
             started = time.perf_counter()
@@ -375,9 +389,16 @@ class Gateway:
                 or self._unnamed(request, raw, route.protocol)
             prep = self._prepare(request, identity, call, raw, received, started,
                                  route.adapter_version, route.tool_call_prefix)
+            self._remember_tenant_call(request, prep)
         except GatewayError as exc:
             return self._refuse(exc, route.protocol, route.call_protocol)
         return req, prep
+
+    def _remember_tenant_call(self, request: Request, prep: PreparedCall) -> None:
+        """A call in a tenant's own window: the tenant may post feedback on it (its call or response id)."""
+        tenant = self.ctx.tenants.of(presented_key(request.headers)) if self.ctx.tenants else None
+        if tenant is not None and self.session_refs.owned_by(prep.identity.rollout_id, tenant):
+            self.ctx.tenants.remember_call(prep.call_id, tenant)
 
     def _named(self, request: Request) -> CallIdentity | None:
         """The attempt the call names (path, headers, minted key), None when it names none (identity.py)."""
@@ -391,7 +412,7 @@ class Gateway:
         if found is None or self.sessions is None:
             return None
         state = await self.sessions.attempt_for(*found)
-        return CallIdentity(state, "session", session_id_of(request.headers))
+        return CallIdentity(state, "session", self._session_id(request, found[0]))
 
     def _session_key(self, request: Request, raw: dict[str, Any], protocol: Protocol) -> tuple[str, str] | None:
         if self.sessions is None:
@@ -407,13 +428,21 @@ class Gateway:
             return found
         return Tenants.scope(tenant, found[0]), found[1]  # a tenant's sessions live in its own namespace
 
+    @staticmethod
+    def _session_id(request: Request, key: str) -> str | None:
+        """The harness session id a tenant's call is recorded with is in its tenant's namespace too, so the
+        feedback join's SESSION targets (CallRecord.session_id) reach only that tenant's calls (feedback_api.py)."""
+        session = session_id_of(request.headers)
+        tenant = Tenants.tenant_of_session(key)
+        return session if session is None or tenant is None else Tenants.scope(tenant, session)
+
     def _unnamed(self, request: Request, raw: dict[str, Any], protocol: Protocol) -> CallIdentity:
         """A call that names no attempt and starts none: its session's live organic attempt if there is one
         (count_tokens renders with its history), else the unattributed pseudo-attempt (or a refusal)."""
         found = self._session_key(request, raw, protocol)
         state = self.sessions.current(found[0]) if found is not None and self.sessions is not None else None
         if state is not None:
-            return CallIdentity(state, "session", session_id_of(request.headers))
+            return CallIdentity(state, "session", self._session_id(request, found[0] if found else ""))
         return resolve_unattributed(request.headers, self.ctx.registry, unattributed=self.options.unattributed)
 
     def _prepare(self, request: Request, identity: CallIdentity, call: InternalCall, raw: dict[str, Any],

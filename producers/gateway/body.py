@@ -85,17 +85,3 @@ def validate(model: type[ModelT], data: dict[str, Any]) -> ModelT:
         where = ".".join(str(part) for part in first["loc"])
         more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
         raise bad_request(f"{where}: {first['msg']}{more}", param=where or None) from None
-
-
-async def read_json(request: Request, max_bytes: int, *, allow_empty: bool = False) -> dict[str, Any]:
-    """Body -> JSON object; an empty body reads as ``{}`` when ``allow_empty``."""
-    raw = await read_limited(request, max_bytes)
-    if allow_empty and not raw.strip():
-        return {}
-    return parse_json_object(raw)
-
-
-async def read_model(request: Request, model: type[ModelT], max_bytes: int) -> tuple[ModelT, dict[str, Any]]:
-    """Body -> (validated model, the raw JSON object as sent)."""
-    data = await read_json(request, max_bytes)
-    return validate(model, data), data

@@ -11,6 +11,13 @@ as the same error, in the caller's protocol, that the loop would have given.
 The pool's queue is bounded (``gateway.body_check_queue`` bodies waiting or in progress per gateway process):
 past it a large body is refused at once with 503 ``overloaded`` rather than held in memory behind others.
 Processes are spawned (the gateway has threads), lazily or by ``warm`` when the gateway starts serving.
+
+Every route that takes a JSON body reads it through ``BodyChecks.read_json`` (model calls, count_tokens, the
+environment routes, feedback, session ends, forget requests), so each large body is checked here first, with
+the route's own rule: a model call's structure against the context (``StructureLimit``), and for the other
+routes their request model, validated here as on the loop (``model``: a pydantic class, or a function of the
+parsed body that names one), so a hostile body on any route is refused without costing the loop its parse. A
+body that passes is still parsed on the loop (it is bounded by ``gateway.max_body_bytes``).
 """
 
 from __future__ import annotations
@@ -19,18 +26,27 @@ import asyncio
 import concurrent.futures
 import logging
 import multiprocessing
+from collections.abc import Callable
 from typing import Any
 
+from pydantic import BaseModel
+from starlette.requests import Request
+
+from producers.gateway.body import parse_json_object, read_limited, validate
 from producers.gateway.errors import GatewayError
 from producers.gateway.prompt_bound import StructureLimit
+
+# What a route's body must be beyond a JSON object: its request model, or a function of the parsed body that
+# names the model (module level, so the pool can unpickle it by name).
+BodyModel = type[BaseModel] | Callable[[dict[str, Any]], type[BaseModel]]
 
 log = logging.getLogger(__name__)
 
 
-def check_body(raw: bytes, limit: StructureLimit | None) -> dict[str, Any] | None:
+def check_body(raw: bytes, limit: StructureLimit | None, model: BodyModel | None = None) -> dict[str, Any] | None:
     """In the pool: the refusal of ``raw`` as GatewayError fields, or None when the loop may parse it.
-    Pure, and the same checks in the same order as on the loop (body.parse_json_object, then the structure)."""
-    from producers.gateway.body import parse_json_object
+    Pure, and the same checks in the same order as on the loop (body.parse_json_object, then the structure,
+    then the route's model)."""
     from producers.gateway.prompt_bound import min_prompt_tokens_raw, structure_error
 
     try:
@@ -39,6 +55,8 @@ def check_body(raw: bytes, limit: StructureLimit | None) -> dict[str, Any] | Non
             error = structure_error(min_prompt_tokens_raw(body, limit.max_token_bytes), limit.context)
             if error is not None:
                 raise error
+        if model is not None:
+            validate(model if isinstance(model, type) else model(body), body)
     except GatewayError as exc:
         return {"status": exc.status, "message": exc.message, "kind": exc.kind, "param": exc.param,
                 "code": exc.code}
@@ -78,9 +96,21 @@ class BodyChecks:
             for _ in range(self.processes):
                 self._executor().submit(_ready)
 
-    async def check(self, raw: bytes, limit: StructureLimit | None) -> None:
+    async def read_json(self, request: Request, max_bytes: int, *, limit: StructureLimit | None = None,
+                        model: BodyModel | None = None, allow_empty: bool = False) -> dict[str, Any]:
+        """The request's body as a JSON object (``{}`` for an empty one when ``allow_empty``): read within
+        ``max_bytes``, checked first off the loop when large (``check``), then parsed here. Every route's way
+        to its body; the route still validates its model on what this returns."""
+        raw = await read_limited(request, max_bytes)
+        if allow_empty and not raw.strip():
+            return {}
+        await self.check(raw, limit, model)
+        return parse_json_object(raw)
+
+    async def check(self, raw: bytes, limit: StructureLimit | None, model: BodyModel | None = None) -> None:
         """Raise the GatewayError the loop would raise for ``raw`` (bad UTF-8 or JSON, not an object, a
-        structure longer than the context), checked in the pool when ``raw`` is large; else return."""
+        structure longer than the context, a body its route's model refuses), checked in the pool when ``raw``
+        is large; else return."""
         if not self.enabled or len(raw) < self.min_bytes:
             return
         if self._waiting >= self.queue:
@@ -89,7 +119,7 @@ class BodyChecks:
                                code="overloaded")
         self._waiting += 1
         try:
-            refusal = await asyncio.wrap_future(self._executor().submit(check_body, raw, limit))
+            refusal = await asyncio.wrap_future(self._executor().submit(check_body, raw, limit, model))
         except concurrent.futures.process.BrokenProcessPool:  # a check process died: a new pool next time
             log.warning("a body check process died; this body is checked on the event loop")
             self._pool = None

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from producers.delivery.publisher import RecordQuarantined
 from producers.gateway import records
 from producers.gateway.attempts import AttemptRegistry
+from producers.gateway.body_checks import BodyChecks
 from producers.gateway.errors import GatewayError
 from producers.gateway.metrics import GatewayMetrics
 from producers.gateway.tenants import Tenants
@@ -40,6 +41,8 @@ class GatewayContext:
     calls_topic: str = CALLS_TOPIC
     env_topic: str = ENV_TOPIC
     tenants: Tenants = field(default_factory=Tenants)
+    # How every route reads its JSON body (large ones checked off the event loop first); default: all on the loop.
+    body_checks: BodyChecks = field(default_factory=lambda: BodyChecks(0))
 
     @property
     def max_record_bytes(self) -> int | None:

@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from producers.gateway import records
 from producers.gateway.attempt_state import AttemptState
-from producers.gateway.body import read_json, read_model, validate
+from producers.gateway.body import validate
 from producers.gateway.context import GatewayContext
 from producers.gateway.errors import GatewayError, bad_request
 from producers.gateway.identity import auth_required, check_attempt_key, is_admin, presented_key
@@ -80,6 +80,11 @@ class EnvEvent(_Strict):
 
 class EventBatch(_Strict):
     events: list[EnvEvent] = Field(min_length=1, max_length=MAX_EVENTS_PER_REQUEST)
+
+
+def events_model(raw: dict[str, Any]) -> type[BaseModel]:
+    """What a POST .../events body is: a batch (``events``) or one event."""
+    return EventBatch if "events" in raw else EnvEvent
 
 
 class Finish(_Strict):
@@ -139,7 +144,8 @@ class EnvApi:
     async def start_rollout(self, request: Request) -> JSONResponse:
         try:
             self._require_admin(request)
-            body, _ = await read_model(request, RolloutStart, self.ctx.max_body_bytes)
+            body = validate(RolloutStart, await self.ctx.body_checks.read_json(request, self.ctx.max_body_bytes,
+                                                                                model=RolloutStart))
             start = body.model_dump(exclude={"rollout_id"})
             state = self.ctx.registry.start(body.rollout_id, start)
             return await self._announce(request, state, start, status_code=201)
@@ -149,7 +155,8 @@ class EnvApi:
     async def start_retry(self, request: Request) -> JSONResponse:
         try:
             self._require_admin(request)
-            raw = await read_json(request, self.ctx.max_body_bytes, allow_empty=True)
+            raw = await self.ctx.body_checks.read_json(request, self.ctx.max_body_bytes, model=AttemptRetry,
+                                                       allow_empty=True)
             retry = validate(AttemptRetry, raw)
             rid = request.path_params["rollout_id"]
             start = dict(self.ctx.registry.start_info(rid))
@@ -210,8 +217,8 @@ class EnvApi:
         try:
             state = self.ctx.registry.get_active(rid, aid, for_what="event")
             self._require_attempt_key(request, state)
-            raw = await read_json(request, self.ctx.max_body_bytes)
-            events = validate(EventBatch, raw).events if "events" in raw else [validate(EnvEvent, raw)]
+            raw = await self.ctx.body_checks.read_json(request, self.ctx.max_body_bytes, model=events_model)
+            events = validate(EventBatch, raw).events if events_model(raw) is EventBatch else [validate(EnvEvent, raw)]
             for event in events:
                 self._check_call_reference(state, event)
             # Every record built and encoded first: one that cannot be stored refuses the batch whole.
@@ -255,7 +262,8 @@ class EnvApi:
         try:
             state = self.ctx.registry.get_active(rid, aid, for_what="finish")
             self._require_attempt_key(request, state)
-            body = validate(Finish, await read_json(request, self.ctx.max_body_bytes, allow_empty=True))
+            body = validate(Finish, await self.ctx.body_checks.read_json(request, self.ctx.max_body_bytes,
+                                                                          model=Finish, allow_empty=True))
             record = await self.publish_finish(state, body.status, body.final_artifacts)
         except GatewayError as exc:
             return _error(exc)

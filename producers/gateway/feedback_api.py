@@ -5,7 +5,14 @@ The body names one target (``{"response_id": "chatcmpl-..."}``, ``call_id``, ``s
 happens, so bad feedback is a 4xx in the OpenAI error shape with nothing stored, and good feedback is
 on Kafka (or the spool) before the 201. The gateway keeps no feedback state: the feedback join
 (processors/feedback/) decides what each event is worth. Once ``gateway.admin_key`` is set, posting
-feedback needs it, as starting rollouts does.
+feedback needs it, as starting rollouts does, or a tenant key (tenants.py).
+
+A tenant's feedback names only its own targets, else 403 ``wrong_tenant`` (feedback drives rewards and release
+decisions, so one tenant must not move another's): a rollout of its sessions' windows (the id carries its
+tenant's keyed tag: checked the same on every gateway process and after a restart), a session of its own
+namespace (``session_id`` is taken as the tenant's, ``tenant:<name>:<id>``, as its calls record it), or a call
+or response of its windows served by this process (remembered; one served elsewhere or before a restart is
+refused: name its rollout). Callers without a key (keys off) may not name a tenant's rollout, session or call.
 """
 
 from __future__ import annotations
@@ -18,11 +25,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from producers.gateway.body import read_model
+from producers.gateway.body import validate
 from producers.gateway.context import GatewayContext
 from producers.gateway.errors import GatewayError, bad_request
 from producers.gateway.identity import is_admin, presented_key
 from producers.gateway.records import now_us, redact
+from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs, is_tenant_window
+from producers.gateway.tenants import Tenants
 from schemas.feedback import FeedbackError, FeedbackValue, build_feedback
 from schemas.topics import FEEDBACK_TOPIC
 
@@ -86,6 +95,10 @@ class FeedbackBody(_Strict):
         return value
 
 
+def _wrong_tenant(message: str) -> GatewayError:
+    return GatewayError(403, message, "permission", code="wrong_tenant")
+
+
 def _error(exc: GatewayError) -> JSONResponse:
     return JSONResponse(exc.openai_body(), status_code=exc.status)
 
@@ -116,8 +129,9 @@ def feedback_record(body: FeedbackBody, arrived_at_us: int) -> dict[str, Any]:
 
 
 class FeedbackApi:
-    def __init__(self, ctx: GatewayContext, topic: str = FEEDBACK_TOPIC) -> None:
+    def __init__(self, ctx: GatewayContext, refs: SessionRefs | None = None, topic: str = FEEDBACK_TOPIC) -> None:
         self.ctx, self.topic = ctx, topic
+        self.refs = refs if refs is not None else SessionRefs(DEV_SESSION_REF_KEY)
 
     def routes(self) -> list[Route]:
         return [Route("/v1/feedback", self.post_feedback, methods=["POST"])]
@@ -133,12 +147,30 @@ class FeedbackApi:
                                "authentication", code="invalid_api_key")
         return None
 
-    def _check_tenant_target(self, tenant: str, record: dict[str, Any]) -> None:
-        """A tenant's feedback names a rollout of its own sessions' windows: feedback drives rewards and
-        release decisions, so one tenant must not move another's (tenants.py)."""
-        if record["target_kind"] != "ROLLOUT" or self.ctx.tenants.owner(record["target_id"]) != tenant:
-            raise GatewayError(403, "a tenant key posts feedback only on rollouts of its own sessions "
-                               "(target rollout_id)", "permission", code="wrong_tenant")
+    def _scope_session(self, body: FeedbackBody, tenant: str | None, admin: bool) -> None:
+        """A tenant's session target is in its own namespace; a tenant's namespace is nobody else's."""
+        session = body.target.session_id
+        if session is None:
+            return
+        if tenant is not None:
+            body.target.session_id = Tenants.scope(tenant, session)
+        elif Tenants.tenant_of_session(session) is not None and not admin:
+            raise _wrong_tenant("session ids beginning 'tenant:' are the tenants' own")
+
+    def _check_target(self, tenant: str | None, admin: bool, record: dict[str, Any]) -> None:
+        """A tenant names only its own rollouts and calls; a caller without a key names no tenant's."""
+        kind, target = record["target_kind"], record["target_id"]
+        if kind == "ROLLOUT":
+            owner_ok = self.refs.owned_by(target, tenant) if tenant is not None else not is_tenant_window(target)
+        elif kind in ("CALL", "RESPONSE"):
+            owner = self.ctx.tenants.owner_of_call(record["call_id"])
+            owner_ok = owner == tenant
+        else:
+            return  # SESSION: scoped before the record was built (_scope_session)
+        if not owner_ok and not admin:
+            raise _wrong_tenant("a tenant key posts feedback only on its own sessions' rollouts, calls and "
+                                "responses (a call served by another gateway process: name its rollout)"
+                                if tenant is not None else "this target belongs to a tenant")
 
     def _subject(self, body: FeedbackBody, record: dict[str, Any]) -> str | None:
         if body.subject is not None:
@@ -155,11 +187,15 @@ class FeedbackApi:
     async def post_feedback(self, request: Request) -> JSONResponse:
         try:
             tenant = self._require_admin(request)
-            body, _ = await read_model(request, FeedbackBody, self.ctx.max_body_bytes)
+            admin = tenant is None and is_admin(presented_key(request.headers), self.ctx.admin_key)
+            body = validate(FeedbackBody, await self.ctx.body_checks.read_json(request, self.ctx.max_body_bytes,
+                                                                                model=FeedbackBody))
+            if self.ctx.tenants:  # tenants configured: each target is checked for whose it is
+                self._scope_session(body, tenant, admin)
             record = feedback_record(body, now_us())
             record["subject"] = self._subject(body, record)
-            if tenant is not None:
-                self._check_tenant_target(tenant, record)
+            if self.ctx.tenants:
+                self._check_target(tenant, admin, record)
             key = record["target_id"]
             value = self.ctx.encode("Feedback", record, key)  # refused here if it cannot be stored
             await self.ctx.deliver(self.topic, key, "Feedback", record, value)

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from producers.gateway.body import read_json, validate
+from producers.gateway.body import validate
 from producers.gateway.context import GatewayContext
 from producers.gateway.errors import GatewayError
 from producers.gateway.identity import is_admin, presented_key
@@ -55,7 +55,8 @@ class ForgetApi:
             if self.ctx.admin_key and not is_admin(presented_key(request.headers), self.ctx.admin_key):
                 raise GatewayError(401, "forgetting a subject needs the gateway admin key", "authentication",
                                    code="invalid_api_key")
-            body = validate(ForgetRequest, await read_json(request, self.ctx.max_body_bytes))
+            body = validate(ForgetRequest, await self.ctx.body_checks.read_json(request, self.ctx.max_body_bytes,
+                                                                                 model=ForgetRequest))
             try:
                 event: dict[str, Any] = await asyncio.to_thread(
                     forget_subject, self.key_store(), self.kafka, self.settings, body.subject,

@@ -33,9 +33,10 @@ _HEX = frozenset("0123456789abcdef")
 
 
 # An organic session window's rollout id (sessions.rollout_id_for): this prefix, 16 hex of the session key's
-# hash (the key part, the same for all the key's windows), "-", 16 hex of the key and the window's start.
+# hash (the key part, the same for all the key's windows), "-", 16 hex of the key and the window's start, and for
+# a tenant's window "-" and 16 hex of its tenant's tag (session_refs.py).
 ORGANIC_ROLLOUT_PREFIX = "session-"
-_ORGANIC_ROLLOUT_ID = re.compile(r"session-[0-9a-f]{16}-[0-9a-f]{16}")
+_ORGANIC_ROLLOUT_ID = re.compile(r"session-[0-9a-f]{16}-[0-9a-f]{16}(?:-[0-9a-f]{16})?")
 _KEY_PART_CHARS = len(ORGANIC_ROLLOUT_PREFIX) + 16
 
 

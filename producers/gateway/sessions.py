@@ -10,19 +10,21 @@ its sha256), so no secret reaches a record; the operator's admin key is nobody's
 
 Each session window is a rollout of its own: a key's sessions follow each other (a user comes back
 tomorrow), and the processors count and train on one attempt per rollout, so later windows must not be
-later attempts of one rollout. The rollout id is ``session-`` + a hash of the key + a hash of the key and
-the window's first call time (``rollout_id_for``): the same for every record of the window, and the key's
-windows share the middle part (``key_part``), so what they have in common is visible in the id. The
+later attempts of one rollout. The rollout id is ``session-`` + a keyed hash of the key + a keyed hash of the
+key and the window's first call time (``SessionRefs.rollout_id_for``): the same for every record of the
+window, and the key's windows share the middle part (``SessionRefs.key_part``), so what they have in common is
+visible in the id. The
 window's start time is in the ``AttemptStarted`` metadata, so a restart that rebuilds the open window from
 Kafka (recovery.py) finds the same rollout (``adopt``).
 
 The window's first call starts its attempt (attempt 1 of its rollout) and puts its ``AttemptStarted`` on
 Kafka (the same code path as ``POST /v1/rollouts``; empty task input; metadata ``organic``, ``session_ref``
-(``session_ref``: a hash of the key, behind its tenant's scope; never the key itself, which may be a user id,
-as the rollout id hashes it too), ``session_source`` and ``window_start_us``) before that call gets its
-index. The attempt ends with an ``AttemptFinished`` stating the counts (status SUCCESS, as the schema has no
-dedicated one; ``final_artifacts`` says how it ended) on ``POST /v1/sessions/{key}/end``, or after
-``gateway.session_idle_s`` with no call (swept in the background, as the registry expires idle attempts).
+(``session_ref``: an HMAC of the key under ``gateway.session_ref_key``, behind its tenant's scope; never the key
+itself, which may be a user id, nor a plain hash of it, which would confirm a guessed one; session_refs.py),
+``session_source`` and ``window_start_us``) before that call gets its index. The attempt ends with an
+``AttemptFinished`` stating the counts (status SUCCESS, as the schema has no dedicated one;
+``final_artifacts`` says how it ended) on ``POST /v1/sessions/{key}/end``, or after ``gateway.session_idle_s``
+with no call (swept in the background, as the registry expires idle attempts).
 A later call with the same key opens the key's next window: a new rollout.
 """
 
@@ -41,11 +43,12 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from producers.gateway.attempt_state import AttemptState
-from producers.gateway.body import read_json, validate
+from producers.gateway.body import validate
 from producers.gateway.env_api import EnvApi, Finish
 from producers.gateway.errors import GatewayError, not_found
 from producers.gateway.identity import SESSION_HEADERS, is_admin, presented_key
 from producers.gateway.keys import ORGANIC_ROLLOUT_PREFIX
+from producers.gateway.session_refs import SessionRefs
 from producers.gateway.tenants import Tenants
 
 log = logging.getLogger("tokentrail.gateway")
@@ -93,49 +96,24 @@ def _from_source(source: str, headers: Mapping[str, str], body: Mapping[str, Any
     return None
 
 
-def _hex(*parts: str) -> str:
-    return hashlib.sha256("\x00".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def key_part(key: str) -> str:
-    """What every rollout id of the key's windows starts with (``session-`` + 16 hex of the key's hash). A
-    tenant's scoped key has the part of the key its calls carry (they are routed by it); its windows' rollout
-    ids still differ from another tenant's, by the window part (``rollout_id_for`` hashes the scoped key)."""
-    return ROLLOUT_PREFIX + _hex(Tenants.unscoped(key))[:16]
-
-
-def session_ref(key: str) -> str:
-    """What stands for a session key in records and in memory: ``sha256:`` + 32 hex of the key, behind its
-    tenant's scope for a tenant's key (``tenant:<name>:sha256:...``, so the tenant stays known)."""
-    ref = "sha256:" + _hex(key)[:32]
-    tenant = Tenants.tenant_of_session(key)
-    return ref if tenant is None else Tenants.scope(tenant, ref)
-
-
-def ref_of_start(metadata: Mapping[str, Any]) -> str | None:
+def ref_of_start(metadata: Mapping[str, Any], refs: SessionRefs) -> str | None:
     """The session ref of an organic attempt from its AttemptStarted metadata; None for any other attempt.
-    An AttemptStarted written before refs carries the key itself (``session``): its ref is computed."""
+    An AttemptStarted written before refs carries the key itself (``session``): its ref is computed. A ref
+    written under another key (before a rotation of ``gateway.session_ref_key``) is returned as written: it
+    matches no key's ref now, so its window is only swept when idle (docs/feedback.md)."""
     if not metadata.get("organic"):
         return None
     ref, key = metadata.get("session_ref"), metadata.get("session")
     if isinstance(ref, str):
         return ref
-    return session_ref(key) if isinstance(key, str) else None
-
-
-def rollout_id_for(key: str, window_start_us: int) -> str:
-    """The rollout of the key's window that began at ``window_start_us`` (its first call's arrival, unix
-    microseconds). Deterministic in the two, so a restart rebuilding the window from its AttemptStarted
-    (which carries both) names the same rollout; hashed, so a user id does not become a Kafka key and the
-    id always fits the rollout id pattern."""
-    return f"{key_part(key)}-{_hex(key, str(window_start_us))[:16]}"
+    return refs.ref(key) if isinstance(key, str) else None
 
 
 class OrganicSessions:
     """Starts, finds and ends the attempts of organic sessions; ``env`` publishes their starts and finishes."""
 
-    def __init__(self, env: EnvApi, idle_s: float) -> None:
-        self.env, self.ctx, self.idle_s = env, env.ctx, idle_s
+    def __init__(self, env: EnvApi, idle_s: float, refs: SessionRefs) -> None:
+        self.env, self.ctx, self.idle_s, self.refs = env, env.ctx, idle_s, refs
         # By the session's ref (session_ref): the keys themselves are not kept.
         self._open: dict[str, AttemptState] = {}  # session ref -> its current window's attempt (swept)
         self._key_of: dict[str, str] = {}  # rollout id of an open window -> its session ref
@@ -149,7 +127,7 @@ class OrganicSessions:
 
     def current(self, key: str) -> AttemptState | None:
         """The key's live window, if any (no start; for count_tokens)."""
-        state = self._live(session_ref(key))
+        state = self._live(self.refs.ref(key))
         if state is not None and not self._stale(state):
             # Through get_active, so the registry's LRU order (idle expiry, room for new attempts) sees the use.
             return self.ctx.registry.get_active(state.rollout_id, state.attempt_id)
@@ -161,7 +139,7 @@ class OrganicSessions:
         state = self.current(key)
         if state is not None:
             return state
-        ref = session_ref(key)
+        ref = self.refs.ref(key)
         lock = self._locks.setdefault(ref, asyncio.Lock())
         try:
             async with lock:  # concurrent first calls: one start, the others join it
@@ -179,10 +157,8 @@ class OrganicSessions:
                          "metadata": {"organic": True, "session_ref": ref, "session_source": source,
                                       "window_start_us": window_start_us},
                          "subject": key}  # the user's (or the tenant's) content: forgettable under this key
-                state = self.ctx.registry.start(rollout_id_for(key, window_start_us), start)
+                state = self.ctx.registry.start(self.refs.rollout_id_for(key, window_start_us), start)
                 await self.env.publish_start(state, start)
-                if tenant is not None:
-                    self.ctx.tenants.remember(state.rollout_id, tenant)
                 self._hold(ref, state)
                 self.started += 1
                 return state
@@ -206,7 +182,6 @@ class OrganicSessions:
             self._key_of.pop(previous.rollout_id, None)
         elif (tenant := Tenants.tenant_of_session(ref)) is not None:
             self.ctx.tenants.open[tenant] += 1
-            self.ctx.tenants.remember(state.rollout_id, tenant)
         self._open[ref], self._key_of[state.rollout_id] = state, ref
 
     def _release(self, state: AttemptState) -> None:
@@ -272,7 +247,7 @@ class OrganicSessions:
                 continue
             with contextlib.suppress(GatewayError):
                 metadata = self.ctx.registry.start_info(state.rollout_id).get("metadata") or {}
-                ref = ref_of_start(metadata)
+                ref = ref_of_start(metadata, self.refs)
                 if ref is None:
                     continue
                 held = self._open.get(ref)
@@ -307,8 +282,9 @@ class OrganicSessions:
                 # as for calls (app._session_key): else a caller without a key ends a tenant's session by name
                 raise GatewayError(403, "session keys beginning 'tenant:' are the tenants' own", "permission",
                                    code="wrong_tenant")
-            body = validate(Finish, await read_json(request, self.ctx.max_body_bytes, allow_empty=True))
-            state = self._live(session_ref(key))
+            body = validate(Finish, await self.ctx.body_checks.read_json(request, self.ctx.max_body_bytes,
+                                                                          model=Finish, allow_empty=True))
+            state = self._live(self.refs.ref(key))
             if state is None:
                 raise not_found("no open session for this key", code="unknown_session")
             rid = state.rollout_id

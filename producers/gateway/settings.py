@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from models.settings import ModelSettings
+from producers.gateway.session_refs import DEV_SESSION_REF_KEY
 from schemas.kafka.config import KafkaSettings
 from schemas.local_paths import VAR_DIR
 
@@ -80,6 +81,11 @@ class GatewaySettings(BaseModel):
     # TOKENTRAIL_GATEWAY__TENANT_KEYS='{"acme": "sk-..."}'. A tenant key may make calls that name no rollout
     # (with the admin key set too); its sessions, their ends and its feedback stay within the tenant.
     tenant_keys: dict[str, str] = Field(default_factory=dict)
+    # The secret every value derived from a session key is an HMAC under (producers/gateway/session_refs.py):
+    # the session_ref in AttemptStarted, the window's rollout id, the route tag. Set it from the operator's secret
+    # store (TOKENTRAIL_GATEWAY__SESSION_REF_KEY, the same on every process and replica); the default is DEV-ONLY
+    # and public. Rotating it: docs/feedback.md, "Session refs and key rotation".
+    session_ref_key: SecretStr = SecretStr(DEV_SESSION_REF_KEY)
     # Open organic session windows per tenant; beyond it a new session is refused (429 tenant_session_limit).
     tenant_max_open_sessions: int = Field(default=1000, gt=0)
     # Deprecated: keys are on whenever admin_key is set. Alone (no admin key) it still turns on the attempts'
@@ -115,6 +121,14 @@ class GatewaySettings(BaseModel):
     # The embedded engine keeps the weights of at most this many versions in memory (LRU), more only when
     # the release serves more at once.
     max_resident_versions: int = Field(default=4, ge=1)
+
+
+    @field_validator("session_ref_key")
+    @classmethod
+    def _ref_key_not_empty(cls, value: SecretStr) -> SecretStr:
+        if not value.get_secret_value():  # an empty HMAC key: every ref computable from the key (issue 29 #8)
+            raise ValueError("gateway.session_ref_key must not be empty")
+        return value
 
 
 class GatewayStackSettings(Protocol):

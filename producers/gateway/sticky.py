@@ -18,7 +18,7 @@ sessions.py), and gives a ``Route``: its kind and a 32-bit route tag (``keys.rou
 
 A harness session header and an organic session key taken from it share a tag (both are the header's value),
 so turning organic sessions on or off keeps a session where it was. A session key is tagged by its key part
-(``sessions.key_part``), which begins every rollout id of its windows and is what ``keys.route_tag`` hashes for
+(``SessionRefs.key_part``), which begins every rollout id of its windows and is what ``keys.route_tag`` hashes for
 such an id: the process a session's calls reach owns its windows' rollouts, and rebuilds them after a restart.
 Anything else (no session at all, /health, /v1/models, feedback, a start without an id) has no route and is
 served where it lands. A process that starts a rollout without an id given mints one it owns
@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from producers.gateway.identity import presented_key, session_id_of
 from producers.gateway.keys import API_KEY_PREFIX, route_tag, route_tag_of_key
-from producers.gateway.sessions import DEFAULT_KEY_SOURCES, MAX_KEY_CHARS, key_part, session_key
+from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs
+from producers.gateway.sessions import DEFAULT_KEY_SOURCES, MAX_KEY_CHARS, session_key
 
 ROLLOUT_HEADER = b"x-rollout-id"
 # Set on a request one process passes to another, which then serves it whatever it hashes to.
@@ -55,6 +56,8 @@ class RoutingPolicy:
     organic_sessions: bool = False
     session_key_sources: tuple[str, ...] = DEFAULT_KEY_SOURCES
     admin_key: str = ""
+    # The keyed hashes of session keys (the app's, gateway.session_ref_key): a session's tag is its windows'.
+    refs: SessionRefs = field(default_factory=lambda: SessionRefs(DEV_SESSION_REF_KEY))
 
 
 @dataclass(frozen=True)
@@ -73,10 +76,10 @@ def owner_of(rollout_id: str, processes: int) -> int:
     return owner(Route("rollout", route_tag(rollout_id)), processes)
 
 
-def session_tag(key: str) -> str:
+def session_tag(key: str, refs: SessionRefs) -> str:
     """The tag of a session key: that of its windows' rollout ids (keys.owner_key), so the process its calls
     reach is the one that owns, and after a restart rebuilds, its open window."""
-    return route_tag(key_part(key[:MAX_KEY_CHARS]))
+    return route_tag(refs.key_part(key[:MAX_KEY_CHARS]))
 
 
 def rollout_in_path(path: str) -> str | None:
@@ -119,7 +122,7 @@ def route_of(path: str, headers: Mapping[str, str], policy: RoutingPolicy,
     if rollout_id is not None:
         return Route("rollout", route_tag(rollout_id))
     if path.startswith(SESSION_PATH) and path.endswith(SESSION_END) and len(path) > len(SESSION_PATH + SESSION_END):
-        return Route("session", session_tag(path[len(SESSION_PATH):-len(SESSION_END)]))
+        return Route("session", session_tag(path[len(SESSION_PATH):-len(SESSION_END)], policy.refs))
     rollout_id = headers.get("x-rollout-id")
     if rollout_id:
         return Route("rollout", route_tag(rollout_id))
@@ -134,9 +137,9 @@ def route_of(path: str, headers: Mapping[str, str], policy: RoutingPolicy,
     if policy.organic_sessions:
         found = session_key(headers, body or {}, protocol, policy.session_key_sources, policy.admin_key)
         if found is not None:
-            return Route("session", session_tag(found[0]))
+            return Route("session", session_tag(found[0], policy.refs))
     session = session_id_of(headers)
-    return Route("harness_session", session_tag(session)) if session is not None else None
+    return Route("harness_session", session_tag(session, policy.refs)) if session is not None else None
 
 
 def _minted(headers: Mapping[str, str]) -> str | None:

@@ -3,10 +3,12 @@
 A tenant key (``gateway.tenant_keys``: tenant name -> key) may make calls that name no rollout, and its
 organic sessions live in the tenant's own namespace: the session key a call carries is prefixed with the
 tenant (``tenant:<name>:<key>``), so another tenant sending the same ``X-Session-Id`` gets a window of its
-own (it cannot join), and a tenant ends only its own sessions (another's key is unknown to it: 404). The
-rollouts of a tenant's windows are remembered (bounded, newest kept) so its feedback may name them and
-nobody else's (403). Each tenant holds at most ``tenant_max_open_sessions`` open windows (429 beyond),
-so its organic starts cannot fill the attempt registry and push out RL attempts."""
+own (it cannot join), and a tenant ends only its own sessions (another's key is unknown to it: 404). Its feedback
+may name only its own targets (feedback_api.py, 403 otherwise): a rollout of its windows (told from the id
+itself, session_refs.SessionRefs.owned_by, on any process and after a restart), a session in its namespace, or
+a call (response) of its windows that this process served (remembered, bounded, newest kept). Each tenant
+holds at most ``tenant_max_open_sessions`` open windows (429 beyond), so its organic starts cannot fill the
+attempt registry and push out RL attempts."""
 
 from __future__ import annotations
 
@@ -17,12 +19,12 @@ from producers.gateway.errors import GatewayError
 from producers.gateway.identity import keys_equal
 
 SCOPE_PREFIX = "tenant:"
-REMEMBERED_ROLLOUTS = 100_000  # rollout ids of tenants' windows kept for feedback checks (oldest dropped)
+REMEMBERED_CALLS = 100_000  # call ids of tenants' calls kept for feedback checks (oldest dropped)
 
 
 class Tenants:
     def __init__(self, keys: Mapping[str, str] | None = None, max_open_sessions: int = 1000,
-                 remembered: int = REMEMBERED_ROLLOUTS) -> None:
+                 remembered: int = REMEMBERED_CALLS) -> None:
         empty = [name for name, key in (keys or {}).items() if not key]
         if empty:
             raise ValueError(f"gateway.tenant_keys: tenants {empty} have an empty key")
@@ -32,7 +34,7 @@ class Tenants:
         self.keys = dict(keys or {})
         self.max_open_sessions = max_open_sessions
         self._remembered = remembered
-        self._owner: OrderedDict[str, str] = OrderedDict()  # rollout id of a tenant's window -> tenant
+        self._calls: OrderedDict[str, str] = OrderedDict()  # call id of a tenant's call -> tenant
         self.open: Counter[str] = Counter()  # tenant -> its open windows (sessions.py keeps it)
 
     def __bool__(self) -> bool:
@@ -70,11 +72,11 @@ class Tenants:
                                "(POST /v1/sessions/{key}/end) or let one go idle", "rate_limit",
                                code="tenant_session_limit")
 
-    def remember(self, rollout_id: str, tenant: str) -> None:
-        self._owner[rollout_id] = tenant
-        self._owner.move_to_end(rollout_id)
-        while len(self._owner) > self._remembered:
-            self._owner.popitem(last=False)
+    def remember_call(self, call_id: str, tenant: str) -> None:
+        self._calls[call_id] = tenant
+        self._calls.move_to_end(call_id)
+        while len(self._calls) > self._remembered:
+            self._calls.popitem(last=False)
 
-    def owner(self, rollout_id: str) -> str | None:
-        return self._owner.get(rollout_id)
+    def owner_of_call(self, call_id: str | None) -> str | None:
+        return None if call_id is None else self._calls.get(call_id)

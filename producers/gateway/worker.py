@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from producers.gateway.peers import StickyRouter, shared_socket
+from producers.gateway.session_refs import SessionRefs
 from producers.gateway.settings import GatewayStackSettings
 from producers.gateway.sticky import RoutingPolicy, owner_of
 
@@ -32,7 +33,8 @@ def worker_spool(spool_dir: Path, index: int) -> Path:
 def routing_policy(settings: GatewayStackSettings) -> RoutingPolicy:
     """What decides a request's session, from the same settings the app reads."""
     g = settings.gateway
-    return RoutingPolicy(g.organic_sessions, tuple(g.session_key_sources), g.admin_key)
+    return RoutingPolicy(g.organic_sessions, tuple(g.session_key_sources), g.admin_key,
+                         SessionRefs(g.session_ref_key.get_secret_value()))
 
 
 def build_worker_app(settings: GatewayStackSettings, index: int, peer_ports: list[int], *,

@@ -136,3 +136,65 @@ def test_a_large_body_is_parsed_and_refused_off_the_event_loop(start_gateway: An
     assert unparsable.status_code == 400 and "not valid JSON" in unparsable.json()["error"]["message"]
     assert checks.checked == 2 and checks.refused == 2  # both refusals came from the check process
     assert spent < on_loop / 3, f"the loop spent {spent * 1000:.0f} ms (parsing it there: {on_loop * 1000:.0f})"
+
+
+def test_every_route_with_a_json_body_checks_a_large_one_off_the_event_loop(start_gateway: Any) -> None:
+    """count_tokens, the environment routes and feedback read their bodies through the same check as the model
+    calls (body_checks.BodyChecks.read_json): a large body of tiny objects that the route refuses is parsed and
+    refused in the check process, so the event loop's thread spends a fraction of the CPU that parsing and
+    validating it there takes (per-thread CPU, measured in this process: load does not move it), and a normal
+    call and event made right after each is served."""
+    import orjson
+
+    from producers.gateway.feedback_api import FeedbackBody
+    from reliability.costly_requests import costly_anthropic
+
+    model = "tokentrail-tiny"
+    junk = [{} for _ in range(1_000_000)]  # 3 MB of tiny objects: costly to parse, refused as an extra field
+
+    def hostile(valid: dict[str, Any]) -> bytes:  # a body the route would take, but for the junk
+        return orjson.dumps({**valid, "junk": junk})
+
+    feedback = hostile({"target": {"rollout_id": "r"}, "kind": "BINARY", "binary": True})
+    on_loop = min(_cpu_s(lambda body: _refused_on_loop(body, FeedbackBody), feedback) for _ in range(2))
+    small = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+    anthropic = {"content-type": "application/json", "anthropic-version": "2023-06-01"}
+    spent: dict[str, float] = {}
+    with start_gateway() as gw, httpx.Client(base_url=gw.url, timeout=120) as client:
+        started = client.post("/v1/rollouts", json={"task_input": {}}).json()
+        attempt = f"/v1/rollouts/{started['rollout_id']}/attempts/{started['attempt_id']}"
+        client.post("/v1/feedback", content=b"[" + b" " * (300 * 1024))  # starts the check process
+        loop = f"gateway-{gw.url.rsplit(':', 1)[1]}"
+        bodies = {"/v1/messages/count_tokens": orjson.dumps(costly_anthropic(model, 16_000)),
+                  "/v1/feedback": feedback, f"{attempt}/events": hostile({"events": [{"kind": "observation"}]}),
+                  f"{attempt}/finish": hostile({"status": "SUCCESS"}), "/v1/rollouts": hostile({"task_input": {}})}
+        answers = {}
+        for path, raw in bodies.items():
+            before = _thread_cpu_s(loop)
+            answers[path] = client.post(path, content=raw, headers=anthropic if "count" in path else {})
+            spent[path] = _thread_cpu_s(loop) - before
+            # Normal traffic right after: a model call and an event of the still open attempt.
+            assert client.post("/v1/messages", json=small, headers=anthropic).status_code == 200
+            assert client.post(f"{attempt}/events", json={"kind": "observation"}).status_code == 201
+        finished = client.post(f"{attempt}/finish", json={})
+        checks = gw.gateway.body_checks
+    print({path: f"{cpu * 1000:.0f} ms" for path, cpu in spent.items()}, f"on the loop: {on_loop * 1000:.0f} ms")
+    counted = answers.pop("/v1/messages/count_tokens")
+    assert counted.status_code == 400 and counted.json()["error"]["type"] == "invalid_request_error"
+    assert "at least 48003" in counted.json()["error"]["message"]  # refused in the caller's (Anthropic) shape
+    for answer in answers.values():
+        assert answer.status_code == 400 and answer.json()["error"]["message"].startswith("junk"), answer.text
+    assert finished.status_code == 200 and finished.json()["event_count"] == len(bodies)  # nothing lost
+    assert checks.checked == 1 + len(bodies) and checks.refused == checks.checked  # each refused in the pool
+    assert all(cpu < on_loop / 3 for cpu in spent.values()), (spent, on_loop)
+
+
+def _refused_on_loop(raw: bytes, model: Any) -> None:
+    from producers.gateway.body import parse_json_object, validate
+    from producers.gateway.errors import GatewayError
+
+    try:
+        validate(model, parse_json_object(raw))
+    except GatewayError:
+        return
+    raise AssertionError("the body was accepted")

@@ -19,15 +19,8 @@ import pydantic
 import pytest
 
 from processors.assembler import RolloutAssembly
-from producers.gateway.sessions import (
-    DEFAULT_KEY_SOURCES,
-    KEY_SOURCES,
-    key_part,
-    ref_of_start,
-    rollout_id_for,
-    session_key,
-    session_ref,
-)
+from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs
+from producers.gateway.sessions import DEFAULT_KEY_SOURCES, KEY_SOURCES, ref_of_start, session_key
 from producers.gateway.settings import GatewaySettings
 from producers.gateway.text_side import ModelTextSide
 from testkit.gateway import embedded_gateway_app, running_gateway
@@ -37,6 +30,7 @@ from tokentrail.settings import Settings
 from .helpers import read_records
 
 MODEL = "tokentrail-tiny"
+REFS = SessionRefs(DEV_SESSION_REF_KEY)  # what the test gateways key session refs with (the setting's default)
 
 
 def _chat(client: openai.OpenAI, turns: int, **extra: Any) -> None:
@@ -70,7 +64,7 @@ def _windows(settings: Settings, topics: dict[str, str], key: str, count: int) -
     """The AttemptStarted of the key's first ``count`` session windows, in the order they started."""
     found = first_records(settings.kafka, topics["env_topic"], count, timeout_s=60.0,
                           where=lambda name, r: name == "AttemptStarted"
-                          and orjson.loads(r["metadata_json"]).get("session_ref") == session_ref(key))
+                          and orjson.loads(r["metadata_json"]).get("session_ref") == REFS.ref(key))
     assert len(found) == count, f"expected {count} windows of {key!r}, found {len(found)}"
     return sorted((r for _, r in found), key=lambda r: orjson.loads(r["metadata_json"])["window_start_us"])
 
@@ -83,10 +77,11 @@ def test_the_session_key_comes_from_headers_then_the_body() -> None:
     assert session_key({}, {"metadata": {"user_id": "u-2"}}, "openai") is None  # not an OpenAI key
     assert session_key({}, {}, "openai") is None
     # One rollout per window: the key and the window's start name it; a key's windows share a prefix.
-    assert rollout_id_for("h-1", 10) == rollout_id_for("h-1", 10) != rollout_id_for("h-1", 11)
-    assert rollout_id_for("h-1", 10) != rollout_id_for("h-2", 10)
-    assert rollout_id_for("h-1", 10).startswith(key_part("h-1") + "-") and key_part("h-1").startswith("session-")
-    assert key_part("h-1") != key_part("h-2")
+    assert REFS.rollout_id_for("h-1", 10) == REFS.rollout_id_for("h-1", 10) != REFS.rollout_id_for("h-1", 11)
+    assert REFS.rollout_id_for("h-1", 10) != REFS.rollout_id_for("h-2", 10)
+    assert REFS.rollout_id_for("h-1", 10).startswith(REFS.key_part("h-1") + "-")
+    assert REFS.key_part("h-1").startswith("session-")
+    assert REFS.key_part("h-1") != REFS.key_part("h-2")
 
 
 def test_the_key_sources_are_configurable_and_an_api_key_stands_for_its_tenant_only_as_a_hash() -> None:
@@ -159,12 +154,13 @@ def test_harness_sessions_with_no_rollout_become_complete_rollouts(
         # The key's windows are rollouts on different partitions: read them all, take the earliest.
         started = _windows(tokentrail_settings, topics, key, windows)[0]
         metadata = orjson.loads(started["metadata_json"])
-        assert first["rollout_id"] == started["rollout_id"] == rollout_id_for(key, metadata["window_start_us"])
+        assert first["rollout_id"] == started["rollout_id"] == REFS.rollout_id_for(key,
+                                                                                  metadata["window_start_us"])
         env_records, started = _complete(tokentrail_settings, topics, first["rollout_id"], 3,
                                          attempt_id=first["attempt_id"])
         assert [name for name, _ in env_records] == ["AttemptStarted", "AttemptFinished"]  # start first
         assert orjson.loads(started["task_input_json"]) == {} and started["attempt_number"] == 1
-        assert metadata == {"organic": True, "session_ref": session_ref(key), "session_source": source,
+        assert metadata == {"organic": True, "session_ref": REFS.ref(key), "session_source": source,
                             "window_start_us": metadata["window_start_us"]}
         # The user's or harness's id is stored once: as the subject, the handle an erasure request names
         # (docs/forgetting.md: subject ids are kept facts); never in the metadata or anywhere else.
@@ -177,7 +173,7 @@ def test_harness_sessions_with_no_rollout_become_complete_rollouts(
     # The key's second window: a new rollout (attempt 1 of its own), not a second attempt of the first.
     first_window, again = _windows(tokentrail_settings, topics, "pi-organic-1", 2)
     assert first_window["rollout_id"] == ended[0].json()["rollout_id"] != again["rollout_id"]
-    assert again["attempt_number"] == 1 and again["rollout_id"].startswith(key_part("pi-organic-1") + "-")
+    assert again["attempt_number"] == 1 and again["rollout_id"].startswith(REFS.key_part("pi-organic-1") + "-")
     (_, next_call), = read_records(tokentrail_settings, topics["calls_topic"], 1,
                                    where={"attempt_id": again["attempt_id"]})
     assert next_call["call_index"] == 0 and next_call["rollout_id"] == again["rollout_id"]
@@ -229,15 +225,34 @@ def test_a_restarted_gateway_rebuilds_an_open_organic_session(
     _complete(tokentrail_settings, topics, ended["rollout_id"], 3)
 
 
-def test_a_session_is_known_by_a_hash_of_its_key_and_old_starts_still_read() -> None:
-    """AttemptStarted metadata carries ``session_ref``, a hash of the key behind its tenant's scope, never the
-    key (a user id); a window started before refs carries the key itself, and a restart still adopts it."""
+def test_a_session_is_known_by_a_keyed_hash_of_its_key_and_old_starts_still_read() -> None:
+    """AttemptStarted metadata carries ``session_ref``, an HMAC of the key under the operator's secret behind its
+    tenant's scope, never the key (a user id) nor a plain hash of it (which anyone could compute from a guessed
+    key and confirm against stored records); a window started before refs carries the key itself, and a restart
+    still adopts it."""
+    import hashlib
+
     from producers.gateway.tenants import Tenants
 
-    ref = session_ref("end-user-42")
-    assert ref.startswith("sha256:") and "end-user-42" not in ref and ref == session_ref("end-user-42")
-    scoped = session_ref(Tenants.scope("acme", "end-user-42"))
+    key = "end-user-42"
+    refs, other = SessionRefs("operator-secret-1"), SessionRefs("operator-secret-2")
+    ref = refs.ref(key)
+    assert ref == refs.ref(key) == SessionRefs(b"operator-secret-1").ref(key)  # stable for a key
+    assert ref.startswith("hmac:") and key not in ref
+    assert other.ref(key) != ref and REFS.ref(key) != ref  # differs with the secret
+    # Nothing derived from the key is its plain hash, whole or cut, as refs and rollout ids were before.
+    plain = hashlib.sha256(key.encode()).hexdigest()
+    derived = (ref, refs.key_part(key), refs.rollout_id_for(key, 1), refs.ref(Tenants.scope("acme", key)))
+    assert not any(plain[:16] in value for value in derived), derived
+    assert refs.key_part(key) != other.key_part(key) and refs.rollout_id_for(key, 1) != other.rollout_id_for(key, 1)
+    scoped = refs.ref(Tenants.scope("acme", key))
     assert Tenants.tenant_of_session(scoped) == "acme" and scoped != Tenants.scope("acme", ref) != ref
-    assert ref_of_start({"organic": True, "session_ref": ref, "window_start_us": 1}) == ref
-    assert ref_of_start({"organic": True, "session": "end-user-42", "window_start_us": 1}) == ref  # old record
-    assert ref_of_start({"session": "end-user-42"}) is None and ref_of_start({"organic": True}) is None
+    assert ref_of_start({"organic": True, "session_ref": ref, "window_start_us": 1}, refs) == ref
+    assert ref_of_start({"organic": True, "session": key, "window_start_us": 1}, refs) == ref  # old record
+    # A ref written before refs were keyed (or under a rotated-out secret) is read as written.
+    assert ref_of_start({"organic": True, "session_ref": "sha256:" + plain[:32]}, refs) == "sha256:" + plain[:32]
+    assert ref_of_start({"session": key}, refs) is None and ref_of_start({"organic": True}, refs) is None
+    with pytest.raises(ValueError, match="empty"):
+        SessionRefs("")
+    with pytest.raises(pydantic.ValidationError, match="must not be empty"):
+        GatewaySettings(session_ref_key="")

@@ -17,7 +17,6 @@ import orjson
 import uvicorn
 
 from producers.gateway.peers import StickyRouter
-from producers.gateway.sessions import rollout_id_for
 from producers.gateway.sticky import RoutingPolicy, mint_owned_rollout_id, owner, owner_of, route_of
 from producers.upstreams.http1 import Http1Pool
 
@@ -49,7 +48,7 @@ def test_a_sessions_calls_and_its_windows_rollouts_have_one_owner() -> None:
             by_key = route_of("/v1/chat/completions", {"x-session-id": key}, policy)
             assert by_key is not None and by_key.kind == "session"
             for window_start_us in (1_700_000_000_000_000, 1_800_000_000_000_123):
-                rollout_id = rollout_id_for(key, window_start_us)
+                rollout_id = policy.refs.rollout_id_for(key, window_start_us)
                 by_path = route_of(f"/rollouts/{rollout_id}/attempts/a1/v1/chat/completions", {}, policy)
                 assert by_path is not None
                 if not owner(by_key, processes) == owner_of(rollout_id, processes) == owner(by_path, processes):

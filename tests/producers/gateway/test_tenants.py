@@ -13,7 +13,8 @@ import openai
 import pytest
 
 from processors.assembler import RolloutAssembly
-from producers.gateway.sessions import key_part, rollout_id_for
+from producers.gateway.keys import owner_key
+from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs, is_tenant_window
 from producers.gateway.tenants import Tenants
 from schemas.topics import FEEDBACK_TOPIC
 from tokentrail.settings import Settings
@@ -41,9 +42,9 @@ def _end(gw: Any, key: str, session: str) -> httpx.Response:
                       headers={"Authorization": f"Bearer {key}"})
 
 
-def _feedback(gw: Any, key: str, rollout_id: str) -> httpx.Response:
+def _feedback(gw: Any, key: str, rollout_id: str, target: str = "rollout_id") -> httpx.Response:
     return httpx.post(f"{gw.url}/v1/feedback", timeout=60, headers={"Authorization": f"Bearer {key}"},
-                      json={"target": {"rollout_id": rollout_id}, "kind": "rating", "rating": 4,
+                      json={"target": {target: rollout_id}, "kind": "rating", "rating": 4,
                             "rating_scale": [1, 5]})
 
 
@@ -62,18 +63,23 @@ def test_tenant_keys_work_with_the_admin_key_and_keep_sessions_and_feedback_to_t
         first = [_call(a, "hello"), _call(a, "and again")]
         # Blue sends acme's session id: a window of its own, not a join of acme's.
         blue_call = _call(_client(gw, blue, "s1"), "let me in")
-        rollouts = {r["call_id"]: r["rollout_id"] for _, r in read_records(
-            tokentrail_settings, topics["calls_topic"], 3, where={"session_id": "s1"})}
+        # Each tenant's calls carry its session id in its own namespace (what SESSION feedback joins by).
+        rollouts = {r["call_id"]: r["rollout_id"] for tenant, count in (("acme", 2), ("blue", 1)) for _, r in
+                    read_records(tokentrail_settings, topics["calls_topic"], count,
+                                 where={"session_id": Tenants.scope(tenant, "s1")})}
         acme_rollout = rollouts[first[0]]
         assert rollouts[first[1]] == acme_rollout != rollouts[blue_call]
-        # Blue cannot post feedback on acme's rollout, nor on one it does not name as a rollout.
-        refused = [_feedback(gw, blue, acme_rollout),
-                   httpx.post(f"{gw.url}/v1/feedback", headers={"Authorization": f"Bearer {blue}"}, timeout=60,
-                              json={"target": {"session_id": "s1"}, "kind": "binary", "binary": False})]
-        assert [r.status_code for r in refused] == [403, 403]
+        # Blue cannot post feedback on acme's rollout, call or response, nor on a plain rollout.
+        refused = [_feedback(gw, blue, acme_rollout), _feedback(gw, blue, first[0], "call_id"),
+                   _feedback(gw, blue, f"chatcmpl-{first[0]}", "response_id"), _feedback(gw, blue, rl["rollout_id"])]
+        assert [r.status_code for r in refused] == [403] * 4
         assert {r.json()["error"]["code"] for r in refused} == {"wrong_tenant"}  # the caller's protocol
+        # Acme may, on each of its own: the rollout, a call, a response, its session (taken in its namespace).
         good = _feedback(gw, acme, acme_rollout)
-        assert good.status_code == 201, good.text
+        own = [_feedback(gw, acme, first[0], "call_id"), _feedback(gw, acme, f"chatcmpl-{first[1]}", "response_id"),
+               _feedback(gw, acme, "s1", "session_id"), _feedback(gw, blue, "s1", "session_id")]
+        assert good.status_code == 201 and [r.status_code for r in own] == [201] * 4, [r.text for r in own]
+        assert [r.json()["target_id"] for r in own[2:]] == [Tenants.scope("acme", "s1"), Tenants.scope("blue", "s1")]
         # Blue ends "s1": its own window; acme's is still open and takes acme's next call.
         blue_end = _end(gw, blue, "s1")
         assert blue_end.status_code == 200 and blue_end.json()["rollout_id"] == rollouts[blue_call]
@@ -87,6 +93,14 @@ def test_tenant_keys_work_with_the_admin_key_and_keep_sessions_and_feedback_to_t
         assert over.value.body["code"] == "tenant_session_limit"  # type: ignore[index]
         rl_call = openai.OpenAI(base_url=gw.openai_base_url, api_key=rl["api_key"], max_retries=0)
         assert _call(rl_call, "the RL attempt still answers")  # organic starts did not push it out
+    # A gateway that never served the session (another worker of --processes N, or this one restarted: the
+    # feedback route is served wherever it lands): the rollout's tenant is told from its id alone. A call is
+    # known only where it was served: elsewhere it is refused, and the message says to name the rollout.
+    with start_gateway(organic_sessions=True, admin_key=ADMIN, tenant_keys=KEYS) as fresh:
+        elsewhere = [_feedback(fresh, acme, acme_rollout), _feedback(fresh, blue, acme_rollout),
+                     _feedback(fresh, acme, first[0], "call_id")]
+    assert [r.status_code for r in elsewhere] == [201, 403, 403], [r.text for r in elsewhere]
+    assert "name its rollout" in elsewhere[2].json()["error"]["message"]
     assert acme_end.status_code == 200 and acme_end.json()["rollout_id"] == acme_rollout
     assert acme_end.json()["call_count"] == 3
     where = {"rollout_id": acme_rollout}
@@ -116,8 +130,20 @@ def test_a_tenant_key_and_its_scope() -> None:
     # Routed by the key its calls carry: a scoped key's windows start with the unscoped key's part (one owner
     # with --processes N), yet two tenants' windows of one session id are different rollouts.
     assert Tenants.unscoped(scoped) == "s1" and Tenants.unscoped("s1") == "s1"
-    assert key_part(scoped) == key_part("s1")
-    assert rollout_id_for(scoped, 1) != rollout_id_for(Tenants.scope("blue", "s1"), 1) != rollout_id_for("s1", 1)
+    refs = SessionRefs(DEV_SESSION_REF_KEY)
+    assert refs.key_part(scoped) == refs.key_part("s1")
+    assert refs.rollout_id_for(scoped, 1) != refs.rollout_id_for(Tenants.scope("blue", "s1"), 1) \
+        != refs.rollout_id_for("s1", 1)
+    # A tenant's window names its tenant in a keyed tag: told from the id alone, by any process with the secret
+    # (owner_key still routes it by its key part), and not forgeable by changing the tag or the window part.
+    window = refs.rollout_id_for(scoped, 1)
+    assert refs.owned_by(window, "acme") and not refs.owned_by(window, "blue")
+    assert owner_key(window) == refs.key_part("s1") and is_tenant_window(window)
+    plain = refs.rollout_id_for("s1", 1)
+    assert not refs.owned_by(plain, "acme") and not is_tenant_window(plain)
+    forged = [window[:-1] + ("0" if window[-1] != "0" else "1"), refs.rollout_id_for(scoped, 2)[:41] + window[41:]]
+    assert not any(refs.owned_by(f, "acme") for f in forged)
+    assert not SessionRefs("another-secret").owned_by(window, "acme")
 
 
 def test_a_caller_without_a_tenant_key_cannot_name_itself_into_a_tenants_session(
@@ -143,6 +169,13 @@ def test_a_caller_without_a_tenant_key_cannot_name_itself_into_a_tenants_session
         blue_call = _call(_client(gw, blue, spoof), "a key that looks like acme's")
         after = _call(a, "still mine")
         acme_end = _end(gw, acme, "s1")
+        # Nor may it post feedback on acme's rollout, session or call (keys are off: anyone may post feedback).
+        keyless = [httpx.post(f"{gw.url}/v1/feedback", timeout=60, json={"target": target, "kind": "binary",
+                                                                        "binary": False})
+                   for target in ({"rollout_id": acme_end.json()["rollout_id"]}, {"session_id": spoof},
+                                  {"call_id": mine})]
+    assert [r.status_code for r in keyless] == [403] * 3, [r.text for r in keyless]
+    assert {r.json()["error"]["code"] for r in keyless} == {"wrong_tenant"}
     assert [r.status_code for r in refused] == [403, 403, 403, 403], [r.text for r in refused]
     assert [r.json()["error"].get("code") for r in refused[:2] + refused[3:]] == ["wrong_tenant"] * 3
     assert refused[2].json()["error"]["type"] == "permission_error"  # Anthropic's shape
