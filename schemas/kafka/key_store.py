@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import sys
 import threading
 import time
 import uuid
@@ -34,18 +36,39 @@ from schemas.topics import FORGOTTEN_TOPIC, SUBJECT_KEYS, SUBJECT_KEYS_TOPIC
 
 log = logging.getLogger("tokentrail.keys")
 
-# DEV ONLY. The embedded run's master key, so `tokentrail demo` works out of the box; anyone can read this
-# line, so content sealed under it is protected from nothing but accidents. Production sets
-# TOKENTRAIL_FORGET__MASTER_KEY (64 hex characters, from the operator's secret store).
+# DEV ONLY. The master key used when the operator supplies none, so demos and tests seal out of the box;
+# anyone can read this line, so content sealed under it is protected from nothing but accidents. Production
+# sets TOKENTRAIL_FORGET__MASTER_KEY (64 hex characters, from the operator's secret store); a process that
+# seals or opens content under this key outside the test suite says so loudly (``warn_dev_master_key``).
 DEV_MASTER_KEY_HEX = "d3" * KEY_LEN
+DEV_MASTER_KEY_WARNING = (
+    "\n" + "!" * 100 + "\n"
+    "!! tokentrail forget: content of subjects is sealed under the DEV-ONLY master key, which is public (it is in\n"
+    "!! the source). Anyone with a copy of the key topic can open it. For production data set\n"
+    "!! TOKENTRAIL_FORGET__MASTER_KEY to 64 hex characters from your secret store (docs/forgetting.md).\n"
+    + "!" * 100
+)
+_dev_key_warned = [False]
+
+
+def warn_dev_master_key() -> None:
+    """Once per process, outside the test suite (pytest sets PYTEST_CURRENT_TEST for its processes and
+    theirs): the loud warning that the public development key is in use."""
+    if _dev_key_warned[0] or "PYTEST_CURRENT_TEST" in os.environ:
+        return
+    _dev_key_warned[0] = True
+    log.warning("%s", DEV_MASTER_KEY_WARNING)
+    print(DEV_MASTER_KEY_WARNING, file=sys.stderr, flush=True)
 
 
 class ForgetSettings(BaseModel):
     """Forgetting subjects (docs/forgetting.md); env overrides ``TOKENTRAIL_FORGET__<FIELD>``."""
 
-    # Seal the content of subjects under their keys. Off: every record is written in the clear (as before
-    # issue 31) and a forget can only delete stored copies, not the copies in topics and backups.
-    enabled: bool = False
+    # Seal the content of subjects under their keys (records without a subject, synthetic and scripted
+    # traffic, are never sealed). On by default: a deployment that takes production data must be able to
+    # forget it, and content written in the clear can never be forgotten on the topics. Off: every record is
+    # written in the clear (as before issue 31) and a forget can only delete stored copies.
+    enabled: bool = True
     master_key: SecretStr = Field(default=SecretStr(DEV_MASTER_KEY_HEX),
                                   description="hex AES-256 key wrapping every data key; the default is dev-only")
     keys_topic: str = SUBJECT_KEYS_TOPIC
@@ -120,6 +143,7 @@ class KafkaKeyStore:
         self.topic = settings.keys_topic
         self._master = settings.master()
         self._master_id = master_key_id(self._master)
+        self._dev_key = settings.uses_dev_master_key()
         self._codec = codec or get_codec()
         self._now_us = now_us
         self._lock = threading.RLock()
@@ -232,6 +256,10 @@ class KafkaKeyStore:
         for key_id in key_ids:
             self._forget_locally(key_id)
 
+    def _warn_if_dev_key(self) -> None:
+        if self._dev_key:
+            warn_dev_master_key()
+
     def _usable(self, subject: str) -> tuple[str, bytes] | None:
         key_id = self._current.get(subject)
         expires = self._expires.get(key_id) if key_id else None
@@ -242,6 +270,7 @@ class KafkaKeyStore:
     def _mint(self, subject: str) -> tuple[str, bytes]:
         """A new data key of ``subject``, on the broker before it is used. Called without the lock held:
         the flush takes a broker round trip, during which other subjects' keys keep being served."""
+        self._warn_if_dev_key()
         now = self._now_us()
         key_id = f"{subject}#{now}"
         data_key = new_data_key()
@@ -342,6 +371,7 @@ class KafkaKeyStore:
         except SealingError as exc:
             log.error("%s", exc)
             return
+        self._warn_if_dev_key()
         self._destroyed.discard(key_id)
         self._keys[key_id], self._expires[key_id] = data_key, record.get("expires_at_us")
         subject = record["subject"]
