@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from schemas.codec import install_sealer, process_sealer
+from schemas.codec import Codec, get_codec, install_sealer, process_sealer
 from schemas.kafka.key_store import ForgetSettings, KafkaKeyStore
 from schemas.sealing import Sealer
 from tokentrail.errors import CliError
@@ -47,6 +49,20 @@ def install_from_settings() -> KafkaKeyStore | None:
     if current is not None and isinstance(current.keyring, KafkaKeyStore):
         return current.keyring  # installed already (a command that runs another in-process)
     return install(get_settings())
+
+
+@contextmanager
+def content_codec(settings: Settings) -> Iterator[Codec]:
+    """A codec that opens subjects' content as the deployment's processes do (a checker reading what they
+    wrote): the process's sealer when one is installed, else one on ``settings``' key store, closed after."""
+    if process_sealer() is not None or not settings.forget.enabled:
+        yield get_codec()
+        return
+    store = KafkaKeyStore(settings.kafka, settings.forget)
+    try:
+        yield Codec(sealer=Sealer(store))
+    finally:
+        store.close()
 
 
 def forget_settings() -> ForgetSettings:
