@@ -64,15 +64,14 @@ class ForgetRun:
 def forget_figures(settings: Settings, run: ForgetRun, canaries: dict[str, str], report_path: Path) -> dict[str, Any]:
     """residual_readable (the scan) and trained_after_forget (ClickHouse), for the JSON line."""
     from producers.gateway.text_side import ModelTextSide
-    from schemas.codec import install_sealer
     from schemas.residue import Needles, canary_token_run
     from sinks.client import connect
-    from tokentrail.forgetting import install
+    from tokentrail.forgetting import reinstall, uninstall
     from tokentrail.residue_scan import ScanTargets, scan_residue
 
     if not run.subjects:
         return {"forgotten_subjects": 0, "residual_readable": None, "trained_after_forget": None}
-    store = install(settings)  # the scan decodes with every key that is left, as any consumer would
+    reinstall(settings)  # the scan decodes with every key that is left, as any consumer would
     text = ModelTextSide.from_dir(settings.model.dir)
     wanted = [canaries[s] for s in run.subjects]
     needles = Needles(tuple(wanted), tuple(canary_token_run(text.encode_text, c) for c in wanted))
@@ -81,9 +80,7 @@ def forget_figures(settings: Settings, run: ForgetRun, canaries: dict[str, str],
         tally = scan_residue(needles, ScanTargets(kafka_timeout_s=600, reports=(report_path,)), settings=settings,
                              client=client, progress=lambda line: print(f"  scan: {line}", flush=True))
     finally:  # the run's broker stops next: nothing of this process may keep asking it
-        install_sealer(None)
-        if store is not None:
-            store.close()
+        uninstall()
     trained = int(client.query(
         "SELECT count() FROM trainer_steps FINAL ARRAY JOIN sample_ids AS sid WHERE created_at_us > {t:Int64} "
         "AND sid IN (SELECT event_id FROM samples FINAL WHERE subject IN {s:Array(String)})",

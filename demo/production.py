@@ -47,6 +47,7 @@ from demo.steps import bring_up, private_env, run_cli, step
 from producers.sdk import send_feedback
 from schemas.ids import call_id
 from schemas.local_paths import DEPLOY_CONFIG_DIR
+from tokentrail.forgetting import reinstall, uninstall
 from tokentrail.settings import REPO_ROOT, Settings, get_settings
 
 KINDS = ("BINARY", "RATING", "OUTCOME", "TASK_OUTCOME")
@@ -380,10 +381,13 @@ def run_production(args: argparse.Namespace) -> int:
     if getattr(args, "forget", 0):  # every service and this process seal subjects' content (issue 31)
         os.environ.update(FORGET_ENV)
     settings = Settings()  # the private settings, for this process's own clients
+    # This process seals and opens subjects' content with the keys on its own broker, not the shared one.
+    reinstall(settings)
     print(f"production demo in {state_dir} (its own Kafka broker on {settings.kafka.bootstrap_servers})", flush=True)
     try:
         rc, last_line = _run(args, settings, state_dir)
     finally:
+        uninstall()  # nothing of this process may keep asking the run's broker once it stops
         if not getattr(args, "keep_broker", False):
             sys.stdout.flush()
             subprocess.run([sys.executable, "-m", "tokentrail.cli", "kafka", "stop"], cwd=REPO_ROOT, check=False)

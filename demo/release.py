@@ -49,6 +49,7 @@ from schemas.codec import DecodeError
 from schemas.kafka.config import KafkaSettings, consumer_config
 from schemas.kafka.registry_framing import kafka_codec
 from tokentrail.errors import CliError
+from tokentrail.forgetting import reinstall, uninstall
 from tokentrail.settings import REPO_ROOT, Settings, get_settings
 
 DEMO_PLAN = REPO_ROOT / "deploy" / "config" / "release-demo.yaml"
@@ -265,6 +266,8 @@ def run_release_demo(args: argparse.Namespace) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     os.environ.update(private_env(state_dir, shared.model.dir, {"TOKENTRAIL_GATEWAY__FOLLOW_RELEASES": "true"}))
     settings = Settings()  # the private settings, for this process's own clients
+    # This process seals and opens subjects' content with the keys on its own broker, not the shared one.
+    reinstall(settings)
     plan = (args.plan or DEMO_PLAN).resolve()
     logs = state_dir / "logs"
     print(f"release demo in {state_dir} (its own Kafka broker on {settings.kafka.bootstrap_servers})", flush=True)
@@ -324,6 +327,7 @@ def run_release_demo(args: argparse.Namespace) -> int:
         for service in reversed(services):
             service.stop()
         fleet.close()
+        uninstall()  # nothing of this process may keep asking the run's broker once it stops
         if not args.keep_broker:  # this run's own broker (its own data dir and port), never another
             run_cli("kafka", "stop", quiet=True)
     extra: dict[str, Any] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas.codec import DecodeError
+from schemas.codec import Codec, DecodeError
 from schemas.ids import event_id
 
 Record = dict[str, Any]
@@ -31,3 +31,17 @@ def dead_letter(*, stage: str, source_topic: str, partition: int, offset: int, k
             "reason": reason[:MAX_REASON_CHARS], "created_at_us": int(created_at_us),
             # Whose content ``value`` carries, when the stage knows it: sealed under that subject's key.
             "subject": subject, "sealed": None}
+
+
+def subject_of(codec: Codec, value: bytes | None) -> str | None:
+    """The subject of a dead-lettered input, when it can be read (the field is never sealed; nothing is
+    opened): the letter names it, so it is sealed under the subject's key and forgetting the subject blanks
+    its copy in ClickHouse. None for an input that cannot be decoded or has no subject."""
+    if not value:
+        return None
+    try:
+        _name, record = codec.decode(value, open_sealed=False)
+    except (DecodeError, ValueError):
+        return None
+    subject = record.get("subject")
+    return subject if isinstance(subject, str) and subject else None

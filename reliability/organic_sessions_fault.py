@@ -28,8 +28,9 @@ import httpx
 from processors.assembler import RolloutAssembly
 from reliability.faults import Progress, free_port
 from reliability.results import FaultResult
-from schemas.codec import DecodeError, get_codec
+from schemas.codec import Codec, DecodeError
 from testkit.kafka_read import create_topics, delete_topics, lost_and_duplicated, read_records
+from tokentrail.forgetting import content_codec
 from tokentrail.runtime.process import settings_env
 from tokentrail.settings import REPO_ROOT, Settings
 
@@ -175,7 +176,10 @@ def organic_sessions_fault(settings: Settings, workdir: Path, progress: Progress
         gateway.stop()
     expected = {c for chat in chats for c in chat.answered} | {e["event_id"] for e in ends.values()}
     try:
-        named = [_decoded(raw) for raw, _ in read_records(config, list(topics.values()), expected, timeout_s=60)]
+        # Organic sessions have subjects: their content is sealed; read it as the processors would.
+        with content_codec(settings) as codec:
+            named = [_decoded(codec, raw)
+                     for raw, _ in read_records(config, list(topics.values()), expected, timeout_s=60)]
     finally:
         delete_topics(config, list(topics.values()))
     records = [r for _, r in named]
@@ -211,8 +215,8 @@ def _complete(named: list[tuple[str, dict[str, Any]]], rollout_id: str) -> bool:
     return bool(emitted) and emitted[0]["status"] == "COMPLETE"
 
 
-def _decoded(value: bytes) -> tuple[str, dict[str, Any]]:
+def _decoded(codec: Codec, value: bytes) -> tuple[str, dict[str, Any]]:
     try:
-        return get_codec().decode(value)
+        return codec.decode(value)
     except DecodeError:
         return "<undecodable>", {}

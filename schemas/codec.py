@@ -153,8 +153,10 @@ class Codec:
         return buf.getvalue()
 
     def decode(self, data: bytes, *, expect: str | tuple[str, ...] | None = None, topic: str | None = None,
-               partition: int | None = None, offset: int | None = None) -> tuple[str, Record]:
-        """Decode one framed record into the current schema of its name; returns (name, record)."""
+               partition: int | None = None, offset: int | None = None,
+               open_sealed: bool = True) -> tuple[str, Record]:
+        """Decode one framed record into the current schema of its name; returns (name, record).
+        ``open_sealed=False`` leaves sealed content sealed (no key looked up): for reading facts only."""
         where = {"topic": topic, "partition": partition, "offset": offset}
         if data is None or len(data) < 1:
             raise TruncatedPayload("empty payload", **where)
@@ -190,7 +192,7 @@ class Codec:
         if buf.tell() != len(data):
             raise CorruptRecord(f"{len(data) - buf.tell()} trailing bytes after the {writer.name} body",
                                 **where)
-        if record.get("sealed") is not None:
+        if open_sealed and record.get("sealed") is not None:
             sealer = self.sealer
             if sealer is not None:
                 try:

@@ -133,6 +133,7 @@ def dead_letter_record(
     reason: str,
     timestamp_us: int,
     stage: str = SINK_STAGE,
+    subject: str | None = None,
 ) -> dict[str, Any]:
     """A DeadLetter with a deterministic id (re-delivery of the same bad message gives the same id)."""
     return {
@@ -146,8 +147,9 @@ def dead_letter_record(
         "error_type": error_type,
         "reason": reason,
         "created_at_us": timestamp_us,
-        # A bad message's subject is unknown (it could not be read): none, as the contract's default says.
-        "subject": None,
+        # Whose content the copy in ``value`` is, when the message could be read (a row it did not fit);
+        # a message that could not be decoded has none, as the contract's default says.
+        "subject": subject,
         "sealed": None,
     }
 
@@ -300,8 +302,8 @@ class ClickHouseSink:
                 self.sample_refs.note_call(row)
         except DecodeError as exc:
             table, row = self._dead_letter(msg, type(exc).__name__, exc.reason)
-        except RowError as exc:
-            table, row = self._dead_letter(msg, type(exc).__name__, str(exc))
+        except RowError as exc:  # decoded (``record`` is set), but not a row
+            table, row = self._dead_letter(msg, type(exc).__name__, str(exc), record.get("subject"))
         p = self.pending
         p.rows[table].append(row)
         span = p.ranges[table].setdefault((topic, partition), [offset, offset])
@@ -311,11 +313,12 @@ class ClickHouseSink:
         p.nbytes += len(value or b"")
         return True
 
-    def _dead_letter(self, msg: Message, error_type: str, reason: str) -> tuple[str, Row]:
+    def _dead_letter(self, msg: Message, error_type: str, reason: str, subject: str | None = None) -> tuple[str, Row]:
         ts_type, ts_ms = msg.timestamp()
         created = ts_ms * 1000 if ts_type and ts_ms > 0 else int(time.time() * 1e6)
         record = dead_letter_record(
-            msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), error_type, reason, created
+            msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), error_type, reason, created,
+            subject=subject,
         )
         if msg.topic() != self.dead_letter_topic:  # never loop a bad dead letter back into its own topic
             self.pending.dead_letters.append((msg.key(), self.codec.encode("DeadLetter", record)))

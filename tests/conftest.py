@@ -42,6 +42,25 @@ def renderer(model_dir: Path) -> ChatRenderer:
     return ChatRenderer(model_dir)
 
 
+# ---------------------------------------------------------------- sealing
+
+@pytest.fixture(autouse=True)
+def _process_sealer_restored() -> Iterator[None]:
+    """A command run in-process installs the sealer of its settings for the whole process (sealing is on by
+    default, tokentrail/cli.py): put back what was there before the test, so no test seals under another's
+    key store, and close the key store the test left behind."""
+    from schemas.codec import install_sealer, process_sealer
+
+    before = process_sealer()
+    yield
+    left = process_sealer()
+    if left is not before:
+        install_sealer(before)
+        close = getattr(left.keyring, "close", None) if left is not None else None
+        if close is not None:
+            close()
+
+
 # ---------------------------------------------------------------- Kafka
 
 

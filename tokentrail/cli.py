@@ -78,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args([*argv, "--help"])
         return 2
     try:
-        if os.environ.get(FORGET_ENABLED_VAR, "").strip().lower() in ("1", "true", "yes", "on"):
-            # Seal and open subjects' content in this command (docs/forgetting.md). Read from the environment,
-            # the settings' only override, so commands that never touch content do not import the settings.
+        if os.environ.get(FORGET_ENABLED_VAR, "true").strip().lower() not in ("0", "false", "no", "off"):
+            # Seal and open subjects' content in this command (docs/forgetting.md; on unless turned off).
+            # Read from the environment, the settings' only override, so a command run with forgetting off
+            # does not import the settings for it. Installing does no I/O: the key store connects on first use.
             from tokentrail.forgetting import install_from_settings
 
             install_from_settings()

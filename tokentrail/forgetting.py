@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-import httpx
-
-from schemas.codec import install_sealer, process_sealer
-from schemas.forget_events import new_request_id
-from schemas.kafka.forget_log import forget_subject
+from schemas.codec import Codec, get_codec, install_sealer, process_sealer
 from schemas.kafka.key_store import ForgetSettings, KafkaKeyStore
 from schemas.sealing import Sealer
-from sinks.client import ClickHouseConfigError, connect
-from sinks.forget import blank_expired, blank_subject, versions_trained_on
 from tokentrail.errors import CliError
 from tokentrail.settings import Settings, get_settings
 
@@ -29,11 +25,23 @@ def install(settings: Settings) -> KafkaKeyStore | None:
     """The key store now sealing and opening this process's records; None when forgetting is off."""
     if not settings.forget.enabled:
         return None
-    store = KafkaKeyStore(settings.kafka, settings.forget)
+    store = KafkaKeyStore(settings.kafka, settings.forget)  # warns on first use if under the dev master key
     install_sealer(Sealer(store))
-    if settings.forget.uses_dev_master_key():
-        log.warning("forget: content is sealed under the DEV-ONLY master key; set TOKENTRAIL_FORGET__MASTER_KEY")
     return store
+
+
+def uninstall() -> None:
+    """No sealer in this process any more; the key store it had is closed (before its broker stops)."""
+    previous = install_sealer(None)
+    if previous is not None and isinstance(previous.keyring, KafkaKeyStore):
+        previous.keyring.close()
+
+
+def reinstall(settings: Settings) -> KafkaKeyStore | None:
+    """``install`` for ``settings`` in place of what this process installed for other settings (a demo that
+    switches to a broker of its own after the command started)."""
+    uninstall()
+    return install(settings)
 
 
 def install_from_settings() -> KafkaKeyStore | None:
@@ -41,6 +49,20 @@ def install_from_settings() -> KafkaKeyStore | None:
     if current is not None and isinstance(current.keyring, KafkaKeyStore):
         return current.keyring  # installed already (a command that runs another in-process)
     return install(get_settings())
+
+
+@contextmanager
+def content_codec(settings: Settings) -> Iterator[Codec]:
+    """A codec that opens subjects' content as the deployment's processes do (a checker reading what they
+    wrote): the process's sealer when one is installed, else one on ``settings``' key store, closed after."""
+    if process_sealer() is not None or not settings.forget.enabled:
+        yield get_codec()
+        return
+    store = KafkaKeyStore(settings.kafka, settings.forget)
+    try:
+        yield Codec(sealer=Sealer(store))
+    finally:
+        store.close()
 
 
 def forget_settings() -> ForgetSettings:
@@ -55,6 +77,8 @@ def _key_store(settings: Settings) -> KafkaKeyStore:
 
 
 def _via_gateway(url: str, admin_key: str, body: dict[str, Any]) -> dict[str, Any]:
+    import httpx
+
     headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
     response = httpx.post(url.rstrip("/") + "/v1/admin/forget", json=body, headers=headers, timeout=120)
     if response.status_code != 200:
@@ -66,6 +90,12 @@ def forget(settings: Settings, subjects: list[str], *, requested_by: str, reason
            gateway: str | None = None, clickhouse: bool = True, dsn: str | None = None,
            database: str | None = None, wait: bool = True, progress: Any = print) -> dict[str, Any]:
     """Forget every subject; the summary (also what the demo calls)."""
+    # Here, not at the top: every command imports this module to install the sealer, few forget.
+    from schemas.forget_events import new_request_id
+    from schemas.kafka.forget_log import forget_subject
+    from sinks.client import ClickHouseConfigError, connect
+    from sinks.forget import blank_subject, versions_trained_on
+
     events = []
     for subject in subjects:
         request_id = new_request_id()
@@ -105,6 +135,9 @@ def expire(settings: Settings, *, clickhouse: bool = True, dsn: str | None = Non
            progress: Any = print) -> dict[str, Any]:
     """Retention of raw content: destroy the data keys whose time ran out (their content on every topic and
     backup with them) and blank ClickHouse content past its retention; non-content facts stay."""
+    from sinks.client import ClickHouseConfigError, connect
+    from sinks.forget import blank_expired
+
     f = settings.forget
     expired = _key_store(settings).expire()
     progress(f"retention: {len(expired)} data key(s) past their retention destroyed")

@@ -13,7 +13,7 @@ from typing import Any
 
 import faust
 
-from processors.dead_letters import dead_letter
+from processors.dead_letters import dead_letter, subject_of
 from processors.errors import InvalidEvent, ProcessorError
 from processors.stream.topics import StreamTopics, partition_for, record_key
 from schemas.codec import Codec, DecodeError
@@ -78,7 +78,8 @@ class Outputs:
     async def dead_letter(self, stage: str, message: Any, error: BaseException | str) -> None:
         record = dead_letter(stage=stage, source_topic=message.topic, partition=message.partition,
                              offset=message.offset, key=message.key, value=message.value, error=error,
-                             created_at_us=round(message.timestamp * 1000) * 1000)
+                             created_at_us=round(message.timestamp * 1000) * 1000,
+                             subject=subject_of(self.codec, message.value))
         key = message.key or b""
         topic = self.topics.dead_letter
         n = self.partitions.get(topic, self.n_partitions)

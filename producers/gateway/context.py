@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from producers.gateway.errors import GatewayError
 from producers.gateway.metrics import GatewayMetrics
 from producers.gateway.tenants import Tenants
 from schemas.codec import Codec
+from schemas.sealing import CONTENT_FIELDS
 from schemas.topics import CALLS_TOPIC, ENV_TOPIC
 
 log = logging.getLogger("tokentrail.gateway")
@@ -48,6 +50,30 @@ class GatewayContext:
     def max_record_bytes(self) -> int | None:
         """The largest record the publisher can ever store (None: no limit known)."""
         return getattr(self.publisher, "max_record_bytes", None)
+
+    async def ready_to_seal(self, schema_name: str, subject: str | None) -> None:
+        """Make the data key of ``subject`` in a thread when it has none yet: making one waits for the
+        broker to store it (acks=all), which must not stall every other call on the event loop. ``encode``
+        then seals from memory. A key that cannot be stored refuses the record (503), as a record that
+        cannot be delivered is."""
+        sealer = self.codec.sealer
+        if not subject or sealer is None or schema_name not in CONTENT_FIELDS:
+            return
+        has_key = getattr(sealer.keyring, "has_sealing_key", None)
+        if has_key is None or has_key(subject):
+            return
+        try:
+            await asyncio.to_thread(sealer.keyring.sealing_key, subject)
+        except RuntimeError as exc:
+            self.metrics.delivery_errors.labels("subject-keys").inc()
+            log.error("could not make the data key of subject %r: %s", subject, exc)
+            raise GatewayError(503, f"the {schema_name} record could not be sealed ({exc}); retry later",
+                               "unavailable", code="delivery_failed") from exc
+
+    async def encode_ready(self, schema_name: str, record: dict[str, Any], key: str = "") -> bytes:
+        """``encode``, the subject's data key made off the event loop first."""
+        await self.ready_to_seal(schema_name, record.get("subject"))
+        return self.encode(schema_name, record, key)
 
     def encode(self, schema_name: str, record: dict[str, Any], key: str = "") -> bytes:
         """The record as it goes to Kafka. A record that cannot be encoded, or is too large for Kafka
@@ -86,7 +112,9 @@ class GatewayContext:
 
     async def _deliver(self, topic: str, key: str, schema_name: str, record: dict[str, Any],
                        value: bytes | None) -> None:
-        value = self.codec.encode(schema_name, record) if value is None else value
+        if value is None:
+            await self.ready_to_seal(schema_name, record.get("subject"))
+            value = self.codec.encode(schema_name, record)
         began = time.perf_counter()
         try:
             await self.publisher.deliver(topic, key.encode(), value)

@@ -192,7 +192,7 @@ class EnvApi:
                 group_id=start.get("group_id"), group_key=start.get("group_key") or {},
                 expected_group_size=start.get("expected_group_size"), task_input=start.get("task_input"),
                 metadata=start.get("metadata") or {}, subject=state.subject))
-            value = self.ctx.encode("AttemptStarted", record, state.rollout_id)
+            value = await self.ctx.encode_ready("AttemptStarted", record, state.rollout_id)
             await self.ctx.deliver(self.ctx.env_topic, state.rollout_id, "AttemptStarted", record, value)
         except GatewayError:
             self.ctx.registry.abandon(state)
@@ -221,6 +221,7 @@ class EnvApi:
             events = validate(EventBatch, raw).events if events_model(raw) is EventBatch else [validate(EnvEvent, raw)]
             for event in events:
                 self._check_call_reference(state, event)
+            await self.ctx.ready_to_seal("EnvStep", state.subject)  # before the indices are taken
             # Every record built and encoded first: one that cannot be stored refuses the batch whole.
             state.check_open("events")  # the body was awaited: the attempt may have finished meanwhile
             start = state.next_event_index
@@ -276,6 +277,7 @@ class EnvApi:
         attempt whose finish cannot be stored stays open. Also how organic sessions end (sessions.py)."""
         # Calls still delivering their records count: they have their indices already.
         await state.wait_idle(self.ctx.finish_wait_s)
+        await self.ctx.ready_to_seal("AttemptFinished", state.subject)
         rid, aid = state.rollout_id, state.attempt_id
         # Built and encoded before the attempt is marked finished (a record that cannot be stored
         # leaves it open); nothing is awaited between the counts read here and the finish.

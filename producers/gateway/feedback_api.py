@@ -197,7 +197,7 @@ class FeedbackApi:
             if self.ctx.tenants:
                 self._check_target(tenant, admin, record)
             key = record["target_id"]
-            value = self.ctx.encode("Feedback", record, key)  # refused here if it cannot be stored
+            value = await self.ctx.encode_ready("Feedback", record, key)  # refused here if it cannot be stored
             await self.ctx.deliver(self.topic, key, "Feedback", record, value)
         except GatewayError as exc:
             return _error(exc)

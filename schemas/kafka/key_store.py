@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import sys
 import threading
 import time
 import uuid
@@ -34,18 +36,39 @@ from schemas.topics import FORGOTTEN_TOPIC, SUBJECT_KEYS, SUBJECT_KEYS_TOPIC
 
 log = logging.getLogger("tokentrail.keys")
 
-# DEV ONLY. The embedded run's master key, so `tokentrail demo` works out of the box; anyone can read this
-# line, so content sealed under it is protected from nothing but accidents. Production sets
-# TOKENTRAIL_FORGET__MASTER_KEY (64 hex characters, from the operator's secret store).
+# DEV ONLY. The master key used when the operator supplies none, so demos and tests seal out of the box;
+# anyone can read this line, so content sealed under it is protected from nothing but accidents. Production
+# sets TOKENTRAIL_FORGET__MASTER_KEY (64 hex characters, from the operator's secret store); a process that
+# seals or opens content under this key outside the test suite says so loudly (``warn_dev_master_key``).
 DEV_MASTER_KEY_HEX = "d3" * KEY_LEN
+DEV_MASTER_KEY_WARNING = (
+    "\n" + "!" * 100 + "\n"
+    "!! tokentrail forget: content of subjects is sealed under the DEV-ONLY master key, which is public (it is in\n"
+    "!! the source). Anyone with a copy of the key topic can open it. For production data set\n"
+    "!! TOKENTRAIL_FORGET__MASTER_KEY to 64 hex characters from your secret store (docs/forgetting.md).\n"
+    + "!" * 100
+)
+_dev_key_warned = [False]
+
+
+def warn_dev_master_key() -> None:
+    """Once per process, outside the test suite (pytest sets PYTEST_CURRENT_TEST for its processes and
+    theirs): the loud warning that the public development key is in use."""
+    if _dev_key_warned[0] or "PYTEST_CURRENT_TEST" in os.environ:
+        return
+    _dev_key_warned[0] = True
+    log.warning("%s", DEV_MASTER_KEY_WARNING)
+    print(DEV_MASTER_KEY_WARNING, file=sys.stderr, flush=True)
 
 
 class ForgetSettings(BaseModel):
     """Forgetting subjects (docs/forgetting.md); env overrides ``TOKENTRAIL_FORGET__<FIELD>``."""
 
-    # Seal the content of subjects under their keys. Off: every record is written in the clear (as before
-    # issue 31) and a forget can only delete stored copies, not the copies in topics and backups.
-    enabled: bool = False
+    # Seal the content of subjects under their keys (records without a subject, synthetic and scripted
+    # traffic, are never sealed). On by default: a deployment that takes production data must be able to
+    # forget it, and content written in the clear can never be forgotten on the topics. Off: every record is
+    # written in the clear (as before issue 31) and a forget can only delete stored copies.
+    enabled: bool = True
     master_key: SecretStr = Field(default=SecretStr(DEV_MASTER_KEY_HEX),
                                   description="hex AES-256 key wrapping every data key; the default is dev-only")
     keys_topic: str = SUBJECT_KEYS_TOPIC
@@ -86,6 +109,31 @@ def key_created_us(key_id: str) -> int:
         return 0
 
 
+class _Minting:
+    """A key being made by one thread, which the other threads asking for the same subject wait for."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._made: tuple[str, bytes] | None = None
+        self._error: BaseException | None = None
+
+    def done(self, made: tuple[str, bytes]) -> None:
+        self._made = made
+        self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._event.set()
+
+    def wait(self) -> tuple[str, bytes]:
+        if not self._event.wait(60):
+            raise RuntimeError("timed out waiting for another thread to store a data key")
+        if self._error is not None:
+            raise RuntimeError(f"storing the data key failed: {self._error}") from self._error
+        assert self._made is not None
+        return self._made
+
+
 class KafkaKeyStore:
     """``schemas.sealing.Keyring`` over the compacted key topic; thread-safe."""
 
@@ -95,6 +143,7 @@ class KafkaKeyStore:
         self.topic = settings.keys_topic
         self._master = settings.master()
         self._master_id = master_key_id(self._master)
+        self._dev_key = settings.uses_dev_master_key()
         self._codec = codec or get_codec()
         self._now_us = now_us
         self._lock = threading.RLock()
@@ -102,6 +151,7 @@ class KafkaKeyStore:
         self._expires: dict[str, int | None] = {}
         self._current: dict[str, str] = {}  # subject -> its newest key id
         self._destroyed: set[str] = set()
+        self._minting: dict[str, _Minting] = {}  # subject -> the key being made for it by some thread
         # subject -> when this process last saw one of its keys destroyed (unix us): content it opened
         # before then must not be used any more (the trainer checks before every step).
         self.destroyed_at: dict[str, int] = {}
@@ -115,11 +165,32 @@ class KafkaKeyStore:
     def sealing_key(self, subject: str) -> tuple[str, bytes]:
         with self._lock:
             self._refresh_if_stale()
-            key_id = self._current.get(subject)
-            expires = self._expires.get(key_id) if key_id else None
-            if key_id is not None and key_id in self._keys and (expires is None or expires > self._now_us()):
-                return key_id, self._keys[key_id]
-            return self._mint(subject)
+            usable = self._usable(subject)
+            if usable is not None:
+                return usable
+            minting = self._minting.get(subject)
+            mine = minting is None
+            if mine:
+                minting = self._minting[subject] = _Minting()
+        assert minting is not None
+        if not mine:  # another thread is making this subject's key: wait for it, not for the lock
+            return minting.wait()
+        try:
+            made = self._mint(subject)
+        except BaseException as exc:
+            minting.fail(exc)
+            raise
+        finally:
+            with self._lock:
+                del self._minting[subject]
+        minting.done(made)
+        return made
+
+    def has_sealing_key(self, subject: str) -> bool:
+        """Whether ``sealing_key(subject)`` can answer from memory, without making a key (which waits for
+        the broker): callers on an event loop make the key in a thread first (``producers.gateway``)."""
+        with self._lock:
+            return self._usable(subject) is not None
 
     def opening_key(self, key_id: str) -> bytes | None:
         with self._lock:
@@ -185,7 +256,21 @@ class KafkaKeyStore:
         for key_id in key_ids:
             self._forget_locally(key_id)
 
+    def _warn_if_dev_key(self) -> None:
+        if self._dev_key:
+            warn_dev_master_key()
+
+    def _usable(self, subject: str) -> tuple[str, bytes] | None:
+        key_id = self._current.get(subject)
+        expires = self._expires.get(key_id) if key_id else None
+        if key_id is not None and key_id in self._keys and (expires is None or expires > self._now_us()):
+            return key_id, self._keys[key_id]
+        return None
+
     def _mint(self, subject: str) -> tuple[str, bytes]:
+        """A new data key of ``subject``, on the broker before it is used. Called without the lock held:
+        the flush takes a broker round trip, during which other subjects' keys keep being served."""
+        self._warn_if_dev_key()
         now = self._now_us()
         key_id = f"{subject}#{now}"
         data_key = new_data_key()
@@ -193,12 +278,30 @@ class KafkaKeyStore:
         expires = None if days is None else now + int(days * 86_400e6)
         record = {"key_id": key_id, "subject": subject, "wrapped_key": wrap_key(self._master, key_id, data_key),
                   "master_key_id": self._master_id, "created_at_us": now, "expires_at_us": expires}
-        producer = self._producer_()
+        with self._lock:
+            producer = self._producer_()
+        delivered = threading.Event()
         errors: list[str] = []
+
+        def on_delivery(err: object, _msg: object) -> None:
+            if err:
+                errors.append(str(err))
+            delivered.set()
+
         producer.produce(self.topic, key=key_id.encode(), value=self._codec.encode("SubjectKey", record),
-                         on_delivery=lambda err, _msg: errors.append(str(err)) if err else None)
-        self._flush(producer, errors, f"the data key of {subject!r}")
-        self._keys[key_id], self._expires[key_id], self._current[subject] = data_key, expires, key_id
+                         on_delivery=on_delivery)
+        # Wait for this record only (flush() would also wait for other threads' records); poll() serves
+        # the delivery callbacks of whichever thread's records are done.
+        deadline = time.monotonic() + 30
+        while not delivered.is_set() and time.monotonic() < deadline:
+            producer.poll(0.05)
+        if errors or not delivered.is_set():
+            raise RuntimeError(f"could not store the data key of {subject!r} on the key topic: "
+                               f"{errors or 'not delivered in 30 s'}")
+        with self._lock:
+            self._keys[key_id], self._expires[key_id] = data_key, expires
+            if key_created_us(self._current.get(subject, "")) <= now:
+                self._current[subject] = key_id
         return key_id, data_key
 
     @staticmethod
@@ -268,6 +371,7 @@ class KafkaKeyStore:
         except SealingError as exc:
             log.error("%s", exc)
             return
+        self._warn_if_dev_key()
         self._destroyed.discard(key_id)
         self._keys[key_id], self._expires[key_id] = data_key, record.get("expires_at_us")
         subject = record["subject"]

@@ -8,11 +8,14 @@
       feedback  a feedback resolved to this rollout (``via``: what it named: call, session or rollout)
 
 Feedback rides along whole (it is plain data), with its place on tokentrail.feedback, so a late or
-unmatched record can point at it. Pure: no Kafka here.
+unmatched record can point at it. Its content (text, details) rides sealed under its subject's key, as it is
+on tokentrail.feedback (``for_the_join``): these topics and the join's and resolver's changelogs keep it,
+and a forget must reach those copies too. Pure: no Kafka here.
 """
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +24,7 @@ import orjson
 from processors.errors import InvalidEvent
 from processors.feedback.join import RolloutRef, ref_from_data, ref_to_data, target_key
 from processors.stream.state_budget import StateOverflow
+from schemas.codec import Codec
 
 Record = dict[str, Any]
 
@@ -55,7 +59,26 @@ def index_messages(call: Record) -> list[tuple[str, bytes]]:
     return [(key, orjson.dumps(body)) for key in keys]
 
 
+def for_the_join(codec: Codec, feedback: Record) -> Record:
+    """The feedback as the join's topics and tables carry it: a feedback of a subject with its content sealed
+    (nothing readable of it once the subject is forgotten), the envelope as base64 text so it stays JSON."""
+    sealer = codec.sealer
+    if sealer is not None:
+        feedback = sealer.seal("Feedback", feedback)  # as it was on tokentrail.feedback; no subject: as is
+    sealed = feedback.get("sealed")
+    if isinstance(sealed, bytes):
+        feedback = dict(feedback, sealed=base64.b64encode(sealed).decode("ascii"))
+    return feedback
+
+
+def as_record(feedback: Record) -> Record:
+    """A feedback the join carries, as the Feedback record the codec writes (its envelope as bytes again)."""
+    sealed = feedback.get("sealed")
+    return dict(feedback, sealed=base64.b64decode(sealed)) if isinstance(sealed, str) else feedback
+
+
 def feedback_message(feedback: Record, source: Source, via: str = "rollout") -> bytes:
+    """``feedback`` as ``for_the_join`` gives it."""
     return orjson.dumps({"type": "feedback", "feedback": feedback, "source": source.to_data(), "via": via})
 
 

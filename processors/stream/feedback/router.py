@@ -23,6 +23,7 @@ from processors.stream.feedback.letters import FeedbackLetters
 from processors.stream.feedback.messages import (
     Source,
     feedback_message,
+    for_the_join,
     index_messages,
     rollout_message,
     target_message_key,
@@ -71,6 +72,7 @@ class FeedbackRouter:
         except BAD_INPUT as exc:
             await self.outputs.dead_letter(STAGE, message, exc)
             return
+        feedback = for_the_join(self.codec, feedback)  # checked opened; carried on sealed
         source = Source(message.topic, message.partition, message.offset)
         if feedback["target_kind"] == "ROLLOUT":
             await self.outputs.send([(self.topics.feedback_by_rollout, feedback["target_id"].encode(),
