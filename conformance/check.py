@@ -63,6 +63,9 @@ def judge_calls(evidence: Sequence[CallEvidence], renderer: IndependentRenderer 
                 tally.render_agree_full += 1
             elif verdict.how == "bridge":
                 tally.render_agree_bridge += 1
+            elif verdict.how == "variant":
+                tally.render_format_variants += 1
+                tally.details.append(f"{e.family} {e.key}: judges disagree, {verdict.detail}")
             elif verdict.how == "refused":
                 tally.render_unjudged += 1
                 tally.details.append(f"{e.family} {e.key}: not judged, {verdict.detail}")

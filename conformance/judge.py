@@ -25,8 +25,9 @@ Message = dict[str, Any]
 @dataclass(frozen=True)
 class RenderVerdict:
     agrees: bool
-    # "render" (a full render equals it), "bridge" (renderers' extension equals it), "mismatch", or "refused"
-    # (renderers will not render the request: no judgement)
+    # "render" (a full render equals it), "bridge" (renderers' extension equals it), "variant" (they differ only
+    # in a header form the family's format leaves open: the judges disagree among themselves, not a drift;
+    # conformance/harmony_forms.py), "mismatch", or "refused" (renderers will not render the request: no judgement)
     how: str
     detail: str = ""
 
@@ -39,6 +40,9 @@ class Tally:
     render_agree_full: int = 0
     render_agree_bridge: int = 0
     render_mismatches: int = 0
+    # Calls whose prompt differs from the judge's only in a header form the format leaves open (gpt-oss: where a
+    # re-rendered tool call's recipient sits, its JSON content type spelled <|constrain|>json, json or not at all)
+    render_format_variants: int = 0
     render_unjudged: int = 0  # no independent renderer of the family, or it refused the request
     parse_compared: int = 0
     vllm_parse_mismatches: int = 0
@@ -121,7 +125,20 @@ class IndependentRenderer:
             return RenderVerdict(True, "bridge")
         closest = bridged if bridged is not None and _common(prompt, bridged) > _common(prompt, full) else full
         which = "bridge" if closest is bridged else "render"
+        variant = self.header_variant(prompt, closest)
+        if variant is not None:
+            return RenderVerdict(False, "variant", f"vs renderers' {which}, only a header form harmony leaves open: "
+                                                   f"{variant}"[:300])
         return RenderVerdict(False, "mismatch", f"vs renderers' {which}: {self.difference(prompt, closest)}")
+
+    def header_variant(self, a: Sequence[int], b: Sequence[int]) -> str | None:
+        """gpt-oss: what differs where two prompts differ only in harmony header forms (else None)."""
+        if self.name != "gpt-oss":
+            return None
+        from conformance.harmony_forms import MESSAGE, START, header_variant
+
+        ids = self.tokenizer.convert_tokens_to_ids([START, MESSAGE])
+        return header_variant(a, b, start=ids[0], message=ids[1], decode=self.tokenizer.decode)
 
     def difference(self, a: Sequence[int], b: Sequence[int]) -> str:
         at = _common(a, b)

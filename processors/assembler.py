@@ -35,6 +35,7 @@ import orjson
 
 from processors.call_tokens import CallTokens, rebuild_calls
 from processors.errors import CallTokensError, ConflictingEvent, InvalidEvent, RolloutTooLarge
+from processors.parse_failures import recorded_parse_failures
 from processors.prefix import prefix_links
 from processors.response_text import response_text
 from schemas.codec import Codec, get_codec
@@ -361,7 +362,9 @@ def _rollout_call(call: Record, prompt: Record) -> Record:
             "tokenizer_fingerprint": versions["tokenizer_fingerprint"],
             "chat_template_fingerprint": versions["chat_template_fingerprint"],
             "scripted": bool(call.get("scripted", False)),
-            "version_spans": [dict(span) for span in call.get("version_spans") or []]}
+            "version_spans": [dict(span) for span in call.get("version_spans") or []],
+            # The gateway's parse outcome, so the credit's parse_failures policy can act on it.
+            "parse_failures": recorded_parse_failures(call)}
 
 
 def rollout_event_id(rollout_id: str, attempt_id: str, status: str, present_ids: list[str]) -> str:

@@ -2,7 +2,8 @@
 
 A configuration's id is the content hash of its normalized content (every field, defaults filled
 in, as JSON), so formatting, key order and spelled-out defaults do not change it, and any change of
-meaning does.
+meaning does. A field added later is left out while at a default that keeps the old meaning (the
+model's ``ID_OMITS_DEFAULTS``), so the ids on stored records keep naming the same configuration.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def config_id(config: BaseModel) -> str:
-    return content_hash(config.model_dump(mode="json"))
+    data = config.model_dump(mode="json")
+    # A field added later whose default keeps the old meaning (named by the model's ID_OMITS_DEFAULTS) is left
+    # out while at its default: configurations written before it keep their ids.
+    for name in getattr(type(config), "ID_OMITS_DEFAULTS", ()):
+        if data.get(name) == type(config).model_fields[name].default:
+            del data[name]
+    return content_hash(data)
 
 
 def _format(exc: ValidationError) -> str:

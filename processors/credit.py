@@ -11,20 +11,22 @@ Weights (the total loss weight of a rollout, ``rollout_weight``, and how it spre
     rollout weighs the same whatever its length (avoids over-weighting long rollouts);
   * ``call_mean``: each call with sampled tokens gets ``rollout_weight / calls``, shared by its tokens;
   * ``token_sum``: every token gets ``rollout_weight`` (the total grows with the length, by choice).
-Sample building reads the per-token values from ``token_values``; splitting, merging or packing
+Which calls train: successful, sampled (not scripted) calls, less those the ``parse_failures`` policy takes
+out (processors/parse_failures.py: keep by default; mask the calls whose output did not parse; drop the
+rollout). Sample building reads the per-token values from ``token_values``; splitting, merging or packing
 only moves tokens, never changes these values, so a rollout's total weight is preserved.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from processors.call_tokens import is_sampled
 from processors.config import config_id
+from processors.parse_failures import DEFAULT_POLICY, ParseFailurePolicy, trained_calls
 from schemas.ids import event_id
 from schemas.tokens import FLOAT_DTYPE, pack_floats, unpack_floats
 
@@ -41,6 +43,13 @@ class CreditConfig(BaseModel):
     token_discount: float = Field(default=1.0, gt=0, le=1)
     weighting: Literal["token_mean", "call_mean", "token_sum"] = "token_mean"
     rollout_weight: float = Field(default=1.0, gt=0)
+    # What the output tokens of a call the family's parser could not parse do in training (keep, mask or
+    # drop; processors/parse_failures.py says why keep is the default).
+    parse_failures: ParseFailurePolicy = DEFAULT_POLICY
+
+    # Added after version 1 with a default that keeps the old meaning: left out of the id while at their
+    # default, so the ids already on stored credits and samples still name the same configuration.
+    ID_OMITS_DEFAULTS: ClassVar[tuple[str, ...]] = ("parse_failures",)
 
     @property
     def id(self) -> str:
@@ -51,8 +60,10 @@ def credit_event_id(reward_id: str, credit_config_id: str) -> str:
     return event_id("credit", reward_id, credit_config_id)
 
 
-def _output_lengths(rollout: Record) -> np.ndarray:
-    return np.array([len(c["output_ids"]) // 4 if is_sampled(c) else 0 for c in rollout["calls"]],
+def _output_lengths(rollout: Record, cfg: CreditConfig) -> np.ndarray:
+    """Per call: its output tokens in the loss (0 for a call that does not train)."""
+    trained = trained_calls(rollout, cfg.parse_failures)
+    return np.array([len(c["output_ids"]) // 4 if t else 0 for c, t in zip(rollout["calls"], trained, strict=True)],
                     dtype=np.int64)
 
 
@@ -64,8 +75,8 @@ def _token_advantages(reward: float, total: int, cfg: CreditConfig) -> np.ndarra
 
 def compute_credit(rollout: Record, reward: Record, cfg: CreditConfig) -> Record:
     """The Credit of one (unfiltered) reward."""
-    lengths = _output_lengths(rollout)
-    sampled = [i for i, c in enumerate(rollout["calls"]) if is_sampled(c)]
+    lengths = _output_lengths(rollout, cfg)
+    sampled = [i for i, t in enumerate(trained_calls(rollout, cfg.parse_failures)) if t]
     advantage = float(reward["reward"])
     call_adv = np.zeros(len(lengths), dtype=np.float64)
     if cfg.level == "rollout":
@@ -98,7 +109,7 @@ def compute_credits(rollouts: list[Record], rewards: list[Record], cfg: CreditCo
 
 @dataclass(frozen=True)
 class TokenValues:
-    """Per sampled token of a rollout (calls in order, ERROR calls contribute none)."""
+    """Per trained token of a rollout (calls in order; ERROR, scripted and policy-masked calls contribute none)."""
 
     advantages: np.ndarray  # float32, one per sampled token
     weights: np.ndarray  # float32, one per sampled token
@@ -110,7 +121,7 @@ def token_values(rollout: Record, credit: Record, cfg: CreditConfig) -> TokenVal
     if credit["credit_config_id"] != cfg.id:
         raise ValueError(f"credit {credit['event_id']} was made by config {credit['credit_config_id']}, "
                          f"not {cfg.id}")
-    lengths = _output_lengths(rollout)
+    lengths = _output_lengths(rollout, cfg)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     total = int(offsets[-1])
     if cfg.level == "token":

@@ -1,7 +1,9 @@
 """Trainable samples from credited rollouts: split per call, merged when the token prefix holds, packed.
 
-* Split (default): one sample per successful call, ``prompt ‖ output``, loss mask 1 on the output.
-* Merge (``merge: true``): adjacent successful calls form one sample when ``prompt_i ‖ output_i`` is
+* Split (default): one sample per trained call, ``prompt ‖ output``, loss mask 1 on the output. Trained
+  calls: successful, sampled ones, less those the credit configuration's ``parse_failures`` policy takes out
+  (processors/parse_failures.py); a call that does not train breaks a merged chain.
+* Merge (``merge: true``): adjacent trained calls form one sample when ``prompt_i ‖ output_i`` is
   a token-level prefix of ``prompt_{i+1}`` (checked on the exact ids here, not trusted); the sample is
   the last call's ``prompt ‖ output`` with every chained call's output in the loss and everything
   in between (tool results, template tokens) masked out with NaN logprobs. A chain stops before it
@@ -27,10 +29,11 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from processors.call_tokens import CallTokens, is_sampled, rollout_call_tokens
+from processors.call_tokens import CallTokens, rollout_call_tokens
 from processors.config import config_id
 from processors.credit import CreditConfig, TokenValues, token_values
 from processors.errors import PipelineInputError
+from processors.parse_failures import trained_calls
 from processors.prefix import common_prefix_len_concat
 from schemas.ids import event_id
 from schemas.sealing import is_forgotten
@@ -87,12 +90,12 @@ def _segment(rollout_id: str, call: Record, source: str, sample_start: int, call
             "source": source, "sample_start": sample_start, "call_start": call_start, "length": length}
 
 
-def _chains(rollout: Record, tokens: list[CallTokens], cfg: SampleConfig) -> list[list[int]]:
-    """Positions of the calls forming each sample, in call order."""
-    calls = rollout["calls"]
+def _chains(trained: list[bool], tokens: list[CallTokens], cfg: SampleConfig) -> list[list[int]]:
+    """Positions of the calls forming each sample, in call order (``trained``: the calls whose output is in
+    the loss, as the credit stage decided)."""
     chains: list[list[int]] = []
-    for i, call in enumerate(calls):
-        if not is_sampled(call):
+    for i, in_loss in enumerate(trained):
+        if not in_loss:
             continue
         tok = tokens[i]
         size = len(tok.prompt) + len(tok.output)
@@ -165,7 +168,7 @@ def rollout_pieces(rollout: Record, group_id: str, credit: Record, reward: Recor
     refs = {"score_ids": list(reward["score_ids"]), "reward_ids": [reward["event_id"]],
             "credit_ids": [credit["event_id"]]}
     created = int(credit["created_at_us"])
-    chains = _chains(rollout, tokens, cfg)
+    chains = _chains(trained_calls(rollout, credit_cfg.parse_failures), tokens, cfg)
     subject = rollout.get("subject")
     return [replace(_piece(rollout, group_id, chain, tokens, tv, refs, created), subject=subject) for chain in chains]
 

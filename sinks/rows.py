@@ -213,6 +213,7 @@ def rollout_row(rec: Record) -> Row:
     row["c_output_sha256"] = [_sha(c["output_ids"]) for c in calls]
     row["c_logprobs_sha256"] = [_sha(c["output_logprobs"]) for c in calls]
     row["c_version_spans"] = [span_tuples(c.get("version_spans") or []) for c in calls]
+    row["c_parse_failures"] = [c.get("parse_failures") for c in calls]
     for f in ROLLOUT_ENV_FIELDS:
         row[f"e_{f}"] = [e[f] for e in envs]
     for f in PREFIX_LINK_FIELDS:
@@ -400,6 +401,8 @@ def rollout_from_row(row: Row, call_tokens: Callable[[str], CallTokens | None]) 
         call["scripted"] = bool(scripted[i]) if scripted else False
         spans = row.get("c_version_spans") or []  # empty in rows stored before migration 0014
         call["version_spans"] = span_records(spans[i]) if spans else []
+        failures = row.get("c_parse_failures") or []  # empty in rows stored before migration 0019: not known
+        call["parse_failures"] = failures[i] if failures else None
         call.update(prompt=prompt, output_ids=tokens.output_ids, output_logprobs=tokens.output_logprobs)
         calls.append(
             {
@@ -418,6 +421,7 @@ def rollout_from_row(row: Row, call_tokens: Callable[[str], CallTokens | None]) 
                     "chat_template_fingerprint",
                     "scripted",
                     "version_spans",
+                    "parse_failures",
                 )
             }
         )

@@ -167,7 +167,7 @@ def _call_summary(client: Client, cache: CallTokenCache, call_id: str) -> dict[s
         columns="call_id, rollout_id, attempt_id, call_index, status, model, policy_version, protocol, "
         "tokenizer_fingerprint, chat_template_fingerprint, logprob_kind, finish_reason, "
         "prompt_length, prompt_sha256, prompt_base_call_id, prompt_base_prefix_len, "
-        "output_tokens, prefix_mode",
+        "output_tokens, prefix_mode, JSONLength(sampling_extra_json, 'parse_errors') AS parse_errors",
     )
     if not rows:
         return {"call_id": call_id, "problem": "not stored"}
@@ -194,7 +194,9 @@ def _rollout_summary(client: Client, rollout_id: str) -> dict[str, Any]:
         {"id": rollout_id},
         columns="event_id, rollout_id, attempt_id, attempt_number, status, counted, group_id, "
         "policy_versions, finish_status, length(call_ids) AS calls, "
-        "length(env_event_ids) AS env_events, task_input_json",
+        "length(env_event_ids) AS env_events, task_input_json, "
+        # Calls whose output the family's parser could not parse (issue 28; 0 on rows stored before 0019).
+        "arrayCount(x -> ifNull(x, 0) > 0, c_parse_failures) AS parse_failed_calls",
         order_by="attempt_number",
     )
     groups = select_rows(
@@ -283,6 +285,9 @@ def format_trace(trace: dict[str, Any]) -> str:
             f"model {c['model']} "
             f"policy v{c['policy_version']}, {c['output_tokens']} sampled ({c['logprob_kind']} logprobs)"
         )
+        if c.get("parse_errors"):  # its tokens trained only because the credit's parse_failures policy kept them
+            lines.append(f"  PARSE FAILED {c['parse_errors']} parser error(s) on this call's output (answered as "
+                         "content; the credit config's parse_failures policy decides whether it trains)")
         lines.append(
             f"  prompt      {c['prompt_length']} tokens sha256 {c['prompt_sha256'][:16]}..., {delta}; "
             f"{'verified' if c['prompt_verified'] else 'NOT VERIFIED: ' + c.get('prompt_problem', '')}"
@@ -294,6 +299,7 @@ def format_trace(trace: dict[str, Any]) -> str:
                 f"{a['status']}{'' if a['counted'] else ' (not counted)'}, {a['calls']} calls, "
                 f"{a['env_events']} env events, policy {list(a['policy_versions'])}, "
                 f"finish {a['finish_status']}"
+                + (f", {a['parse_failed_calls']} call(s) failed to parse" if a.get("parse_failed_calls") else "")
             )
         for g in r["groups"]:
             lines.append(

@@ -389,6 +389,7 @@ def _rollout(
             "chat_template_fingerprint": c["versions"]["chat_template_fingerprint"],
             "scripted": c["scripted"],
             "version_spans": c["version_spans"],
+            "parse_failures": None,  # synthetic: no parser ran (as rollouts assembled before the field read)
         }
         for c in calls
     ]

@@ -727,6 +727,8 @@ SETTINGS non_replicated_deduplication_window = 10000;
 
 ALTER TABLE tokentrail.forgotten ADD COLUMN IF NOT EXISTS src_time_ms Int64 DEFAULT -1 AFTER src_offset;
 
+ALTER TABLE tokentrail.rollouts ADD COLUMN IF NOT EXISTS c_parse_failures Array(Nullable(Int32)) DEFAULT [] AFTER c_version_spans;
+
 CREATE OR REPLACE VIEW tokentrail.env_events AS SELECT event_id, rollout_id, attempt_id, 'AttemptStarted' AS event_type, created_at_us
         FROM tokentrail.attempt_starts FINAL
         UNION ALL

@@ -196,6 +196,13 @@ MIGRATIONS: tuple[Migration, ...] = (
             f"ALTER TABLE {db}.{FORGOTTEN_TABLE.name} ADD COLUMN IF NOT EXISTS {SRC_TIME_COLUMN}",
         ],
     ),
+    Migration(
+        "0019_rollout_parse_failures",
+        "rollouts: per call, how many errors the family's parser reported on its output (CompletedRollout v6; "
+        "empty on rows stored before: not known)",
+        lambda db: [f"ALTER TABLE {db}.rollouts ADD COLUMN IF NOT EXISTS c_parse_failures Array(Nullable(Int32)) "
+                    "DEFAULT [] AFTER c_version_spans"],
+    ),
 )
 
 

@@ -195,9 +195,10 @@ def test_audit_cli_exit_codes_and_json(chdb_dsn: str, ch: Client, capsys: pytest
 
 def test_trace_names_the_whole_chain(ch: Client, chdb_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
     group = clean_groups(1)[0]
-    write_records(ch, group.events)
     packed = next(r for r in group.of("Sample") if r["kind"] == "PACKED")
     seg = [s for s in packed["segments"] if s["source"] == "OUTPUT"][1]
+    _output_failed_to_parse(group, seg["call_id"])
+    write_records(ch, group.events)
     position = seg["sample_start"] + 2
     trace = trace_sample(ch, packed["event_id"], position)
     token = trace["token"]
@@ -211,9 +212,11 @@ def test_trace_names_the_whole_chain(ch: Client, chdb_dsn: str, capsys: pytest.C
     assert [s["rollout_id"] for s in trace["scores"]] == [seg["rollout_id"]]
     assert trace["rewards"][0]["score_ids"] == [trace["scores"][0]["event_id"]]
     assert trace["credits"][0]["reward_id"] == trace["rewards"][0]["event_id"]
+    assert call["parse_errors"] == 2 and trace["rollouts"][0]["attempts"][0]["parse_failed_calls"] == 1
     text = format_trace(trace)
     for word in ("trained in", "token", "call", "prompt", "rollout", "group", "score", "reward", "credit"):
         assert f"\n  {word}" in text
+    assert "\n  PARSE FAILED 2 parser error(s)" in text and ", 1 call(s) failed to parse" in text
     with pytest.raises(TraceError, match="no sample"):
         trace_sample(ch, "nope")
     args = ["--dsn", chdb_dsn, "--database", ch.database]
@@ -221,6 +224,16 @@ def test_trace_names_the_whole_chain(ch: Client, chdb_dsn: str, capsys: pytest.C
     assert f"sample {packed['event_id']}" in capsys.readouterr().out
     assert cli_main(["trace", *args, packed["event_id"], "999999"]) == 2
     assert "outside sample" in capsys.readouterr().err
+
+
+def _output_failed_to_parse(group: GroupEvents, call_id: str) -> None:
+    """The gateway could not parse this call's output (two parser errors), as its record and rollout say."""
+    for name, record in group.events:
+        if name == "CallRecord" and record["call_id"] == call_id:
+            record["sampling"] = dict(record["sampling"], extra_json=json.dumps({"parse_errors": ["a", "b"]}))
+        if name == "CompletedRollout":
+            for c in record["calls"]:
+                c["parse_failures"] = 2 if c["call_id"] == call_id else 0
 
 
 def test_report_is_self_contained_html(ch: Client, chdb_dsn: str, tmp_path: Path) -> None:

@@ -116,7 +116,7 @@ def test_calls_store_token_arrays_and_give_back_the_exact_bytes(ch: Client) -> N
 
 # Columns migration 0014 added (version spans, release arm): rows written before it have none.
 AFTER_0014 = ("version_spans", "c_version_spans", "release_id", "release_decision_sequence", "release_arm",
-              "release_pin_label", "subject")
+              "release_pin_label", "subject", "c_parse_failures")  # c_parse_failures: from 0019 on
 
 
 def test_migrating_calls_stored_as_packed_bytes(
@@ -150,7 +150,7 @@ def test_migrating_calls_stored_as_packed_bytes(
             "0006_samples_token_references", "0007_calls_shared_prompts", "0008_calls_request_response_copies",
             "0009_scripted_outputs", "0010_release_decisions", "0011_feedback", "0012_baselines",
             "0013_trainer_steps_off_policy", "0014_version_spans_and_release", "0015_trainer_steps_resume",
-            "0016_trainer_steps_ranks", "0017_src_time", "0018_subjects",
+            "0016_trainer_steps_ranks", "0017_src_time", "0018_subjects", "0019_rollout_parse_failures",
         ]
         for statement in MIGRATIONS[3].statements(client.database):  # a repeated, interrupted migration
             client.command(statement)

@@ -14,6 +14,7 @@ import openai
 import orjson
 import pytest
 
+from processors.assembler import RolloutAssembly
 from producers.sdk import Rollout
 from tests.producers.gateway.checks import prefix_holds
 from tests.producers.gateway.helpers import output_of, prompts_of, read_records
@@ -126,11 +127,14 @@ def test_openai_chat_on_a_family(start_family_gateway, topics: dict[str, str], t
     spec = FAMILIES[family]
     text = family_text_side(family)
     tools = [LOOKUP]
+    # Qwen3-Coder (whose broken XML calls peers drop silently) also retries with a good call after the broken one.
+    retry = family == "qwen3-coder"
+    scripts = [spec["calls"], spec["answer"], spec["broken"], *[spec["calls"]] * retry]
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Answer with the lookup tool."},
                                       {"role": "user", "content": "What are fox and owl?"}]
     conversations = []
     with start_family_gateway(family) as gw, \
-            Rollout(gw.url, task_input={}, script=[spec["calls"], spec["answer"], spec["broken"]]) as rollout:
+            Rollout(gw.url, task_input={}, script=scripts) as rollout:
         client = openai.OpenAI(base_url=rollout.openai_base_url, api_key=rollout.api_key, max_retries=0)
         conversations.append(([dict(m) for m in messages], tools))
         first = client.chat.completions.create(model=family, messages=messages, tools=tools, max_tokens=64,
@@ -153,13 +157,20 @@ def test_openai_chat_on_a_family(start_family_gateway, topics: dict[str, str], t
         messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "And the cat?"}]
         conversations.append(([dict(m) for m in messages], tools))
         broken = client.chat.completions.create(model=family, messages=messages, tools=tools, max_tokens=64)
+        if retry:  # the harness retries after the unparsed answer: the good call after it parses as ever
+            messages += [{"role": "assistant", "content": broken.choices[0].message.content},
+                         {"role": "user", "content": "Use the tool."}]
+            conversations.append(([dict(m) for m in messages], tools))
+            again = client.chat.completions.create(model=family, messages=messages, tools=tools, max_tokens=64)
+            assert [(c.function.name, json.loads(c.function.arguments))
+                    for c in again.choices[0].message.tool_calls] == [("lookup", {"key": k}) for k in spec["keys"]]
     # Unparseable tool-call markup: answered as vLLM's parser answers it (all text as content, no calls).
     expected_broken = text.parse(text.decode(text.renderer.encode(spec["broken"])))
     assert broken.choices[0].message.tool_calls is None and broken.choices[0].finish_reason == "stop"
     assert broken.choices[0].message.content == expected_broken.content and expected_broken.errors
 
-    calls = _calls(tokentrail_settings, topics["calls_topic"], rollout, 3)
-    prompts = _check_prompts(calls, family, conversations, [spec["calls"], spec["answer"], spec["broken"]])
+    calls = _calls(tokentrail_settings, topics["calls_topic"], rollout, len(scripts))
+    prompts = _check_prompts(calls, family, conversations, scripts)
     for call in calls:  # the record names the family and the library that parsed
         assert call["versions"]["parser_version"].startswith(f"{family}: ")
     assert prefix_holds(calls, prompts, 0) is spec["splice_holds"]
@@ -174,6 +185,12 @@ def test_openai_chat_on_a_family(start_family_gateway, topics: dict[str, str], t
     extra = json.loads(calls[2]["sampling"]["extra_json"])
     assert extra["parse_errors"] == list(expected_broken.errors)
     assert "parse_errors" not in json.loads(calls[0]["sampling"]["extra_json"])
+    # The assembled rollout names the call that failed to parse, for the credit's parse_failures policy.
+    env = read_records(tokentrail_settings, topics["env_topic"], 2, where={"rollout_id": rollout.rollout_id})
+    assembly = RolloutAssembly(rollout.rollout_id)
+    events = [*env, *(("CallRecord", c) for c in calls)]
+    (assembled,) = [out for name, rec in events for out in assembly.accept(name, rec).rollouts]
+    assert [c["parse_failures"] for c in assembled["calls"]] == [0, 0, len(expected_broken.errors), *[0] * retry]
 
 
 def _anthropic_history(first: Any) -> list[dict[str, Any]]:
