@@ -26,6 +26,9 @@ import asyncio
 import concurrent.futures
 import logging
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +66,19 @@ def check_body(raw: bytes, limit: StructureLimit | None, model: BodyModel | None
     return None
 
 
+def _exit_with_parent(parent: int) -> None:
+    """In the pool, at start: exit when the gateway process is gone. A gateway worker killed with -9 (a
+    supervisor's restart, the OOM killer) cannot shut its pool down, and a spawned check process would
+    otherwise live on, orphaned, for as long as the machine does."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _ready() -> bool:
     """In the pool: import what ``check_body`` needs, once, at start."""
     return check_body(b"{}", None) is None
@@ -87,7 +103,8 @@ class BodyChecks:
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                self.processes, mp_context=multiprocessing.get_context("spawn"))
+                self.processes, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_exit_with_parent, initargs=(os.getpid(),))
         return self._pool
 
     def warm(self) -> None:

@@ -57,3 +57,40 @@ def test_past_the_queue_a_large_body_is_refused_at_once_as_overloaded() -> None:
     assert overloaded.status == 503 and overloaded.code == "overloaded"
     assert overloaded.body("anthropic")["error"]["type"] == "overloaded_error"
     assert checks.checked == 1
+
+
+def test_a_check_process_exits_when_its_gateway_is_killed(tmp_path) -> None:
+    """A gateway process killed with -9 cannot shut its pool down; its check process must not outlive it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    owner = subprocess.Popen([sys.executable, "-c", (
+        "import os, time, pathlib\n"
+        "from producers.gateway.body_checks import BodyChecks\n"
+        "checks = BodyChecks(min_bytes=1)\n"
+        "checks._executor().submit(os.getpid).result(timeout=120)\n"  # spawned and answering
+        f"pathlib.Path({str(pid_file)!r}).write_text(str(checks._executor().submit(os.getpid).result()))\n"
+        "time.sleep(600)\n")])
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() or not pid_file.read_text():
+            assert owner.poll() is None and time.monotonic() < deadline, "the pool never answered"
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+        os.kill(child, 0)  # alive while its owner is
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(30)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break  # gone (reaped by init once it exited)
+            assert time.monotonic() < deadline, f"check process {child} outlived its killed gateway"
+            time.sleep(0.2)
+    finally:
+        owner.kill()
