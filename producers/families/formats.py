@@ -10,7 +10,9 @@
 
 A tool-call block the library cannot parse (broken JSON/XML, unclosed) is answered as vLLM's tool parsers
 answer it (hermes, qwen3_coder, llama3_json: ``tools_called=False``, the whole text after the reasoning as
-content, no tool calls), and the parse errors are kept so the record says what failed. Harmony output that
+content, no tool calls), and the parse errors are kept so the record says what failed (kinds, positions and
+sizes, never the output's text: the errors travel outside the sealed content fields, and the output itself is
+on the record). Harmony output that
 ends in a non-terminal state is answered as vLLM's ``HarmonyParser.flush`` answers it: the unfinished
 message's raw text as final content.
 """
@@ -85,11 +87,11 @@ class RenderersFormat:
         if reasoning is not None and parsed.reasoning_complete is False:
             reasoning = reasoning.strip()  # as the complete block's is, so a stream's deltas add up to it
         reasoning = reasoning or None
-        errors = tuple(f"tool call {k}: {c.status.value}: {c.raw[:200]!r}"
+        errors = tuple(f"tool call {k}: {c.status.value} ({len(c.raw)} characters)"
                        for k, c in enumerate(parsed.tool_calls) if c.status.value not in self._accepted)
         head = (parsed.content or "").lstrip()
         if not parsed.tool_calls and self._json_call_prefixes and head.startswith(self._json_call_prefixes):
-            errors = (f"output starts like a tool call but none parsed: {head[:200]!r}",)
+            errors = (f"output starts like a tool call but none parsed ({len(head)} characters)",)
         if errors:  # vLLM: the parser gives up on the whole output; it all stays content
             return FamilyParse(self._content_after_reasoning(output_ids, parsed), reasoning, (), errors)
         calls = tuple(FamilyToolCall(str(c.name), _arguments_text(self._arguments(c))) for c in parsed.tool_calls)
@@ -109,7 +111,7 @@ class RenderersFormat:
         at = text.find("<tool_call>")
         head, tail = (text, "") if at < 0 else (text[:at], text[at:])
         reasoning = head.removeprefix("<think>").strip() or None
-        errors = tuple(f"tool call {k}: {c.status.value}: {c.raw[:200]!r}"
+        errors = tuple(f"tool call {k}: {c.status.value} ({len(c.raw)} characters)"
                        for k, c in enumerate(parsed.tool_calls) if c.status.value not in self._accepted)
         if errors:  # the tool parser gives up on what follows the reasoning: it stays content
             return FamilyParse(tail, reasoning, (), errors)
@@ -208,7 +210,7 @@ class HarmonyFormat:
             try:
                 json.loads(call.arguments)
             except json.JSONDecodeError:  # kept as vLLM keeps it; the record says it is not JSON
-                errors.append(f"tool call {k} ({call.name}): arguments are not JSON: {call.arguments[:200]!r}")
+                errors.append(f"tool call {k} ({call.name}): arguments are not JSON ({len(call.arguments)} characters)")
         if failed:  # vLLM's HarmonyParser.flush: the unfinished message's raw text as final content
             rest = ids[start:]
             while rest and rest[-1] in self._stops:
@@ -228,7 +230,8 @@ class HarmonyFormat:
         elif message.channel == "final" or (message.channel == "commentary" and recipient is None):
             content.append(text)
         else:
-            return f"harmony message ignored (channel {message.channel!r}, recipient {recipient!r}): {text[:200]!r}"
+            return (f"harmony message ignored (channel {message.channel!r}, recipient {recipient!r}, "
+                    f"{len(text)} characters)")
         return None
 
 

@@ -168,6 +168,9 @@ def test_openai_chat_on_a_family(start_family_gateway, topics: dict[str, str], t
     expected_broken = text.parse(text.decode(text.renderer.encode(spec["broken"])))
     assert broken.choices[0].message.tool_calls is None and broken.choices[0].finish_reason == "stop"
     assert broken.choices[0].message.content == expected_broken.content and expected_broken.errors
+    # The errors say what failed, never the output's text (they are not sealed with the content).
+    tail = expected_broken.content.strip()[-10:]
+    assert tail and not any(tail in error for error in expected_broken.errors), expected_broken.errors
 
     calls = _calls(tokentrail_settings, topics["calls_topic"], rollout, len(scripts))
     prompts = _check_prompts(calls, family, conversations, scripts)
