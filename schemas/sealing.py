@@ -203,6 +203,13 @@ class Sealer:
         out["sealed"] = b"".join((MAGIC, struct.pack("<H", len(kid)), kid, nonce, ciphertext))
         return out
 
+    def forget_keys(self, key_ids: list[str]) -> None:
+        """A Forgotten event named these keys destroyed: unreadable here at once, not only after the keyring's
+        next refresh (a reader that stored the event must not open the subject's records that follow it)."""
+        forget = getattr(self.keyring, "forget_keys", None)
+        if forget is not None:
+            forget(key_ids)
+
     def open(self, name: str, record: Record) -> Record:
         """The record with its content restored and ``sealed`` cleared; as it is (blanked, ``sealed`` set)
         when its key is gone. Decoded records are the caller's own: opened in place."""

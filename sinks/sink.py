@@ -34,6 +34,7 @@ from schemas.codec import Codec, DecodeError
 from schemas.ids import event_id
 from schemas.kafka.config import KafkaSettings
 from schemas.kafka.registry_framing import kafka_codec
+from schemas.sealing import is_forgotten
 from sinks.forget import blank_subject
 from sinks.request_bodies import DEFAULT_MEMO_CHARS, RequestBodyDeltas
 from sinks.rows import Row, RowError, Source, to_row
@@ -295,6 +296,13 @@ class ClickHouseSink:
             )
             table, row = to_row(name, record, Source(topic, partition, offset, kafka_time_ms(msg)))
             if name == "Forgotten":
+                self.pending.forgotten.append(record["subject"])
+                if self.codec.sealer is not None:  # the subject's records after this one stay unreadable here
+                    self.codec.sealer.forget_keys(list(record.get("key_ids") or ()))
+            elif record.get("subject") and is_forgotten(record):
+                # Read after its subject's Forgotten event was stored (another topic, a later batch): stored
+                # blank but with its content's hashes, so it is blanked again like the rest (a forgotten call's
+                # prompt hash becomes its zeros' hash; a sample stops referencing calls).
                 self.pending.forgotten.append(record["subject"])
             if table == "calls":
                 row = self.request_bodies.encode(row)

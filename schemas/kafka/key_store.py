@@ -226,6 +226,12 @@ class KafkaKeyStore:
             self._tombstone(gone)
             return gone
 
+    def forget_keys(self, key_ids: list[str]) -> None:
+        """Known destroyed (a Forgotten event names them), ahead of the tombstones' next catch-up."""
+        with self._lock:
+            for key_id in key_ids:
+                self._forget_locally(key_id)
+
     def close(self) -> None:
         with self._lock:
             if self._consumer is not None:

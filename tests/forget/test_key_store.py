@@ -89,3 +89,24 @@ def test_keys_past_their_retention_are_destroyed_and_replaced(
         assert not is_forgotten(codec.decode(fresh)[1])
     finally:
         store.close()
+
+
+def test_a_forgotten_event_makes_its_keys_unreadable_before_the_next_refresh(
+    tokentrail_settings: Settings, forget_settings: ForgetSettings
+) -> None:
+    """A reader that stored a Forgotten event must not open the subject's later records with a key it cached
+    before the tombstone reached it (the sink calls ``forget_keys`` with the event's key ids)."""
+    slow = ForgetSettings(**{**forget_settings.model_dump(), "refresh_s": 3600.0})  # no refresh in this test
+    writer, reader = KafkaKeyStore(tokentrail_settings.kafka, forget_settings), \
+        KafkaKeyStore(tokentrail_settings.kafka, slow)
+    try:
+        write, read = Codec(sealer=Sealer(writer)), Codec(sealer=Sealer(reader))
+        data = write.encode("CallRecord", make_call("r1", "a1", 0, [1, 2, 3], [4, 5], subject="user-2"))
+        assert not is_forgotten(read.decode(data)[1])  # the reader has the key cached
+        gone = writer.destroy("user-2")
+        assert not is_forgotten(read.decode(data)[1])  # stale: its refresh is an hour away
+        read.sealer.forget_keys(gone)  # what the sink does on the Forgotten event
+        assert is_forgotten(read.decode(data)[1])
+    finally:
+        writer.close()
+        reader.close()
