@@ -58,8 +58,9 @@ setup-trl: .venv-trl/.installed
 demo: setup
 	$(BIN)/tokentrail demo
 
-# The whole suite, as CI runs it (51 min 54 s in the last CI run; budget 45, target under 40). On the shared
-# 2-core machine, 2026-12-05, load 2-13: quick tier 9 min 43 s + e2e tier 36 min 37 s; pyproject's addopts print
+# The whole suite, as CI runs it (45 min 36 s of pytest in the last CI run, with the demo loop test at 4 minutes
+# of workload; budget 45, target under 40). On the shared 2-core machine, 2026-12-05: all 1,333 tests of the
+# merged tree before its last branch 47 min 0 s at load 2-12 with other runs beside it; pyproject's addopts print
 # the 30 slowest tests at the end (--durations=30).
 test: setup setup-harnesses setup-trl
 	$(BIN)/pytest
@@ -69,10 +70,9 @@ test: setup setup-harnesses setup-trl
 # Two pytest-xdist workers, one a core: the tier costs ~5.5 CPU-minutes (user+sys), so one process cannot go
 # below that. tests/conftest.py makes the shared services safe for two workers (one broker start under a lock
 # file; chDB, spools and state dirs are per process or per test; model builds lock and rename). Measured on the
-# shared 2-core machine (~1,150 tests; the wall time follows the load other engineers' runs put on it): serial
-# 8 min 46 s at load ~2; two workers, 2026-12-05, 8 min 31 s at load 6-26 (314 CPU-s) and 11 min 39 s at load
-# 9-27, median 15 (358 CPU-s). Issue 27's target of under 5 min was not reached at those loads: the tier's
-# CPU time over two cores is ~2.7 min, so it needs the machine (nearly) to itself.
+# shared 2-core machine (the wall time follows the load other runs put on it): serial 8 min 46 s at load ~2;
+# two workers, 2026-12-05: 4 min 33 s for 1,192 tests at load ~2-3 (296 CPU-s), 8 min 31 s and 11 min 39 s at
+# load 6-27 with other engineers' vLLM servers beside it.
 # `make test` stays serial: the e2e tier's time-outs are sized for one test at a time.
 test-quick: setup
 	$(BIN)/pytest -m "not e2e" -n 2
