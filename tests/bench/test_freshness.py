@@ -44,7 +44,9 @@ def test_bench_freshness_times_every_stage_from_the_records_and_every_rollout_re
             assert p50 is not None and p50 <= p99 <= top, (name, stage, phase)
         # A stage comes after the one it derives from; the group waits for its last member, so a
         # rollout's own finish is no later than its group's.
-        assert phase["finish_to_rollout_p50_ms"] <= phase["ready_to_sample_max_ms"] + 1, (name, phase)
+        # (Each relation holds per rollout: its CompletedRollout precedes its samples. A rollout's assembly
+        # time against another stage's time is no relation: 45.2 vs 41.2 ms once failed here.)
+        assert phase["finish_to_rollout_p50_ms"] <= phase["own_finish_to_sample_max_ms"] + 1, (name, phase)
         assert phase["ready_to_sample_max_ms"] <= phase["own_finish_to_sample_max_ms"], (name, phase)
         assert phase["ready_to_sample_max_ms"] <= phase["ready_to_trainer_max_ms"] + 1, (name, phase)
     # Groups of one are whole when their rollout finishes: the two measures are one.
