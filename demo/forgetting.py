@@ -39,6 +39,7 @@ class ForgetRun:
     at_fraction: float
     subjects: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
+    stored: list[str] = field(default_factory=list)  # what their records carry (pseudonyms, subject_names.py)
     done_at_us: int = 0  # when the forget (and the key refresh wait) completed
 
     def due(self, started: float, minutes: float) -> bool:
@@ -56,6 +57,7 @@ class ForgetRun:
                          gateway=gateway_url, clickhouse=False, wait=True,
                          progress=lambda line: print(f"  {line}", flush=True))
         self.subjects, self.requests = subjects, list(summary["requests"])
+        self.stored = [form for s in subjects for form in summary["stored_subjects"][s]]
         self.done_at_us = time.time_ns() // 1000
         print(f"  forgotten: {len(subjects)} users, {summary['keys_destroyed']} keys destroyed "
               f"(requests {', '.join(self.requests)})", flush=True)
@@ -84,11 +86,11 @@ def forget_figures(settings: Settings, run: ForgetRun, canaries: dict[str, str],
     trained = int(client.query(
         "SELECT count() FROM trainer_steps FINAL ARRAY JOIN sample_ids AS sid WHERE created_at_us > {t:Int64} "
         "AND sid IN (SELECT event_id FROM samples FINAL WHERE subject IN {s:Array(String)})",
-        parameters={"t": run.done_at_us, "s": run.subjects}).result_rows[0][0])
+        parameters={"t": run.done_at_us, "s": run.stored}).result_rows[0][0])
     trained_before = int(client.query(
         "SELECT count() FROM trainer_steps FINAL ARRAY JOIN sample_ids AS sid WHERE created_at_us <= {t:Int64} "
         "AND sid IN (SELECT event_id FROM samples FINAL WHERE subject IN {s:Array(String)})",
-        parameters={"t": run.done_at_us, "s": run.subjects}).result_rows[0][0])
+        parameters={"t": run.done_at_us, "s": run.stored}).result_rows[0][0])
     print(f"  residue scan: {tally.residual_readable} readable locations of the forgotten users "
           f"(complete: {tally.complete}); their samples trained before the forget: {trained_before}, after: "
           f"{trained}", flush=True)

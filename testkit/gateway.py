@@ -107,7 +107,7 @@ def embedded_gateway_app(settings: GatewayStackSettings, *, spool_dir: Path | st
     from dataclasses import replace
 
     from producers.delivery import CallPublisher
-    from producers.gateway.app import GatewayOptions
+    from producers.gateway.options import GatewayOptions
     from producers.gateway.wiring import build_app
     from schemas.kafka.config import producer_config
 

@@ -92,22 +92,27 @@ def forget(settings: Settings, subjects: list[str], *, requested_by: str, reason
     """Forget every subject; the summary (also what the demo calls)."""
     # Here, not at the top: every command imports this module to install the sealer, few forget.
     from schemas.forget_events import new_request_id
-    from schemas.kafka.forget_log import forget_subject
+    from schemas.kafka.forget_log import forget_name
+    from schemas.subject_names import SubjectNames
     from sinks.client import ClickHouseConfigError, connect
     from sinks.forget import blank_subject, versions_trained_on
 
+    # Records carry a subject's pseudonym (older ones its name): every form is forgotten (subject_names.py).
+    forms = {subject: SubjectNames(settings.forget.master()).forms(subject) for subject in subjects}
     events = []
     for subject in subjects:
         request_id = new_request_id()
-        progress(f"forget: {subject!r}: destroying its keys and recording request {request_id}")
+        progress(f"forget: {subject!r} (stored as {forms[subject][0]}): destroying its keys and recording "
+                 f"request {request_id}")
         if gateway:
-            event = _via_gateway(gateway, settings.gateway.admin_key, {
+            answer = _via_gateway(gateway, settings.gateway.admin_key, {
                 "subject": subject, "requested_by": requested_by, "reason": reason, "request_id": request_id})
+            done = [answer, *answer.get("also_forgotten", [])]
         else:
-            event = forget_subject(_key_store(settings), settings.kafka, settings.forget, subject,
-                                   requested_by=requested_by, reason=reason, request_id=request_id)
-        progress(f"forget: {subject!r}: {len(event['key_ids'])} key(s) destroyed")
-        events.append(event)
+            done = forget_name(_key_store(settings), settings.kafka, settings.forget, subject,
+                               requested_by=requested_by, reason=reason, request_id=request_id)
+        progress(f"forget: {subject!r}: {sum(len(e['key_ids']) for e in done)} key(s) destroyed")
+        events += done
     blanked: dict[str, int] = {}
     trained: dict[str, list[int]] = {}
     if clickhouse:
@@ -116,17 +121,19 @@ def forget(settings: Settings, subjects: list[str], *, requested_by: str, reason
         except ClickHouseConfigError as exc:
             raise CliError(str(exc)) from exc
         for subject in subjects:
-            trained[subject] = versions_trained_on(client, subject)
+            trained[subject] = sorted({v for form in forms[subject] for v in versions_trained_on(client, form)})
             if trained[subject]:
                 progress(f"forget: {subject!r}: policy versions {trained[subject]} trained on its samples; a forget "
                          "does not unlearn them (docs/forgetting.md)")
-            for table, rows in blank_subject(client, subject).items():
-                blanked[table] = blanked.get(table, 0) + rows
+            for form in forms[subject]:
+                for table, rows in blank_subject(client, form).items():
+                    blanked[table] = blanked.get(table, 0) + rows
             progress(f"forget: {subject!r}: content blanked in ClickHouse ({sum(blanked.values())} rows so far)")
     if wait:
         progress(f"forget: waiting {settings.forget.refresh_s:.1f} s for every process to re-read the key topic")
         time.sleep(settings.forget.refresh_s + 0.5)
-    return {"subjects": subjects, "requests": [e["request_id"] for e in events],
+    return {"subjects": subjects, "stored_subjects": {s: list(f) for s, f in forms.items()},
+            "requests": [e["request_id"] for e in events],
             "keys_destroyed": sum(len(e["key_ids"]) for e in events), "clickhouse_rows_blanked": blanked,
             "sealing_enabled": settings.forget.enabled, "policy_versions_trained_on": trained}
 

@@ -26,7 +26,7 @@ from starlette.routing import Route
 
 from producers.gateway import anthropic_adapter, openai_adapter, records, responses_adapter
 from producers.gateway.asgi_app import Endpoint, GatewayApp
-from producers.gateway.attempts import DEFAULT_MAX_BYTES, AttemptRegistry
+from producers.gateway.attempts import AttemptRegistry
 from producers.gateway.body import validate
 from producers.gateway.body_checks import BodyChecks
 from producers.gateway.chat import CallOutcome, InternalCall, SamplingSpec
@@ -46,24 +46,25 @@ from producers.gateway.identity import (
     session_id_of,
     traffic_label_of,
 )
-from producers.gateway.keys import resolve_secret
 from producers.gateway.live_text import LiveText
 from producers.gateway.metrics import GatewayMetrics
 from producers.gateway.models_anthropic import CountTokensRequest, MessagesRequest
 from producers.gateway.models_openai import ChatCompletionRequest, CompletionRequest
 from producers.gateway.models_responses import ResponsesRequest
+from producers.gateway.options import GatewayOptions
 from producers.gateway.ports import TextSide
 from producers.gateway.recovery import KafkaRecoverySource, RecoveryReport, recover
 from producers.gateway.release_routed import public_release_status
 from producers.gateway.service import CallService, ErrorBody, PreparedCall, ResponseBuilder
-from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs
-from producers.gateway.sessions import DEFAULT_KEY_SOURCES, OrganicSessions, session_key
+from producers.gateway.session_refs import SessionRefs
+from producers.gateway.sessions import OrganicSessions, session_key
 from producers.gateway.settings import GatewayStackSettings
 from producers.gateway.sse import SSE_HEADERS
 from producers.gateway.tenants import Tenants
 from producers.upstreams.base import Upstream
 from schemas.codec import Codec, get_codec
 from schemas.kafka.key_store import ForgetSettings
+from schemas.subject_names import SubjectNames
 from schemas.tokens import TokenIds
 
 log = logging.getLogger("tokentrail.gateway")
@@ -76,64 +77,6 @@ SHUTDOWN_GRACE_S = 30.0
 class OrjsonResponse(JSONResponse):
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content)
-
-
-@dataclass
-class GatewayOptions:
-    """Gateway behaviour; ``from_settings`` reads it from the gateway and model settings sections."""
-
-    model_name: str
-    model_aliases: dict[str, str]
-    prefix_mode: str = "splice"
-    unattributed: str = "record"
-    max_body_bytes: int = 8 * 1024 * 1024
-    # Large bodies checked off the event loop first (body_checks.py; settings.py offload_body_bytes).
-    offload_body_bytes: int = 256 * 1024
-    body_check_processes: int = 1
-    body_check_queue: int = 4
-    max_tokens_limit: int = 4096
-    # Set: every route but /health and /metrics needs a key (identity.py, docs/operations.md "Security").
-    admin_key: str = ""
-    # Deprecated alias of keys on every route, for gateways without an admin key (see settings.py).
-    require_auth: bool = False
-    # The attempt registry's memory budget and idle timeout (attempts.py).
-    registry_max_bytes: int = DEFAULT_MAX_BYTES
-    attempt_idle_timeout_s: float = 6 * 3600.0
-    # The attempts' keys derive from this secret (keys.py); empty: from admin_key, else a file in
-    # ``key_secret_dir`` (the spool's folder).
-    key_secret: str = ""
-    key_secret_dir: Path | None = None
-    # Organic sessions (sessions.py): calls that name no rollout but carry a session key become attempts.
-    organic_sessions: bool = False
-    session_idle_s: float = 900.0
-    session_key_sources: tuple[str, ...] = DEFAULT_KEY_SOURCES
-    # Who may send a release traffic label (identity.traffic_label_of; settings.py traffic_label_key).
-    traffic_label_key: str = ""
-    # Tenants of organic traffic (tenants.py).
-    tenant_keys: tuple[tuple[str, str], ...] = ()
-    tenant_max_open_sessions: int = 1000
-    # The secret of the keyed hashes of session keys (session_refs.py); the default is dev-only.
-    session_ref_key: str = DEV_SESSION_REF_KEY
-
-    @classmethod
-    def from_settings(cls, settings: GatewayStackSettings) -> GatewayOptions:
-        g = settings.gateway
-        return cls(model_name=settings.model.name, model_aliases=dict(g.model_aliases),
-                   prefix_mode=g.prefix_mode, unattributed=g.unattributed, max_body_bytes=g.max_body_bytes,
-                   offload_body_bytes=g.offload_body_bytes, body_check_processes=g.body_check_processes,
-                   body_check_queue=g.body_check_queue,
-                   max_tokens_limit=g.max_tokens_limit, admin_key=g.admin_key, require_auth=g.require_auth,
-                   registry_max_bytes=g.registry_max_bytes, attempt_idle_timeout_s=g.attempt_idle_timeout_s,
-                   key_secret=g.key_secret, key_secret_dir=g.spool_dir,
-                   organic_sessions=g.organic_sessions, session_idle_s=g.session_idle_s,
-                   session_key_sources=tuple(g.session_key_sources), traffic_label_key=g.traffic_label_key,
-                   tenant_keys=tuple(g.tenant_keys.items()), tenant_max_open_sessions=g.tenant_max_open_sessions,
-                   session_ref_key=g.session_ref_key.get_secret_value())
-
-    def make_registry(self) -> AttemptRegistry:
-        secret = resolve_secret(self.key_secret, self.admin_key, self.key_secret_dir)
-        return AttemptRegistry(max_bytes=self.registry_max_bytes, idle_ttl_s=self.attempt_idle_timeout_s,
-                               key_secret=secret)
 
 
 @dataclass(frozen=True)
@@ -164,7 +107,8 @@ class Gateway:
 
     def __init__(self, options: GatewayOptions, upstream: Upstream, publisher: Any, text: TextSide, *,
                  registry: AttemptRegistry | None = None, metrics: GatewayMetrics | None = None,
-                 codec: Codec | None = None, topics: dict[str, str] | None = None) -> None:
+                 codec: Codec | None = None, topics: dict[str, str] | None = None,
+                 subjects: SubjectNames | None = None) -> None:
         if options.unattributed not in ("record", "refuse"):
             raise ValueError("gateway.unattributed must be 'record' or 'refuse', "
                              f"not {options.unattributed!r}")
@@ -177,7 +121,7 @@ class Gateway:
                                   tenants=Tenants(dict(options.tenant_keys), options.tenant_max_open_sessions),
                                   body_checks=BodyChecks(options.offload_body_bytes, options.body_check_processes,
                                                          options.body_check_queue),
-                                  **(topics or {}))
+                                  **({"subjects": subjects} if subjects is not None else {}), **(topics or {}))
         self.service = CallService(self.ctx, upstream, text, model_name=options.model_name,
                                    model_aliases=options.model_aliases, prefix_mode=options.prefix_mode)
         self.env_api = EnvApi(self.ctx)
@@ -558,9 +502,10 @@ def create_app(settings: GatewayStackSettings, upstream: Upstream, publisher: An
     an upstream that can (the embedded engine) loads each new policy version the trainer publishes there.
     With ``recovery`` the open attempts are rebuilt from Kafka once the publisher runs, before serving.
     """
+    forget = getattr(settings, "forget", None) or ForgetSettings()
     gateway = Gateway(options or GatewayOptions.from_settings(settings), upstream, publisher, renderer,
-                      registry=registry, topics=topics)
-    gateway.forget_api = ForgetApi(gateway.ctx, settings.kafka, getattr(settings, "forget", None) or ForgetSettings())
+                      registry=registry, topics=topics, subjects=SubjectNames(forget.master()))
+    gateway.forget_api = ForgetApi(gateway.ctx, settings.kafka, forget)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -16,7 +16,9 @@ from producers.gateway.errors import GatewayError
 from producers.gateway.metrics import GatewayMetrics
 from producers.gateway.tenants import Tenants
 from schemas.codec import Codec
+from schemas.kafka.key_store import DEV_MASTER_KEY_HEX
 from schemas.sealing import CONTENT_FIELDS
+from schemas.subject_names import SubjectNames
 from schemas.topics import CALLS_TOPIC, ENV_TOPIC
 
 log = logging.getLogger("tokentrail.gateway")
@@ -45,6 +47,9 @@ class GatewayContext:
     tenants: Tenants = field(default_factory=Tenants)
     # How every route reads its JSON body (large ones checked off the event loop first); default: all on the loop.
     body_checks: BodyChecks = field(default_factory=lambda: BodyChecks(0))
+    # What records carry for a subject's name (its keyed pseudonym); default: under the dev master key,
+    # create_app gives the deployment's (forget.master_key).
+    subjects: SubjectNames = field(default_factory=lambda: SubjectNames(bytes.fromhex(DEV_MASTER_KEY_HEX)))
 
     @property
     def max_record_bytes(self) -> int | None:

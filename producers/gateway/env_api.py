@@ -50,6 +50,7 @@ class RolloutStart(_Strict):
     metadata: dict[str, Any] = Field(default_factory=dict)
     # Whose content this rollout carries (a user or tenant id): its records are written under that subject's
     # key and ``tokentrail forget`` can erase them (docs/forgetting.md). None: synthetic traffic, stored plain.
+    # Records carry its keyed pseudonym, never the name (schemas/subject_names.py): callers put user ids here.
     subject: str | None = Field(default=None, min_length=1, max_length=200)
     # Tests only: completions the engine emits in order, one per model call of each attempt, instead of
     # sampling (the embedded engine; each record says ``scripted``, and nothing trains on it). A completion is
@@ -147,6 +148,8 @@ class EnvApi:
             body = validate(RolloutStart, await self.ctx.body_checks.read_json(request, self.ctx.max_body_bytes,
                                                                                 model=RolloutStart))
             start = body.model_dump(exclude={"rollout_id"})
+            if body.subject is not None:
+                start["subject"] = self.ctx.subjects.stored(body.subject)
             state = self.ctx.registry.start(body.rollout_id, start)
             return await self._announce(request, state, start, status_code=201)
         except GatewayError as exc:
@@ -175,7 +178,7 @@ class EnvApi:
         return JSONResponse({
             "rollout_id": state.rollout_id, "attempt_id": state.attempt_id,
             "attempt_number": state.attempt_number, "api_key": state.api_key,
-            "event_id": record["event_id"],
+            "event_id": record["event_id"], "subject": state.subject,  # what its records carry
             # Hand one of these to a harness; each identifies the attempt on its own.
             "openai_base_url": f"{prefix}/v1", "anthropic_base_url": prefix,
             "gateway_url": root,

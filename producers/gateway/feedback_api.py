@@ -173,10 +173,10 @@ class FeedbackApi:
                                 if tenant is not None else "this target belongs to a tenant")
 
     def _subject(self, body: FeedbackBody, record: dict[str, Any]) -> str | None:
-        if body.subject is not None:
-            return body.subject
+        if body.subject is not None:  # a name, as POST /v1/rollouts takes it: stored as its pseudonym
+            return self.ctx.subjects.stored(body.subject)
         if record["target_kind"] == "SESSION":  # an organic session's key is its subject (sessions.py)
-            return str(record["target_id"])
+            return self.ctx.subjects.stored(str(record["target_id"]))
         if record["target_kind"] == "ROLLOUT":
             try:
                 return self.ctx.registry.start_info(record["target_id"]).get("subject")

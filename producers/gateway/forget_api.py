@@ -22,7 +22,7 @@ from producers.gateway.errors import GatewayError
 from producers.gateway.identity import is_admin, presented_key
 from schemas.codec import process_sealer
 from schemas.kafka.config import KafkaSettings
-from schemas.kafka.forget_log import forget_subject
+from schemas.kafka.forget_log import forget_name
 from schemas.kafka.key_store import ForgetSettings, KafkaKeyStore
 
 
@@ -57,14 +57,16 @@ class ForgetApi:
                                    code="invalid_api_key")
             body = validate(ForgetRequest, await self.ctx.body_checks.read_json(request, self.ctx.max_body_bytes,
                                                                                  model=ForgetRequest))
-            try:
-                event: dict[str, Any] = await asyncio.to_thread(
-                    forget_subject, self.key_store(), self.kafka, self.settings, body.subject,
+            try:  # the name given is hashed as the gateway hashes the subjects it writes (subject_names.py)
+                events: list[dict[str, Any]] = await asyncio.to_thread(
+                    forget_name, self.key_store(), self.kafka, self.settings, body.subject,
                     requested_by=body.requested_by, reason=body.reason, request_id=body.request_id)
             except RuntimeError as exc:
                 raise GatewayError(503, f"the forget could not be stored ({exc}); retry", "unavailable",
                                    code="forget_failed") from exc
         except GatewayError as exc:
             return JSONResponse(exc.body("env"), status_code=exc.status)
-        cleared = self.ctx.registry.forget_subject(body.subject)
-        return JSONResponse({**event, "gateway_states_cleared": cleared}, status_code=200)
+        cleared = sum(self.ctx.registry.forget_subject(subject) for subject in self.ctx.subjects.forms(body.subject))
+        # The pseudonym's event, and those of the name as older records carry it (forget_log.forget_name).
+        return JSONResponse({**events[0], "also_forgotten": events[1:], "gateway_states_cleared": cleared},
+                            status_code=200)

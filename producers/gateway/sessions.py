@@ -156,7 +156,9 @@ class OrganicSessions:
                 start = {"task_input": {}, "group_id": None, "group_key": {}, "expected_group_size": None,
                          "metadata": {"organic": True, "session_ref": ref, "session_source": source,
                                       "window_start_us": window_start_us},
-                         "subject": key}  # the user's (or the tenant's) content: forgettable under this key
+                         # the user's (or the tenant's) content: forgettable under this key, stored as its
+                         # keyed pseudonym (a reader of the records learns no user id)
+                         "subject": self.ctx.subjects.stored(key)}
                 state = self.ctx.registry.start(self.refs.rollout_id_for(key, window_start_us), start)
                 await self.env.publish_start(state, start)
                 self._hold(ref, state)

@@ -40,7 +40,7 @@ def routing_policy(settings: GatewayStackSettings) -> RoutingPolicy:
 def build_worker_app(settings: GatewayStackSettings, index: int, peer_ports: list[int], *,
                      topics: dict[str, str] | None = None, **build_kwargs: Any) -> StickyRouter:
     """Worker ``index`` of ``len(peer_ports)``: the standard app (wiring.build_app) behind its router."""
-    from producers.gateway.app import GatewayOptions
+    from producers.gateway.options import GatewayOptions
     from producers.gateway.wiring import build_app, make_recovery_source
 
     processes = len(peer_ports)

@@ -16,6 +16,7 @@ from schemas.forget_events import Record, forgotten_event, new_request_id
 from schemas.kafka.config import KafkaSettings, admin_config, consumer_config, producer_config
 from schemas.kafka.key_store import ForgetSettings, KafkaKeyStore
 from schemas.kafka.topic_admin import ensure_topics
+from schemas.subject_names import SubjectNames
 from schemas.topics import FORGOTTEN
 
 
@@ -34,6 +35,26 @@ def forget_subject(store: KafkaKeyStore, kafka: KafkaSettings, settings: ForgetS
                              requested_at_us=requested_at, created_at_us=_now_us())
     publish_forgotten(kafka, settings, record, codec)
     return record
+
+
+def forget_name(store: KafkaKeyStore, kafka: KafkaSettings, settings: ForgetSettings, name: str, *,
+                requested_by: str, reason: str = "", request_id: str | None = None,
+                codec: Codec | None = None) -> list[Record]:
+    """Forget whoever ``name`` names (what ``tokentrail forget --subject`` and ``POST /v1/admin/forget`` are
+    given): its pseudonym, which records carry (schemas/subject_names.py), always; and the name as given where
+    keys of it exist (records written before subjects were pseudonymised, or a pseudonym read from
+    ClickHouse). Each form forgotten gets its own Forgotten event, so every sink blanks its rows; the name
+    as given is written to the forgotten topic only when its own records already carry it. The events,
+    the pseudonym's first."""
+    forms = SubjectNames(settings.master()).forms(name)
+    request_id = request_id or new_request_id()
+    events = [forget_subject(store, kafka, settings, forms[0], requested_by=requested_by, reason=reason,
+                             request_id=request_id, codec=codec)]
+    for n, older in enumerate(forms[1:], 1):
+        if store.key_ids(older):
+            events.append(forget_subject(store, kafka, settings, older, requested_by=requested_by, reason=reason,
+                                         request_id=f"{request_id}.{n}", codec=codec))
+    return events
 
 
 def publish_forgotten(kafka: KafkaSettings, settings: ForgetSettings, record: Record,

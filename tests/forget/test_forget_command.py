@@ -12,6 +12,7 @@ from schemas.codec import Codec
 from schemas.kafka.forget_log import read_forgotten
 from schemas.kafka.key_store import ForgetSettings, KafkaKeyStore
 from schemas.sealing import Sealer
+from schemas.subject_names import SubjectNames
 from sinks.store import load_records, write_records
 from tests.sinks.conftest import ch, chdb_dsn, migrated_template  # noqa: F401  (the chDB fixtures)
 from tokentrail.cli import build_parser
@@ -22,28 +23,37 @@ from tokentrail.settings import Settings
 def test_forget_destroys_keys_records_the_request_and_blanks_clickhouse(
     tokentrail_settings: Settings, forget_settings: ForgetSettings, ch: Client, chdb_dsn: str,  # noqa: F811
 ) -> None:
+    """Forgetting by the name reaches the records that carry its pseudonym (what the gateway writes) and an
+    older record that carries the name itself (written before pseudonyms): both keys, both rows."""
     settings = tokentrail_settings.model_copy(update={"forget": forget_settings})
+    stored = SubjectNames(forget_settings.master()).stored("t/u1")
+    assert stored.startswith("t/subj:") and "u1" not in stored
     store = KafkaKeyStore(settings.kafka, forget_settings)
     try:
-        call = make_call("r1", "a1", 0, [1, 2, 3], [4, 5], subject="t/u1", request_json='{"q": "secret-1"}')
-        data = Codec(sealer=Sealer(store)).encode("CallRecord", call)
-        write_records(ch, [("CallRecord", call)])
+        calls = [make_call(f"r{n}", "a1", 0, [1, 2, 3], [4, 5], subject=subject, request_json='{"q": "secret-1"}')
+                 for n, subject in enumerate((stored, "t/u1"))]
+        data = [Codec(sealer=Sealer(store)).encode("CallRecord", call) for call in calls]
+        write_records(ch, [("CallRecord", call) for call in calls])
         lines: list[str] = []
         summary = forget(settings, ["t/u1"], requested_by="dpo", reason="erasure", dsn=chdb_dsn,
                          database=ch.database, wait=False, progress=lines.append)
     finally:
         store.close()
-    assert summary["keys_destroyed"] == 1 and summary["clickhouse_rows_blanked"]["calls"] == 1
+    assert summary["keys_destroyed"] == 2 and summary["clickhouse_rows_blanked"]["calls"] == 2
+    assert summary["stored_subjects"] == {"t/u1": [stored, "t/u1"]}
     assert any("destroying its keys" in line for line in lines)
-    event = read_forgotten(settings.kafka, forget_settings)["t/u1"]
+    events = read_forgotten(settings.kafka, forget_settings)
+    event, older = events[stored], events["t/u1"]
     assert event["request_id"] == summary["requests"][0] and event["requested_by"] == "dpo"
-    assert event["reason"] == "erasure" and event["key_ids"][0].startswith("t/u1#")
+    assert event["reason"] == "erasure" and event["key_ids"][0].startswith(stored + "#")
+    assert older["request_id"] == summary["requests"][1] and older["key_ids"][0].startswith("t/u1#")
     later = KafkaKeyStore(settings.kafka, forget_settings)
     try:
-        assert Codec(sealer=Sealer(later)).decode(data)[1]["sealed"] is not None  # gone for a new process too
+        for value in data:  # gone for a new process too
+            assert Codec(sealer=Sealer(later)).decode(value)[1]["sealed"] is not None
     finally:
         later.close()
-    assert load_records(ch, "calls")[0]["request_json"] == ""
+    assert [r["request_json"] for r in load_records(ch, "calls")] == ["", ""]
     assert expire(settings, dsn=chdb_dsn, database=ch.database, progress=lines.append)["keys_expired"] == []
 
 

@@ -25,6 +25,7 @@ from schemas.kafka import config as kafka_config
 from schemas.kafka.key_store import ForgetSettings, KafkaKeyStore
 from schemas.kafka.residue import TopicSelection
 from schemas.residue import Needles, canary_token_run
+from schemas.subject_names import SubjectNames
 from sinks.audit import run_audit
 from sinks.sink import SinkOptions, run_sink
 from sinks.store import load_records, write_records
@@ -72,6 +73,8 @@ def test_a_forgotten_user_is_unreadable_everywhere_and_never_trained(
     text = ModelTextSide.from_dir(model_dir)
     canaries = {s: f"zq{s}{uuid.uuid4().hex[:10]}canary" for s in ("alice", "bob")}
     spool = tmp_path / "spool"
+    names = SubjectNames(forget_settings.master())
+    alice, bob = names.stored("tenant-1/alice"), names.stored("tenant-1/bob")
 
     with running_embedded_gateway(settings, spool_dir=spool, topics=topics, text=text) as gw:
         rollout_ids = {s: _rollout_through_gateway(gw.url, f"tenant-1/{s}", c) for s, c in canaries.items()}
@@ -104,7 +107,10 @@ def test_a_forgotten_user_is_unreadable_everywhere_and_never_trained(
                             timeout=60)
         assert forgot.status_code == 200, forgot.text
         request_id = forgot.json()["request_id"]
-        assert len(forgot.json()["key_ids"]) == 1
+        # Forgotten by the name: the pseudonym its records carry (no user id on any record; no record under
+        # the name itself, so no second event naming it).
+        assert forgot.json()["subject"] == alice and forgot.json()["also_forgotten"] == []
+        assert len(forgot.json()["key_ids"]) == 1 and forgot.json()["key_ids"][0].startswith(alice + "#")
 
     # The sink stores every topic (opening what it still may) and blanks alice on her Forgotten event. The
     # order that once broke the trace (CI): the Forgotten event stored first, alice's calls and samples in a
@@ -124,9 +130,10 @@ def test_a_forgotten_user_is_unreadable_everywhere_and_never_trained(
         batch = stream.next_batch(idle_timeout_s=3.0, flush_partial=True)
     finally:
         stream.close()
-    alice_samples = [s["event_id"] for s in samples if s["subject"] == "tenant-1/alice"]
-    bob_samples = [s["event_id"] for s in samples if s["subject"] == "tenant-1/bob"]
-    assert alice_samples and bob_samples
+    alice_samples = [s["event_id"] for s in samples if s["subject"] == alice]
+    bob_samples = [s["event_id"] for s in samples if s["subject"] == bob]
+    assert alice_samples and bob_samples and alice.startswith("tenant-1/subj:")
+    assert not [r for _, r in records if r["subject"] not in (alice, bob)]  # every record: a pseudonym
     assert batch is not None and sorted(s.sample_id for s in batch.samples) == sorted(bob_samples)
     assert batch.filtered[FORGOTTEN] == len(alice_samples)
 
@@ -148,6 +155,6 @@ def test_a_forgotten_user_is_unreadable_everywhere_and_never_trained(
     assert all(r.passed for r in results.values()), {k: r.failures[:2] for k, r in results.items()}
     assert {f["request_id"] for f in results["token_traceability"].forgotten} == {request_id}
     assert trace_sample(ch, alice_samples[0])["sample"]["forgotten_by_request"] == request_id
-    bob_calls = [c for c in load_records(ch, "calls") if c["subject"] == "tenant-1/bob"]
+    bob_calls = [c for c in load_records(ch, "calls") if c["subject"] == bob]
     assert len(bob_calls) == 2 and all(canaries["bob"] in c["request_json"] for c in bob_calls)
-    assert np.all([c["request_json"] == "" for c in load_records(ch, "calls") if c["subject"] == "tenant-1/alice"])
+    assert np.all([c["request_json"] == "" for c in load_records(ch, "calls") if c["subject"] == alice])

@@ -38,8 +38,13 @@ def _needles(args: argparse.Namespace) -> Needles:
         canaries += loaded.canaries
         runs += loaded.token_runs
         subjects += loaded.subjects
+    # Key ids name what records carry: a subject's pseudonym, or its name in records older than pseudonyms.
+    from schemas.subject_names import SubjectNames
+    from tokentrail.settings import get_settings
+
+    names = SubjectNames(get_settings().forget.master())
     try:
-        return Needles(tuple(canaries), tuple(runs), tuple(dict.fromkeys(subjects)))
+        return Needles(tuple(canaries), tuple(runs), tuple(dict.fromkeys(f for s in subjects for f in names.forms(s))))
     except ValueError as exc:
         raise CliError(str(exc)) from exc
 

@@ -23,6 +23,8 @@ from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs
 from producers.gateway.sessions import DEFAULT_KEY_SOURCES, KEY_SOURCES, ref_of_start, session_key
 from producers.gateway.settings import GatewaySettings
 from producers.gateway.text_side import ModelTextSide
+from schemas.kafka.key_store import DEV_MASTER_KEY_HEX
+from schemas.subject_names import SubjectNames
 from testkit.gateway import embedded_gateway_app, running_gateway
 from testkit.kafka_read import first_records
 from tokentrail.settings import Settings
@@ -31,6 +33,7 @@ from .helpers import read_records
 
 MODEL = "tokentrail-tiny"
 REFS = SessionRefs(DEV_SESSION_REF_KEY)  # what the test gateways key session refs with (the setting's default)
+SUBJECTS = SubjectNames(bytes.fromhex(DEV_MASTER_KEY_HEX))  # and subjects (forget.master_key's default)
 
 
 def _chat(client: openai.OpenAI, turns: int, **extra: Any) -> None:
@@ -162,10 +165,10 @@ def test_harness_sessions_with_no_rollout_become_complete_rollouts(
         assert orjson.loads(started["task_input_json"]) == {} and started["attempt_number"] == 1
         assert metadata == {"organic": True, "session_ref": REFS.ref(key), "session_source": source,
                             "window_start_us": metadata["window_start_us"]}
-        # The user's or harness's id is stored once: as the subject, the handle an erasure request names
-        # (docs/forgetting.md: subject ids are kept facts); never in the metadata or anywhere else.
-        assert started["subject"] == key
-        assert key not in orjson.dumps({**started, "subject": None}).decode()
+        # The user's or harness's id is never stored: the subject (the handle an erasure request names) is its
+        # keyed pseudonym (schemas/subject_names.py), the metadata has its keyed ref.
+        assert started["subject"] == SUBJECTS.stored(key) != key
+        assert key not in orjson.dumps(started).decode()
     _complete(tokentrail_settings, topics, ended[2].json()["rollout_id"], 2)  # indices 0 and 1 of one attempt
     (_, bare_call), = read_records(tokentrail_settings, topics["calls_topic"], 1, where={"session_id": None,
                                                                                          "protocol": "openai.chat"})

@@ -22,8 +22,8 @@ from processors.release.events import decision_record
 from processors.release.plan import load_plan
 from processors.stream.release_controller import publish_decision
 from producers.delivery import CallPublisher
-from producers.gateway.app import GatewayOptions
 from producers.gateway.identity import LABEL_KEY_HEADER, TRAFFIC_LABEL_HEADER
+from producers.gateway.options import GatewayOptions
 from producers.gateway.text_side import ModelTextSide
 from producers.gateway.wiring import build_app
 from producers.sdk import Rollout

@@ -1,6 +1,7 @@
 """Subjects (issue 31 item 1): every record the gateway writes names whose content it carries: an organic
 session's key, the ``subject`` given when a rollout is created, or none (synthetic traffic); the assembler
-carries it onto the rollout."""
+carries it onto the rollout. What is stored is the name's keyed pseudonym (schemas/subject_names.py): a
+reader of the records learns no user id, only the tenant part before the first ``/``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import httpx
 import openai
 
 from processors.assembler import RolloutAssembly
+from schemas.sealing import CONTENT_FIELDS
+from schemas.subject_names import SubjectNames
 from schemas.topics import FEEDBACK_TOPIC
 from tokentrail.settings import Settings
 
@@ -47,14 +50,21 @@ def test_records_name_their_subject_and_synthetic_ones_none(
                                                                "source": source}, timeout=60)
             assert posted.status_code == 201, posted.text
 
+    names = SubjectNames(tokentrail_settings.forget.master())
+    user, organic = names.stored("tenant-7/user-42"), names.stored("organic-user-9")
+    assert user.startswith("tenant-7/subj:") and organic.startswith("subj:") and given["subject"] == user
     feedback = read_records(tokentrail_settings, FEEDBACK_TOPIC, 3, where={"source": source})
-    assert sorted(str(r["subject"]) for _, r in feedback) == ["None", "organic-user-9", "tenant-7/user-42"]
-    for rid, subject in ((given["rollout_id"], "tenant-7/user-42"), (synthetic["rollout_id"], None),
-                         (ended["rollout_id"], "organic-user-9")):
-        env = read_records(tokentrail_settings, topics["env_topic"], 3 if subject != "organic-user-9" else 2,
+    assert sorted(str(r["subject"]) for _, r in feedback) == sorted(["None", organic, user])
+    for rid, subject in ((given["rollout_id"], user), (synthetic["rollout_id"], None),
+                         (ended["rollout_id"], organic)):
+        env = read_records(tokentrail_settings, topics["env_topic"], 3 if subject != organic else 2,
                            where={"rollout_id": rid})
         calls = read_records(tokentrail_settings, topics["calls_topic"], 1, where={"rollout_id": rid})
         assert {r["subject"] for _, r in [*env, *calls]} == {subject}, rid
+        # No raw id in what is stored outside the sealed content (read here opened: the content has them).
+        for name, record in [*env, *calls]:
+            facts = {k: v for k, v in record.items() if k not in CONTENT_FIELDS[name] and k != "sealed"}
+            assert "user-42" not in str(facts) and "organic-user-9" not in str(facts), (name, facts)
         assembly = RolloutAssembly(rid)
         (rollout,) = [out for name, rec in [*env, *calls] for out in assembly.accept(name, rec).rollouts]
         assert rollout["status"] == "COMPLETE" and rollout["subject"] == subject

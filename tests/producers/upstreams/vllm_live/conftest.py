@@ -107,7 +107,8 @@ def vllm_gateway(vllm_server: VLLMServer, live_text_side: ModelTextSide, live_to
     from dataclasses import replace
 
     from producers.delivery import CallPublisher
-    from producers.gateway.app import GatewayOptions, create_app
+    from producers.gateway.app import create_app
+    from producers.gateway.options import GatewayOptions
     from producers.upstreams.vllm import VLLMUpstream
     from schemas.kafka.config import producer_config
 
