@@ -34,12 +34,30 @@ class FeedbackError(ValueError):
         self.param = param
 
 
-def call_id_of_response(response_id: str) -> str | None:
-    """The call id inside a response id the gateway returned, or None for an id it did not mint."""
+# A tenant's call is answered as ``<call id>.<tag>`` (producers/gateway/session_refs.py, call_ref): the tag says
+# whose call it is to whoever holds the gateway's secret; the call id is the part before the separator.
+CALL_REF_SEP = "."
+
+
+def split_call_ref(call_ref: str) -> tuple[str, str | None]:
+    """The call id and the tenant tag of a call ref (a bare call id: no tag)."""
+    call_id, sep, tag = call_ref.partition(CALL_REF_SEP)
+    return (call_id, tag) if sep and call_id and tag else (call_ref, None)
+
+
+def call_ref_of_response(response_id: str) -> str | None:
+    """The call ref inside a response id the gateway returned (``chatcmpl-<ref>``...), or None for an id it
+    did not mint."""
     for prefix in RESPONSE_ID_PREFIXES:
         if response_id.startswith(prefix) and len(response_id) > len(prefix):
             return response_id[len(prefix):]
     return None
+
+
+def call_id_of_response(response_id: str) -> str | None:
+    """The call id inside a response id the gateway returned, or None for an id it did not mint."""
+    ref = call_ref_of_response(response_id)
+    return None if ref is None else split_call_ref(ref)[0]
 
 
 @dataclass(frozen=True)
@@ -126,7 +144,7 @@ def build_feedback(*, source: str, target_kind: str, target_id: str, kind: str, 
         _require(call_id is not None, f"response id {target_id!r} was not returned by this gateway (it starts "
                  f"with one of {', '.join(RESPONSE_ID_PREFIXES)})", "target")
     elif target_kind == "CALL":
-        call_id = target_id
+        call_id = split_call_ref(target_id)[0]
     try:
         details_json = orjson.dumps({} if value.details is None else value.details,
                                     option=orjson.OPT_SORT_KEYS).decode()

@@ -219,7 +219,7 @@ def content_blocks(outcome: CallOutcome) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     if outcome.reasoning:
         blocks.append({"type": "thinking", "thinking": outcome.reasoning,
-                       "signature": thinking_signature(outcome.call_id)})
+                       "signature": thinking_signature(outcome.shown_id)})
     if outcome.content or not outcome.tool_calls:
         blocks.append({"type": "text", "text": outcome.content})
     for call in outcome.tool_calls:
@@ -229,7 +229,7 @@ def content_blocks(outcome: CallOutcome) -> list[dict[str, Any]]:
 
 
 def message_response(outcome: CallOutcome) -> dict[str, Any]:
-    return {"id": f"msg_{outcome.call_id}", "type": "message", "role": "assistant", "model": outcome.model,
+    return {"id": f"msg_{outcome.shown_id}", "type": "message", "role": "assistant", "model": outcome.model,
             "content": content_blocks(outcome), "stop_reason": _stop_reason(outcome),
             "stop_sequence": outcome.stop_string, "usage": _usage(outcome)}
 

@@ -242,7 +242,7 @@ class Gateway:
             return openai_adapter.chat_response(outcome, req, token_text, fp)
 
         if req.stream:
-            fmt = openai_adapter.ChatStream(req, prep.call_id, req.model, prep.received_at_us // 1_000_000,
+            fmt = openai_adapter.ChatStream(req, prep.shown_id, req.model, prep.received_at_us // 1_000_000,
                                             token_text, fp)
             return self._stream(prep, fmt, respond, GatewayError.openai_body, ping=None)
         return await self._unary(prep, respond, GatewayError.openai_body)
@@ -258,7 +258,7 @@ class Gateway:
             return responses_adapter.response_body(outcome, req)
 
         if req.stream:
-            fmt = responses_adapter.ResponseStream(req, prep.call_id, prep.received_at_us // 1_000_000)
+            fmt = responses_adapter.ResponseStream(req, prep.shown_id, prep.received_at_us // 1_000_000)
             return self._stream(prep, fmt, respond, GatewayError.openai_body, ping=None)
         return await self._unary(prep, respond, GatewayError.openai_body)
 
@@ -273,7 +273,7 @@ class Gateway:
             return openai_adapter.completion_response(outcome, req, token_text, fp)
 
         if req.stream:
-            fmt = openai_adapter.CompletionStream(req, prep.call_id, req.model, prep.received_at_us // 1_000_000,
+            fmt = openai_adapter.CompletionStream(req, prep.shown_id, req.model, prep.received_at_us // 1_000_000,
                                                   token_text, fp)
             return self._stream(prep, fmt, respond, GatewayError.openai_body, ping=None, raw_text=True)
         return await self._unary(prep, respond, GatewayError.openai_body)
@@ -286,7 +286,7 @@ class Gateway:
             return admitted
         req, prep = admitted
         if req.stream:
-            fmt = anthropic_adapter.MessageStream(prep.call_id, req.model)
+            fmt = anthropic_adapter.MessageStream(prep.shown_id, req.model)
             return self._stream(prep, fmt, anthropic_adapter.message_response, GatewayError.anthropic_body,
                                 ping=anthropic_adapter.MessageStream.ping())
         return await self._unary(prep, anthropic_adapter.message_response, GatewayError.anthropic_body)
@@ -339,10 +339,12 @@ class Gateway:
         return req, prep
 
     def _remember_tenant_call(self, request: Request, prep: PreparedCall) -> None:
-        """A call in a tenant's own window: the tenant may post feedback on it (its call or response id)."""
+        """A call in a tenant's own window: the tenant may post feedback on it (its call or response id). Its
+        responses carry its call ref (the call id and its tenant's keyed tag), which any process checks."""
         tenant = self.ctx.tenants.of(presented_key(request.headers)) if self.ctx.tenants else None
         if tenant is not None and self.session_refs.owned_by(prep.identity.rollout_id, tenant):
             self.ctx.tenants.remember_call(prep.call_id, tenant)
+            prep.response_ref = self.session_refs.call_ref(prep.call_id, tenant)
 
     def _named(self, request: Request) -> CallIdentity | None:
         """The attempt the call names (path, headers, minted key), None when it names none (identity.py)."""

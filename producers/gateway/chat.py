@@ -71,6 +71,13 @@ class CallOutcome:
     stop_string: str | None = None
     # Why the output's tool-call markup did not parse (it is then answered as content); on the record.
     parse_errors: tuple[str, ...] = ()
+    # A tenant's call is answered under its call ref (session_refs.SessionRefs.call_ref), else its call id.
+    response_ref: str | None = None
+
+    @property
+    def shown_id(self) -> str:
+        """What the response's ids carry after their prefix (``chatcmpl-``, ``msg_``, ``resp_``...)."""
+        return self.response_ref or self.call_id
 
     @property
     def usage(self) -> tuple[int, int]:

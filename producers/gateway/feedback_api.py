@@ -11,8 +11,10 @@ A tenant's feedback names only its own targets, else 403 ``wrong_tenant`` (feedb
 decisions, so one tenant must not move another's): a rollout of its sessions' windows (the id carries its
 tenant's keyed tag: checked the same on every gateway process and after a restart), a session of its own
 namespace (``session_id`` is taken as the tenant's, ``tenant:<name>:<id>``, as its calls record it), or a call
-or response of its windows served by this process (remembered; one served elsewhere or before a restart is
-refused: name its rollout). Callers without a key (keys off) may not name a tenant's rollout, session or call.
+or response of its windows: a tenant's call is answered with response ids that carry its call ref
+(``chatcmpl-<call id>.<tag>``, the tag keyed on its tenant: checked the same on every process and after a
+restart); a bare call id only where it was served (remembered; elsewhere refused: give the response id or
+name its rollout). Callers without a key (keys off) may not name a tenant's rollout, session or call.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from producers.gateway.identity import is_admin, presented_key
 from producers.gateway.records import now_us, redact
 from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs, is_tenant_window
 from producers.gateway.tenants import Tenants
-from schemas.feedback import FeedbackError, FeedbackValue, build_feedback
+from schemas.feedback import FeedbackError, FeedbackValue, build_feedback, call_ref_of_response, split_call_ref
 from schemas.topics import FEEDBACK_TOPIC
 
 # Event times ahead of the gateway's clock by more than this are refused: they would move the join's
@@ -163,13 +165,20 @@ class FeedbackApi:
         if kind == "ROLLOUT":
             owner_ok = self.refs.owned_by(target, tenant) if tenant is not None else not is_tenant_window(target)
         elif kind in ("CALL", "RESPONSE"):
-            owner = self.ctx.tenants.owner_of_call(record["call_id"])
-            owner_ok = owner == tenant
+            # A tenant's call ref (in its response ids) says whose it is on any process; a bare call id only
+            # where it was served (remembered), as before call refs.
+            ref = target if kind == "CALL" else (call_ref_of_response(target) or target)
+            remembered = self.ctx.tenants.owner_of_call(record["call_id"])
+            if tenant is not None:
+                owner_ok = remembered == tenant or self.refs.call_owned_by(ref, tenant)
+            else:
+                owner_ok = remembered is None and split_call_ref(ref)[1] is None
         else:
             return  # SESSION: scoped before the record was built (_scope_session)
         if not owner_ok and not admin:
             raise _wrong_tenant("a tenant key posts feedback only on its own sessions' rollouts, calls and "
-                                "responses (a call served by another gateway process: name its rollout)"
+                                "responses (a bare call id served by another gateway process: give the "
+                                "response id, or name its rollout)"
                                 if tenant is not None else "this target belongs to a tenant")
 
     def _subject(self, body: FeedbackBody, record: dict[str, Any]) -> str | None:

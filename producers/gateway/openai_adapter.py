@@ -174,7 +174,7 @@ def chat_response(outcome: CallOutcome, req: ChatCompletionRequest, token_text: 
     choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": _finish_reason(outcome),
                               "logprobs": chat_logprobs(outcome.output_ids, outcome.output_logprobs,
                                                         token_text) if req.logprobs else None}
-    body: dict[str, Any] = {"id": f"chatcmpl-{outcome.call_id}", "object": "chat.completion",
+    body: dict[str, Any] = {"id": f"chatcmpl-{outcome.shown_id}", "object": "chat.completion",
                             "created": outcome.created, "model": outcome.model, "choices": [choice],
                             "usage": _usage(outcome), "system_fingerprint": fingerprint}
     if req.return_token_ids:
@@ -200,7 +200,7 @@ def completion_response(outcome: CallOutcome, req: CompletionRequest, token_text
         if req.logprobs is not None else None
     choice: dict[str, Any] = {"index": 0, "text": outcome.text, "finish_reason": outcome.finish_reason,
                               "logprobs": logprobs}
-    body: dict[str, Any] = {"id": f"cmpl-{outcome.call_id}", "object": "text_completion",
+    body: dict[str, Any] = {"id": f"cmpl-{outcome.shown_id}", "object": "text_completion",
                             "created": outcome.created, "model": outcome.model, "choices": [choice],
                             "usage": _usage(outcome), "system_fingerprint": fingerprint}
     if req.return_token_ids:

@@ -227,9 +227,9 @@ def output_items(outcome: CallOutcome, req: ResponsesRequest) -> list[dict[str, 
     status = "incomplete" if _incomplete(outcome) else "completed"
     items: list[dict[str, Any]] = []
     if outcome.reasoning:
-        items.append(reasoning_item(outcome.call_id, outcome.reasoning, status))
+        items.append(reasoning_item(outcome.shown_id, outcome.reasoning, status))
     if outcome.content or not outcome.tool_calls:
-        items.append(message_item(outcome.call_id, outcome.content, status))
+        items.append(message_item(outcome.shown_id, outcome.content, status))
     return items + function_call_items(outcome, req)
 
 
@@ -248,7 +248,7 @@ def _skeleton(req: ResponsesRequest, call_id: str, created: int) -> dict[str, An
 
 def response_body(outcome: CallOutcome, req: ResponsesRequest,
                   output: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    body = _skeleton(req, outcome.call_id, outcome.created)
+    body = _skeleton(req, outcome.shown_id, outcome.created)
     body["output"] = output_items(outcome, req) if output is None else output
     body["usage"] = _usage(outcome)
     if _incomplete(outcome):

@@ -74,6 +74,13 @@ class PreparedCall:
     forced_ids: tuple[int, ...] | None = None
     # The release traffic label the request carried (x-tokentrail-traffic-label): a pinned label's version.
     traffic_label: str | None = None
+    # A tenant's call: its call id with its tenant's tag (session_refs.SessionRefs.call_ref), which the
+    # response ids carry so that any gateway process tells whose call a feedback names.
+    response_ref: str | None = None
+
+    @property
+    def shown_id(self) -> str:
+        return self.response_ref or self.call_id
 
 
 ResponseBuilder = Callable[[CallOutcome], dict[str, Any]]
@@ -282,7 +289,8 @@ class CallService:
                            created=prep.received_at_us // 1_000_000, prompt_ids=prep.rendered.prompt_ids,
                            output_ids=generated.output_ids, output_logprobs=generated.output_logprobs,
                            text=generated.text, content=content, reasoning=reasoning, tool_calls=calls,
-                           finish_reason=finish, stop_string=generated.stop_string, parse_errors=tuple(errors))
+                           finish_reason=finish, stop_string=generated.stop_string, parse_errors=tuple(errors),
+                           response_ref=prep.response_ref)
 
     async def _meta(self, generated: Generated) -> dict[str, Any]:
         res = generated.result

@@ -19,6 +19,7 @@ import re
 
 from producers.gateway.keys import ORGANIC_ROLLOUT_PREFIX
 from producers.gateway.tenants import Tenants
+from schemas.feedback import CALL_REF_SEP, split_call_ref
 
 # DEV ONLY. The key a gateway uses when the operator gives none, so the demo and tests run out of the box;
 # anyone can read this line, so refs made under it protect a guessable key from nothing. Production sets
@@ -79,6 +80,17 @@ class SessionRefs:
 
     def _tenant_tag(self, tenant: str, rollout_id: str) -> str:
         return self._hex("tenant", tenant, rollout_id)[:16]
+
+    # A tenant's call is answered as its call ref, ``<call id>.<tag>`` (its response ids carry it), the tag keyed
+    # on the tenant and the call id: feedback naming the call or response is checked on any process.
+
+    def call_ref(self, call_id: str, tenant: str) -> str:
+        return f"{call_id}{CALL_REF_SEP}{self._hex('call-tenant', tenant, call_id)[:16]}"
+
+    def call_owned_by(self, call_ref: str, tenant: str) -> bool:
+        """Whether ``call_ref`` is a call ref of one of ``tenant``'s calls (a bare call id is not)."""
+        call_id, tag = split_call_ref(call_ref)
+        return tag is not None and hmac.compare_digest(tag, self._hex("call-tenant", tenant, call_id)[:16])
 
     def owned_by(self, rollout_id: str, tenant: str) -> bool:
         """Whether ``rollout_id`` is a window of one of ``tenant``'s sessions."""

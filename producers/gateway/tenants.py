@@ -6,7 +6,8 @@ tenant (``tenant:<name>:<key>``), so another tenant sending the same ``X-Session
 own (it cannot join), and a tenant ends only its own sessions (another's key is unknown to it: 404). Its feedback
 may name only its own targets (feedback_api.py, 403 otherwise): a rollout of its windows (told from the id
 itself, session_refs.SessionRefs.owned_by, on any process and after a restart), a session in its namespace, or
-a call (response) of its windows that this process served (remembered, bounded, newest kept). Each tenant
+a call (response) of its windows: by its call ref (in its response ids, SessionRefs.call_owned_by, any process),
+or a bare call id this process served (remembered, bounded, newest kept). Each tenant
 holds at most ``tenant_max_open_sessions`` open windows (429 beyond), so its organic starts cannot fill the
 attempt registry and push out RL attempts."""
 

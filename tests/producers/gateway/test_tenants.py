@@ -16,6 +16,7 @@ from processors.assembler import RolloutAssembly
 from producers.gateway.keys import owner_key
 from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs, is_tenant_window
 from producers.gateway.tenants import Tenants
+from schemas.feedback import split_call_ref
 from schemas.topics import FEEDBACK_TOPIC
 from tokentrail.settings import Settings
 
@@ -32,9 +33,14 @@ def _client(gw: Any, key: str, session: str) -> openai.OpenAI:
 
 
 def _call(client: openai.OpenAI, text: str) -> str:
+    """The call ref the response id carries: a tenant's is its call id and its tenant's tag."""
     reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}],
                                            max_tokens=4, temperature=0)
     return reply.id.removeprefix("chatcmpl-")
+
+
+def _cid(call_ref: str) -> str:
+    return split_call_ref(call_ref)[0]
 
 
 def _end(gw: Any, key: str, session: str) -> httpx.Response:
@@ -67,22 +73,25 @@ def test_tenant_keys_work_with_the_admin_key_and_keep_sessions_and_feedback_to_t
         rollouts = {r["call_id"]: r["rollout_id"] for tenant, count in (("acme", 2), ("blue", 1)) for _, r in
                     read_records(tokentrail_settings, topics["calls_topic"], count,
                                  where={"session_id": Tenants.scope(tenant, "s1")})}
-        acme_rollout = rollouts[first[0]]
-        assert rollouts[first[1]] == acme_rollout != rollouts[blue_call]
+        acme_rollout = rollouts[_cid(first[0])]
+        assert rollouts[_cid(first[1])] == acme_rollout != rollouts[_cid(blue_call)]
+        assert all(split_call_ref(ref)[1] for ref in (*first, blue_call))  # tenants' responses carry a tag
         # Blue cannot post feedback on acme's rollout, call or response, nor on a plain rollout.
         refused = [_feedback(gw, blue, acme_rollout), _feedback(gw, blue, first[0], "call_id"),
-                   _feedback(gw, blue, f"chatcmpl-{first[0]}", "response_id"), _feedback(gw, blue, rl["rollout_id"])]
-        assert [r.status_code for r in refused] == [403] * 4
+                   _feedback(gw, blue, f"chatcmpl-{first[0]}", "response_id"), _feedback(gw, blue, rl["rollout_id"]),
+                   _feedback(gw, blue, _cid(first[0]), "call_id")]
+        assert [r.status_code for r in refused] == [403] * 5
         assert {r.json()["error"]["code"] for r in refused} == {"wrong_tenant"}  # the caller's protocol
         # Acme may, on each of its own: the rollout, a call, a response, its session (taken in its namespace).
         good = _feedback(gw, acme, acme_rollout)
         own = [_feedback(gw, acme, first[0], "call_id"), _feedback(gw, acme, f"chatcmpl-{first[1]}", "response_id"),
                _feedback(gw, acme, "s1", "session_id"), _feedback(gw, blue, "s1", "session_id")]
         assert good.status_code == 201 and [r.status_code for r in own] == [201] * 4, [r.text for r in own]
+        assert _feedback(gw, acme, _cid(first[0]), "call_id").status_code == 201  # a bare id, where it was served
         assert [r.json()["target_id"] for r in own[2:]] == [Tenants.scope("acme", "s1"), Tenants.scope("blue", "s1")]
         # Blue ends "s1": its own window; acme's is still open and takes acme's next call.
         blue_end = _end(gw, blue, "s1")
-        assert blue_end.status_code == 200 and blue_end.json()["rollout_id"] == rollouts[blue_call]
+        assert blue_end.status_code == 200 and blue_end.json()["rollout_id"] == rollouts[_cid(blue_call)]
         assert _end(gw, blue, "s1").status_code == 404  # nothing of blue's left; acme's is not visible to it
         after = _call(a, "still mine")
         acme_end = _end(gw, acme, "s1")
@@ -94,19 +103,27 @@ def test_tenant_keys_work_with_the_admin_key_and_keep_sessions_and_feedback_to_t
         rl_call = openai.OpenAI(base_url=gw.openai_base_url, api_key=rl["api_key"], max_retries=0)
         assert _call(rl_call, "the RL attempt still answers")  # organic starts did not push it out
     # A gateway that never served the session (another worker of --processes N, or this one restarted: the
-    # feedback route is served wherever it lands): the rollout's tenant is told from its id alone. A call is
-    # known only where it was served: elsewhere it is refused, and the message says to name the rollout.
+    # feedback route is served wherever it lands): the rollout's tenant is told from its id alone, and a
+    # call's from its call ref (the response id); a bare call id is known only where it was served: elsewhere
+    # it is refused, and the message says what to send instead.
     with start_gateway(organic_sessions=True, admin_key=ADMIN, tenant_keys=KEYS) as fresh:
         elsewhere = [_feedback(fresh, acme, acme_rollout), _feedback(fresh, blue, acme_rollout),
-                     _feedback(fresh, acme, first[0], "call_id")]
-    assert [r.status_code for r in elsewhere] == [201, 403, 403], [r.text for r in elsewhere]
+                     _feedback(fresh, acme, _cid(first[0]), "call_id"),
+                     _feedback(fresh, acme, first[0], "call_id"),
+                     _feedback(fresh, acme, f"chatcmpl-{first[1]}", "response_id"),
+                     _feedback(fresh, blue, f"chatcmpl-{first[1]}", "response_id"),
+                     _feedback(fresh, blue, f"chatcmpl-{_cid(first[1])}.{'0' * 16}", "response_id")]
+    assert [r.status_code for r in elsewhere] == [201, 403, 403, 201, 201, 403, 403], [r.text for r in elsewhere]
     assert "name its rollout" in elsewhere[2].json()["error"]["message"]
+    (_, by_response), = read_records(tokentrail_settings, FEEDBACK_TOPIC, 1,
+                                     where={"event_id": elsewhere[4].json()["event_id"]})
+    assert by_response["call_id"] == _cid(first[1])  # the join finds the call by its id
     assert acme_end.status_code == 200 and acme_end.json()["rollout_id"] == acme_rollout
     assert acme_end.json()["call_count"] == 3
     where = {"rollout_id": acme_rollout}
     records = [*read_records(tokentrail_settings, topics["env_topic"], 2, where=where),
                *read_records(tokentrail_settings, topics["calls_topic"], 3, where=where)]
-    assert {r["call_id"] for name, r in records if name == "CallRecord"} == {*first, after}
+    assert {r["call_id"] for name, r in records if name == "CallRecord"} == {_cid(c) for c in (*first, after)}
     assembly = RolloutAssembly(acme_rollout)
     (rollout,) = [out for name, r in records for out in assembly.accept(name, r).rollouts]
     assert rollout["status"] == "COMPLETE"
@@ -182,5 +199,5 @@ def test_a_caller_without_a_tenant_key_cannot_name_itself_into_a_tenants_session
     assert acme_end.status_code == 200 and acme_end.json()["call_count"] == 2
     # The refused calls left nothing: the first three records are the three calls served.
     calls = {r["call_id"]: r["rollout_id"] for _, r in read_records(tokentrail_settings, topics["calls_topic"], 3)}
-    assert set(calls) == {mine, after, blue_call}
-    assert calls[mine] == calls[after] == acme_end.json()["rollout_id"] != calls[blue_call]
+    assert set(calls) == {_cid(mine), _cid(after), _cid(blue_call)}
+    assert calls[_cid(mine)] == calls[_cid(after)] == acme_end.json()["rollout_id"] != calls[_cid(blue_call)]
