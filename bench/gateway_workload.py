@@ -3,11 +3,13 @@ workload, and the benchmark's private Kafka topics (created for one run, deleted
 
 from __future__ import annotations
 
+import argparse
 import random
 import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -129,3 +131,35 @@ def bench_topics(kafka: Any, *names: str) -> Iterator[Any]:
                 future.result(timeout=60)
             except Exception as exc:  # best effort: the figures matter more than the cleanup
                 print(f"could not delete a bench topic: {exc}", file=sys.stderr)
+
+
+@dataclass
+class Workloads:
+    """Every phase's request bodies, grouped by conversation, made before any server starts."""
+
+    prompt_tokens: int
+    warmup: list[list[bytes]]
+    timed: list[list[bytes]]
+    c64: list[list[bytes]]
+    extras: dict[str, list[list[bytes]]]  # distinct, stream: measured at concurrency 1 after the main one
+    inprocess: list[list[bytes]]
+
+
+def make_workloads(args: argparse.Namespace, text: Any, answer: str) -> Workloads:
+    content = prompt_of_tokens(text, args.prompt_tokens)
+    prompt_len = len(text.render_chat([{"role": "user", "content": content}], None,
+                                      prefix_mode="retokenize", prior=[]).prompt_ids)
+
+    def phase(workload: str, calls: int, seed: int, stream: bool = False) -> list[list[bytes]]:
+        turns = args.turns if workload == "agent" else 1
+        return conversations(workload, calls, turns, content, answer, args.turn_tokens, args.output_tokens,
+                             seed, args.group_size, stream)
+
+    extras = {"distinct": phase("distinct", args.extra_calls, 4),
+              "stream": phase("agent", args.extra_calls, 5, stream=True)} if args.extra_calls else {}
+    return Workloads(prompt_len, phase(args.workload, args.warmup, 1), phase(args.workload, args.calls, 2),
+                     phase(args.workload, args.c64_calls, 3), extras, phase(args.workload, args.inprocess_calls, 6))
+
+
+def calls_of(*phases: list[list[bytes]]) -> int:
+    return sum(len(conversation) for phase in phases for conversation in phase)

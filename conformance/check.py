@@ -1,8 +1,10 @@
-"""Judge the calls a gateway recorded for one family: render (renderers), parse (vLLM), drift (a plain re-render).
+"""Judge the calls a gateway recorded for one family: render (renderers; vLLM's chat render where the family's
+format asks for it), parse (vLLM), drift (a plain re-render).
 
 Input is what the record holds and what the gateway's own text side makes of it, one ``CallEvidence`` per
 call in call order per rollout; output is a ``Tally`` per family (``judge.py`` says what each count means).
-The vLLM parses come in one batch for all calls (``vllm_parsers.py``), so a run pays vLLM's import once.
+The vLLM parses and renders come in one batch for all calls (``vllm_parsers.py``), so a run pays vLLM's import
+once.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from conformance.judge import (
     parse_difference,
 )
 from conformance.vllm_parsers import ParseJob, VllmParse
+from conformance.vllm_render import RenderJob, VllmRender, render_verdict
 
 Message = dict[str, Any]
 
@@ -38,6 +41,9 @@ class CallEvidence:
     rerender_ids: list[int]  # the gateway's plain re-render of the same request (no splicing)
     previous: tuple[list[int], list[int]] | None = None  # the previous call's (prompt, output), same rollout
     intended: dict[str, Any] | None = None  # normal_parse of what the corpus scripted, where it did
+    # The request as the harness sent it where it spoke OpenAI chat ((messages, tools) of the body): what vLLM's
+    # chat render is given; else None (vLLM renders ``messages``, the gateway's conversion of the request)
+    chat_request: tuple[list[Message], list[dict[str, Any]] | None] | None = None
 
 
 def parse_jobs(evidence: Sequence[CallEvidence], formats: Mapping[str, FamilyFormat],
@@ -46,16 +52,31 @@ def parse_jobs(evidence: Sequence[CallEvidence], formats: Mapping[str, FamilyFor
                      ids=e.output_ids, tools=e.tools, prompt_ids=e.prompt_ids) for e in evidence]
 
 
+def render_jobs(evidence: Sequence[CallEvidence], formats: Mapping[str, FamilyFormat],
+                tokenizer_dirs: Mapping[str, Path]) -> list[RenderJob]:
+    """vLLM's chat render of every call of a family whose format asks for it (``FamilyFormat.vllm_render``)."""
+    jobs = []
+    for e in evidence:
+        if formats[e.family].vllm_render:
+            messages, tools = e.chat_request or (e.messages, e.tools)
+            jobs.append(RenderJob(e.key, tokenizer_dirs[e.family], formats[e.family].vllm_tool_parser, messages,
+                                  tools, e.prompt_ids))
+    return jobs
+
+
 def judge_calls(evidence: Sequence[CallEvidence], renderer: IndependentRenderer | None,
-                vllm: Mapping[str, VllmParse]) -> tuple[Tally, list[bool | None]]:
-    """The tally, and per call whether the independent renderer reproduced its prompt (None: no renderer)."""
+                vllm: Mapping[str, VllmParse],
+                vllm_renders: Mapping[str, VllmRender] | None = None) -> tuple[Tally, list[bool | None]]:
+    """The tally, and per call whether an independent renderer reproduced its prompt (None: none judged it):
+    ``renderers``' where the family has one, else vLLM's chat render where it was asked for."""
     tally = Tally()
     reproduced: list[bool | None] = []
     for e in evidence:
         tally.calls += 1
+        by_vllm = _vllm_render(tally, e, (vllm_renders or {}).get(e.key))
         if renderer is None:
-            tally.render_unjudged += 1
-            reproduced.append(None)
+            tally.render_unjudged += by_vllm is None
+            reproduced.append(by_vllm)
         else:
             verdict = renderer.judge(e.prompt_ids, e.messages, e.tools, e.previous)
             reproduced.append(None if verdict.how == "refused" else verdict.agrees)
@@ -93,3 +114,20 @@ def judge_calls(evidence: Sequence[CallEvidence], renderer: IndependentRenderer 
             else:
                 tally.break_lost_tokens += lost_tokens(context, e.prompt_ids)
     return tally, reproduced
+
+
+def _vllm_render(tally: Tally, e: CallEvidence, theirs: VllmRender | None) -> bool | None:
+    """Count vLLM's render verdict on the call; whether it reproduced the prompt (None: not judged)."""
+    if theirs is None:
+        return None
+    verdict = render_verdict(e.prompt_ids, e.previous, theirs)
+    if verdict.how == "refused":
+        tally.details.append(f"{e.family} {e.key}: not judged by vLLM, {verdict.detail}")
+        return None
+    tally.vllm_render_compared += 1
+    tally.vllm_render_agree_full += verdict.how == "render"
+    tally.vllm_render_agree_bridge += verdict.how == "bridge"
+    if not verdict.agrees:
+        tally.vllm_render_mismatches += 1
+        tally.details.append(f"{e.family} {e.key}: vLLM render mismatch, {verdict.detail}")
+    return verdict.agrees

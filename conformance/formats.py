@@ -73,12 +73,16 @@ class FamilyFormat:
     vllm_reasoning_parser: str | None
     harmony: bool = False
     renderer: str | None = None  # renderers' name; None: renderers has no renderer of this family
+    # vLLM's chat render judges the prompt ids too (``vllm_render.py``): where renderers has no renderer, so the
+    # gateway's own render is never the only one
+    vllm_render: bool = False
 
 
 FORMATS: dict[str, FamilyFormat] = {
     "qwen3": FamilyFormat("qwen3", Capabilities(), _qwen3, "hermes", "qwen3", renderer="qwen3"),
     # Qwen3-Coder is a non-thinking model; its template has no reasoning.
-    "qwen3-coder": FamilyFormat("qwen3-coder", Capabilities(reasoning=False), _qwen3_coder, "qwen3_xml", None),
+    "qwen3-coder": FamilyFormat("qwen3-coder", Capabilities(reasoning=False), _qwen3_coder, "qwen3_xml", None,
+                                  vllm_render=True),
     "llama3": FamilyFormat("llama3", Capabilities(reasoning=False, parallel_calls=False, content_with_calls=False),
                            _llama3, "llama3_json", None, renderer="llama-3"),
     "gpt-oss": FamilyFormat("gpt-oss", Capabilities(parallel_calls=False, content_with_calls=False), _gpt_oss,

@@ -44,6 +44,12 @@ class Tally:
     # re-rendered tool call's recipient sits, its JSON content type spelled <|constrain|>json, json or not at all)
     render_format_variants: int = 0
     render_unjudged: int = 0  # no independent renderer of the family, or it refused the request
+    # vLLM's chat render (vllm_render.py), where the family's format asks for it: calls it rendered, calls whose
+    # prompt is its ids, calls whose prompt is its text with the spliced context kept as sampled, and the rest
+    vllm_render_compared: int = 0
+    vllm_render_agree_full: int = 0
+    vllm_render_agree_bridge: int = 0
+    vllm_render_mismatches: int = 0
     parse_compared: int = 0
     vllm_parse_mismatches: int = 0
     intended_mismatches: int = 0  # the gateway's parse differs from what the corpus scripted

@@ -3,7 +3,8 @@
 A cell is one harness's scripted task (``tokentrail harnesses check``'s) on one family's gateway, or the
 corpus (row ``corpus``). Its figures:
 * calls; token-exact calls: calls whose recorded prompt an independent renderer reproduces (its full render,
-  or its bridge over the previous call's prompt ‖ output); for a family with no independent renderer, calls
+  or its bridge over the previous call's prompt ‖ output): ``renderers``' renderer of the family, or where it
+  has none vLLM's chat render (``vllm_render.py``); for a family with neither (``--no-vllm``), calls
   whose prompt decodes to the gateway's own render of the request and, where nothing was spliced, is its
   tokenization (the harness check's rule);
 * spliced fraction: adjacent pairs where prompt_i ‖ output_i is a token prefix of prompt_{i+1};
@@ -46,7 +47,8 @@ class Cell:
         return (not self.run_failure and self.calls > 0
                 and self.token_exact + self.tally.render_format_variants == self.calls
                 and not self.unnamed_breaks and self.tally.vllm_parse_mismatches == 0
-                and self.tally.render_mismatches == 0 and self.tally.intended_mismatches == 0)
+                and self.tally.render_mismatches == 0 and self.tally.vllm_render_mismatches == 0
+                and self.tally.intended_mismatches == 0)
 
     def reasons(self) -> list[str]:
         out = [self.run_failure] if self.run_failure else []
@@ -78,7 +80,11 @@ def summary(cells: Sequence[Cell], families: Sequence[str], harnesses: Sequence[
         "parse_failures": sum(c.parse_failures for c in cells),
         "vllm_parse_mismatches": sum(c.tally.vllm_parse_mismatches for c in cells),
         "vllm_parses_compared": sum(c.tally.parse_compared for c in cells),
-        "render_mismatches": sum(c.tally.render_mismatches for c in cells),
+        # Every render judge's: renderers' and vLLM's chat render's (the families it judges: formats.py)
+        "render_mismatches": sum(c.tally.render_mismatches + c.tally.vllm_render_mismatches for c in cells),
+        "render_mismatches_by_judge": {"renderers": sum(c.tally.render_mismatches for c in cells),
+                                       "vllm": sum(c.tally.vllm_render_mismatches for c in cells)},
+        "vllm_renders_compared": sum(c.tally.vllm_render_compared for c in cells),
         "render_format_variants": sum(c.tally.render_format_variants for c in cells),
         "render_unjudged": sum(c.tally.render_unjudged for c in cells),
         "retokenize_drift_tokens": sum(c.tally.retokenize_drift_tokens for c in cells),
@@ -96,7 +102,8 @@ def table(cells: Sequence[Cell]) -> str:
     for c in cells:
         lines.append(f"{c.harness:<9} {c.family:<12} {'yes' if c.passed else 'NO':<3} {c.calls:>5} "
                      f"{c.token_exact:>5} {f'{c.spliced}/{c.pairs}':>7} {len(c.named_breaks):>6} "
-                     f"{c.parse_failures:>5} {c.tally.render_mismatches:>6} {c.tally.render_format_variants:>7} "
+                     f"{c.parse_failures:>5} {c.tally.render_mismatches + c.tally.vllm_render_mismatches:>6} "
+                     f"{c.tally.render_format_variants:>7} "
                      f"{c.tally.vllm_parse_mismatches:>4} "
                      f"{c.tally.retokenize_drift_tokens:>6}")
     for c in cells:

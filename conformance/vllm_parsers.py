@@ -1,4 +1,4 @@
-"""vLLM's own parsers as the reference for ours: one subprocess in vLLM's virtual environment per batch.
+"""vLLM's own parsers (and chat render) as the reference for ours: one subprocess in vLLM's environment per batch.
 
 vLLM lives in another virtual environment (``.venv-vllm``: its torch and transformers pins are not ours), so
 its parsers run there (``vllm_worker.py``) over a JSON batch; importing vLLM costs tens of seconds, so every
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.formats import FamilyFormat
+from conformance.vllm_render import RenderJob, VllmRender
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -56,14 +57,23 @@ def vllm_python() -> Path:
 def parse_with_vllm(jobs: Sequence[ParseJob], *, timeout_s: float = 600.0,
                     env: dict[str, str] | None = None) -> dict[str, VllmParse]:
     """key -> what vLLM's parser for the job's family extracts from its output."""
-    if not jobs:
-        return {}
+    return judge_with_vllm(jobs, (), timeout_s=timeout_s, env=env)[0]
+
+
+def judge_with_vllm(jobs: Sequence[ParseJob], renders: Sequence[RenderJob], *, timeout_s: float = 600.0,
+                    env: dict[str, str] | None = None) -> tuple[dict[str, VllmParse], dict[str, VllmRender]]:
+    """(key -> vLLM's parse of the job's output, key -> vLLM's chat render of the render job's request)."""
+    if not jobs and not renders:
+        return {}, {}
     batch = {"jobs": [{"key": j.key, "tokenizer": str(j.tokenizer_dir), "tool_parser": j.format.vllm_tool_parser,
                        "reasoning_parser": j.format.vllm_reasoning_parser, "harmony": j.format.harmony,
                        "text": j.text, "ids": None if j.ids is None else [int(i) for i in j.ids],
                        "tools": list(j.tools or []) or None,
                        "prompt_ids": None if j.prompt_ids is None else [int(i) for i in j.prompt_ids]}
-                      for j in jobs]}
+                      for j in jobs],
+             "renders": [{"key": r.key, "model": str(r.model_dir), "tool_call_parser": r.tool_parser,
+                          "messages": r.messages, "tools": list(r.tools or []) or None,
+                          "prompt_ids": [int(i) for i in r.prompt_ids]} for r in renders]}
     run_env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     run_env.pop("PYTHONPATH", None)  # vLLM's environment, not ours
     done = subprocess.run([str(vllm_python()), str(WORKER)], input=json.dumps(batch), capture_output=True,
@@ -71,4 +81,7 @@ def parse_with_vllm(jobs: Sequence[ParseJob], *, timeout_s: float = 600.0,
     if done.returncode != 0:
         raise VllmUnavailable(f"vLLM's parser worker failed (exit {done.returncode}): {done.stderr.strip()[-800:]}")
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    return {r["key"]: VllmParse(r["reasoning"], r["content"], r["tool_calls"], r["error"]) for r in out["results"]}
+    parses = {r["key"]: VllmParse(r["reasoning"], r["content"], r["tool_calls"], r["error"]) for r in out["results"]}
+    rendered = {r["key"]: VllmRender(r["prompt_ids"], r["text"], r["gateway_text"], r["error"])
+                for r in out.get("renders", [])}
+    return parses, rendered

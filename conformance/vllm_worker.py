@@ -6,11 +6,14 @@ them (``--tool-call-parser``, ``--reasoning-parser``; harmony for gpt-oss), the 
 output (text and token ids). The parser is the one vLLM's serving layer composes for a chat completion
 (``ParserManager.get_parser``) and is called the way the non-streaming chat path calls it (``parse``).
 Output: one JSON object, ``{"results": [{"key", "reasoning", "content", "tool_calls": [{"name",
-"arguments"}], "error"}]}``, in the jobs' order.
+"arguments"}], "error"}]}``, in the jobs' order. A batch may also carry ``renders``: vLLM's chat render of
+requests (``vllm_render_worker.py``), answered as ``"renders"`` in the same object, so one run pays vLLM's
+import once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import traceback
@@ -48,7 +51,7 @@ def main() -> int:
     batch = json.load(sys.stdin)
     tokenizers: dict[str, Any] = {}
     results = []
-    for job in batch["jobs"]:
+    for job in batch.get("jobs", []):
         try:
             row = _parse(job, tokenizers)
             row["error"] = None
@@ -56,7 +59,12 @@ def main() -> int:
             row = {"reasoning": None, "content": None, "tool_calls": [],
                    "error": f"{type(exc).__name__}: {exc} | {traceback.format_exc(limit=3)[-600:]}"}
         results.append({"key": job.get("key"), **row})
-    json.dump({"results": results}, sys.stdout)
+    out: dict[str, Any] = {"results": results}
+    if batch.get("renders"):
+        from vllm_render_worker import render_batch  # this file's directory is first on the path
+
+        out["renders"] = asyncio.run(render_batch(batch["renders"]))
+    sys.stdout.write("\n" + json.dumps(out) + "\n")
     return 0
 
 

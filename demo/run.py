@@ -8,6 +8,11 @@ runs the five audit checks and writes the HTML report. Prints the reward per pol
 With ``--upstream vllm`` the gateway serves from a vLLM server (CPU build from .venv-vllm, started here)
 instead, and keeps it on the trainer's versions with the weight sync (docs/weight-sync.md): every call
 records the version vLLM sampled it with.
+
+With ``--family F`` (qwen3, qwen3-coder, llama3, gpt-oss) every service serves and trains the family's model
+instead of the reference model: its real vocabulary, chat template and output format on random weights
+(``tokentrail model build --family F``, built here if needed). The loop and the audit are the same; the
+reward stays near zero (a random-weight model does not answer the lookup task).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from demo.release import run_release_demo
 from demo.services import Service, http_ok, log_dir, wait_until
 from demo.steps import bring_up, run_cli, step
 from demo.vllm import DemoVLLM, stored_version_evidence
+from models.families.spec import FAMILIES
 from sinks.settings import ClickHouseSettings
 from tokentrail.settings import REPO_ROOT, Settings, get_settings
 
@@ -102,8 +108,25 @@ def _workload_defaults(args: argparse.Namespace) -> None:
         args.concurrency = 4 if main_on_vllm else 2
 
 
+def use_family(family: str) -> None:
+    """Serve and train the family's model in this process and every service it starts: the model settings
+    (``TOKENTRAIL_MODEL__FAMILY``/``DIR``/``NAME``) set in the environment the services inherit."""
+    import os
+
+    from models.families.build import build_family
+    from models.families.spec import family_named
+
+    settings = get_settings()
+    model_dir = build_family(settings.model.families_dir / family, family_named(family), progress=print)
+    os.environ.update({"TOKENTRAIL_MODEL__FAMILY": family, "TOKENTRAIL_MODEL__DIR": str(model_dir),
+                       "TOKENTRAIL_MODEL__NAME": f"tokentrail-{family}"})
+    get_settings.cache_clear()
+
+
 def run_demo(args: argparse.Namespace) -> int:
     _workload_defaults(args)
+    if getattr(args, "family", None):
+        use_family(args.family)
     if getattr(args, "release", False):
         return run_release_demo(args)
     if getattr(args, "production", False):  # organic sessions, rewards from feedback (production.py)
@@ -322,6 +345,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="with --upstream vllm: use this running server (started like the demo starts one: "
                         "VLLM_SERVER_DEV_MODE=1, --enable-scale-out, processed logprobs, the reference model) "
                         "instead of starting one; its weights are left at the last version")
+    p.add_argument("--family", default=None, choices=sorted(FAMILIES),
+                   help="serve and train a model family's random-weight model (its real vocabulary, chat "
+                        "template and parser) instead of the reference model; built here if needed")
     p.add_argument("--keep-data", action="store_true",
                    help="keep var/ (Kafka data, ClickHouse, policies) from an earlier run instead of starting fresh")
     add_release_arguments(p)

@@ -1,8 +1,9 @@
 """vLLM's own parsers (issue 28, item 4b's judge) in vLLM's environment: on every family's corpus outputs they
 extract what the corpus scripted, and so does the gateway's parser of the family; a broken tool-call block is
 answered as vLLM answers it; a Qwen3 output with no ``</think>`` is reasoning (vLLM's qwen3 parser starts in its
-reasoning state) for both. One subprocess for all (vLLM's import
-costs tens of seconds)."""
+reasoning state) for both. In the same batch, vLLM's chat render (item 4a's judge for Qwen3-Coder, which
+renderers has no renderer of) gives the gateway's prompt ids for every Qwen3-Coder corpus request. One
+subprocess for all (vLLM's import costs tens of seconds)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance.corpus import CONVERSATIONS, adapted
+from conformance.corpus import CONVERSATIONS, adapted, requests
 from conformance.formats import FORMATS
 from conformance.judge import normal_parse, parse_difference
-from conformance.vllm_parsers import ParseJob, parse_with_vllm
+from conformance.vllm_parsers import ParseJob, judge_with_vllm
+from conformance.vllm_render import RenderJob
 from producers.gateway.family_text_side import FamilyTextSide
 from tokentrail.commands.conformance_drive import intended
 
@@ -32,11 +34,17 @@ BROKEN = {"qwen3": '<think>\nRun it.\n</think>\n\n'
 
 def test_vllm_and_the_gateway_parse_every_family_output_as_scripted(family_dir: Callable[[str], Path]) -> None:
     jobs, expected, ours, sides = [], {}, {}, {}
+    renders: list[RenderJob] = []
     for family, fmt in FORMATS.items():
         model_dir = family_dir(family)
         text = sides[family] = FamilyTextSide.from_dir(model_dir)
         for conv in CONVERSATIONS:
             conv = adapted(conv, fmt.can)
+            if fmt.vllm_render:
+                renders += [RenderJob(f"{family}/{conv.name}/{i}", model_dir, fmt.vllm_tool_parser, messages,
+                                      list(conv.tools), [int(t) for t in text.render_chat(
+                                          messages, list(conv.tools), prefix_mode="retokenize", prior=[]).prompt_ids])
+                            for i, messages in enumerate(requests(conv))]
             for i, step in enumerate(conv.steps):
                 key = f"{family}/{conv.name}/{i}"
                 output = fmt.write(step.output)
@@ -50,7 +58,12 @@ def test_vllm_and_the_gateway_parse_every_family_output_as_scripted(family_dir: 
                 key = name if "/" in name else f"{family}/broken"
                 jobs.append(ParseJob(key, fmt, model_dir, output, tools=list(conv.tools)))
     env = {"TIKTOKEN_ENCODINGS_BASE": str(family_dir("gpt-oss"))}
-    theirs = parse_with_vllm(jobs, env=env)
+    theirs, rendered = judge_with_vllm(jobs, renders, env=env)
+    # vLLM's render path (its render server's, for /v1/chat/completions) gives the gateway's ids, token for token
+    assert len(renders) >= 15 and sorted(rendered) == sorted(r.key for r in renders)
+    assert [k for k, r in rendered.items() if r.error or r.prompt_ids != list(next(
+        j.prompt_ids for j in renders if j.key == k))] == []
+    assert all(r.text == r.gateway_text for r in rendered.values())
     assert len(theirs) == len(jobs) and not [k for k, r in theirs.items() if r.error]
     wrong = {k: parse_difference(normal_parse(r.reasoning, r.content, r.tool_calls), expected[k])
              for k, r in theirs.items() if k in expected

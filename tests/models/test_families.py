@@ -65,3 +65,29 @@ def test_harmony_loads_o200k_from_the_gpt_oss_dir_and_agrees_with_the_tokenizer(
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     text = TEXT + "<|start|>assistant<|channel|>final<|message|>ok<|return|>"
     assert harmony.encode(text, allowed_special="all") == tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_model_build_with_a_family_configured_keeps_the_familys_model(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``tokentrail model build`` (as the demo runs it) where the settings serve a family from model.dir builds
+    that family there, never the reference model over it (it did: ``demo --family`` found its qwen3 directory
+    being replaced by the 516-token reference model)."""
+    import argparse
+
+    from tokentrail.commands.model import register
+    from tokentrail.settings import get_settings
+
+    built = family_dir("qwen3")
+    monkeypatch.setenv("TOKENTRAIL_MODEL__FAMILY", "qwen3")
+    monkeypatch.setenv("TOKENTRAIL_MODEL__DIR", str(built))
+    get_settings.cache_clear()
+    try:
+        parser = argparse.ArgumentParser(prog="tokentrail")
+        register(parser.add_subparsers(dest="command"))
+        args = parser.parse_args(["model", "build"])
+        assert args.func(args) == 0
+    finally:
+        get_settings.cache_clear()
+    assert f"model directory: {built}" in capsys.readouterr().out
+    manifest = read_manifest(built)
+    assert manifest is not None and manifest["family"] == "qwen3"

@@ -4,8 +4,9 @@ Per family (``models/families``: built if needed) a gateway of its own on the fa
 the corpus (``conformance/corpus.py``, one scripted rollout per conversation over OpenAI chat) and
 each harness's scripted task (``tokentrail harnesses check``'s: Claude Code, Codex CLI, Pi, OpenClaw; its
 script written in the family's output format). Every recorded call is judged by implementations we did not
-write (``conformance/judge.py``): ``renderers`` for the prompt ids, vLLM's parser of the family for
-the parsed outputs (one batch in vLLM's environment at the end). Prints the matrix harness x family, then one
+write (``conformance/judge.py``): ``renderers`` for the prompt ids (vLLM's chat render where renderers has no
+renderer of the family), vLLM's parser of the family for the parsed outputs (one batch in vLLM's environment
+at the end). Prints the matrix harness x family, then one
 JSON line of the figures.
 """
 
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conformance.check import CallEvidence, judge_calls, parse_jobs
+from conformance.check import CallEvidence, judge_calls, parse_jobs, render_jobs
 from conformance.corpus import CONVERSATIONS, Output, ToolCall
 from conformance.formats import FORMATS, FamilyFormat
 from conformance.matrix import Cell, extends, summary, table
@@ -34,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--harnesses", default=",".join(DEFAULT_HARNESSES),
                         help="comma-separated harnesses ('' for none)")
     parser.add_argument("--no-corpus", action="store_true", help="skip the corpus rollouts")
-    parser.add_argument("--no-vllm", action="store_true", help="skip vLLM's parsers (no parse comparison)")
+    parser.add_argument("--no-vllm", action="store_true",
+                        help="skip vLLM's parsers and chat render (no parse comparison, no vLLM render judge)")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="per harness run")
     parser.add_argument("--calls-topic", default=None, help="calls topic (default: tokentrail's)")
     parser.add_argument("--env-topic", default=None, help="env topic (default: tokentrail's)")
@@ -133,7 +135,7 @@ def independent_renderer(fmt: FamilyFormat, model_dir: Path, *, start_date: str 
 def _cmd(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
-    from conformance.vllm_parsers import parse_with_vllm
+    from conformance.vllm_parsers import judge_with_vllm
     from schemas.topics import CALLS_TOPIC, ENV_TOPIC
     from tokentrail.commands.conformance_drive import evidence, recorded_calls, run_corpus
     from tokentrail.commands.harnesses import HARNESSES, _records, _rollout_status, _run
@@ -169,12 +171,12 @@ def _cmd(args: argparse.Namespace) -> int:
                 pending.append((cell, evidence(family, calls, run.text), calls, run))
                 print(f"{family}: {name}, {len(calls)} calls{', ' + failure if failure else ''}", flush=True)
         every = [e for _, found, _, _ in pending for e in found]
-        vllm = {} if args.no_vllm else parse_with_vllm(
-            parse_jobs(every, FORMATS, {f: r.model_dir for _, _, _, r in pending for f in [r.family]}),
-            env=_harmony_env(pending))
+        dirs = {r.family: r.model_dir for _, _, _, r in pending}
+        vllm, vllm_renders = ({}, {}) if args.no_vllm else judge_with_vllm(
+            parse_jobs(every, FORMATS, dirs), render_jobs(every, FORMATS, dirs), env=_harmony_env(pending))
         cells = []
         for cell, found, calls, run in pending:
-            tally, reproduced = judge_calls(found, run.renderer, vllm)
+            tally, reproduced = judge_calls(found, run.renderer, vllm, vllm_renders)
             counted = family_cell(cell.harness, cell.family, calls, found, run.text, reproduced)
             counted.tally, counted.run_failure = tally, cell.run_failure
             cells.append(counted)

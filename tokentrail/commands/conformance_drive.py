@@ -86,7 +86,9 @@ def evidence(family: str, calls: Sequence[dict[str, Any]], text: Any,
             gateway_parse=normal_parse(parsed.reasoning, parsed.content,
                                        [{"name": c.name, "arguments": c.arguments} for c in parsed.tool_calls]),
             rerender_ids=[int(i) for i in rerender.prompt_ids], previous=previous,
-            intended=intended(outputs[index]) if outputs is not None and index < len(outputs) else None))
+            intended=intended(outputs[index]) if outputs is not None and index < len(outputs) else None,
+            chat_request=((body.get("messages") or [], body.get("tools")) if call["protocol"] == "openai.chat"
+                          else None)))
         previous = (prompt.tolist(), output_ids)
     return out
 

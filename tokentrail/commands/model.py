@@ -53,6 +53,12 @@ def _cmd_build(args: argparse.Namespace) -> int:
         raise CliError("--warmup-steps must be >= 0")
     if args.family is not None:
         return _build_family(args)
+    configured = get_settings().model
+    if configured.family and args.dir is None and args.spec == "tiny":
+        # The settings serve a family from model.dir: build that family there (building the reference model
+        # into model.dir would replace the family's model that the settings serve)
+        args.family, args.dir = configured.family, configured.dir
+        return _build_family(args)
     spec = spec_named(args.spec)
     if args.warmup_steps is not None:
         spec = replace(spec, warmup_steps=args.warmup_steps)
