@@ -1,7 +1,7 @@
 """``tokentrail demo --production --forget K``: K of the simulated users are forgotten mid-run (issue 31).
 
-Every user's sessions carry a canary of their own (a made-up account code in a message), sealed under the
-user's data key like all their content (forgetting is on for every service of the run). At
+Every user's first session carries a canary of their own (a made-up account code in a message), sealed
+under the user's data key like all their content (forgetting is on for every service of the run). At
 ``--forget-at`` of the run the first K users stop, their session windows close, and the demo forgets them
 through the gateway's admin route (keys destroyed, Forgotten events; the sink blanks ClickHouse when it
 stores them). At the end: a residue scan of every topic partition, the spool, every ClickHouse table and
@@ -29,6 +29,28 @@ def make_canary(user: str) -> str:
 
 def canary_message(canary: str) -> str:
     return f"My account code is {canary} please keep it private."
+
+
+class CanaryNotes:
+    """Plants each user's canary in the user's first ``sessions`` sessions, not in all of them.
+
+    The note is a user message after the question, so it changes the task: in every session, the untrained
+    policy answered half as often (reward of version 0: 0.165 against 0.34-0.39 without it, 6-minute runs)
+    and the reward bands barely rose (0.165, 0.111, 0.059, 0.213, 0.186). The residue scan needs one planted
+    copy per user: every store that keeps the user's content keeps that session's.
+    """
+
+    def __init__(self, canaries: dict[str, str], sessions: int = 1) -> None:
+        self.canaries, self.sessions = canaries, sessions
+        self._planted: dict[str, int] = {}
+
+    def note(self, user: str) -> str | None:
+        """The note for ``user``'s next session (each user runs in one thread: no lock needed)."""
+        canary = self.canaries.get(user)
+        if canary is None or self._planted.get(user, 0) >= self.sessions:
+            return None
+        self._planted[user] = self._planted.get(user, 0) + 1
+        return canary_message(canary)
 
 
 @dataclass

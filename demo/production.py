@@ -40,7 +40,7 @@ import yaml
 
 from demo.agent import converse
 from demo.environment import LookupTask, make_task
-from demo.forgetting import FORGET_ENV, ForgetRun, canary_message, forget_figures, make_canary
+from demo.forgetting import FORGET_ENV, CanaryNotes, ForgetRun, forget_figures, make_canary
 from demo.progress import ProgressTracker, VersionStats, version_bands
 from demo.services import Service, http_ok, wait_until
 from demo.steps import bring_up, private_env, run_cli, step
@@ -252,8 +252,9 @@ class Users:
         self.errors: list[str] = []
         self._lock = threading.Lock()
         self._next_task = seed
-        # --forget: each user's own canary in every session, and the users stopped before their forget.
+        # --forget: each user's own canary (in its first session), and the users stopped before their forget.
         self.canaries = {self.user_name(n): make_canary(self.user_name(n)) for n in range(count)} if canaries else {}
+        self.canary_notes = CanaryNotes(self.canaries)  # planted in each user's first session
         self._retired: set[int] = set()
         self._exited = {n: threading.Event() for n in range(count)}
 
@@ -319,9 +320,8 @@ class Users:
     def _session(self, client: openai.OpenAI, user: str, task: LookupTask, rng: random.Random) -> SessionOutcome:
         """One conversation: no rollout is created; ``user`` is the session key."""
         # The agent runs its tool itself: no environment API.
-        canary = self.canaries.get(user)
         answer, response_ids = converse(client, self.model, task, max_tokens=24, temperature=1.0, user=user,
-                                        note=canary_message(canary) if canary else None)
+                                        note=self.canary_notes.note(user))
         rollout_id = None
         if rng.random() < self.explicit_end:  # the app says the conversation is over
             ended = httpx.post(f"{self.gateway_url}/v1/sessions/{quote(user, safe='')}/end", timeout=120.0)

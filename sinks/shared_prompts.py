@@ -14,7 +14,9 @@ replicas do:
 - a row only names a call whose id sorts before its own, so references never form a cycle, even
   across the duplicate versions a ReplacingMergeTree may keep;
 - only a call received in the same 15-minute window is named: both rows sit in one day partition,
-  dropped together or not at all.
+  dropped together or not at all;
+- only a call of the same subject (or both of none) is named: a forget blanks the subject's prompts, and
+  must not leave another subject's row naming one of them.
 
 Storage-only, like the request-body deltas: ``prompt_base_call_id`` (the record's own delta base) is
 never touched, and a row's prompt still traces back to its own call.
@@ -43,7 +45,10 @@ MIN_SHARED_BYTES = 256
 # 15 minutes), so they share a ``toDate(event_time)`` partition whatever the server's time zone.
 WINDOW_US = 15 * 60 * 1_000_000
 
-Key = tuple[int, str, int]  # (15-minute window of received_at, prompt sha256, prompt length)
+# (15-minute window of received_at, prompt sha256, prompt length, subject or ""). A row names only a call of
+# its own subject: forgetting a subject blanks its prompts, and another subject's row that named one of them
+# could no longer be rebuilt (issue 31).
+Key = tuple[int, str, int, str]
 
 
 class SharedPromptError(ValueError):
@@ -63,7 +68,7 @@ def _key(row: Row) -> Key | None:
         return None
     if len(ids) != 4 * row["prompt_length"] or ids_digest(ids) != row["prompt_sha256"]:
         return None
-    return row["received_at_us"] // WINDOW_US, row["prompt_sha256"], row["prompt_length"]
+    return row["received_at_us"] // WINDOW_US, row["prompt_sha256"], row["prompt_length"], row.get("subject") or ""
 
 
 class SharedPrompts:

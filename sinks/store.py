@@ -234,21 +234,22 @@ def _stored_prompt_rows(client: Client, call_ids: Iterable[str]) -> list[Row]:
 
 
 def stored_full_prompts(client: Client, keys: list[Key]) -> dict[Key, str]:
-    """For each (window, sha256, length) key: the smallest call id storing that full prompt whole, its
-    stored ids checked against the sha256 in SQL, so a corrupt row is never named."""
+    """For each (window, sha256, length, subject) key: the smallest call id storing that full prompt whole,
+    its stored ids checked against the sha256 in SQL, so a corrupt row is never named."""
     rows = _query_by_ids(
         client,
         f"SELECT intDiv(received_at_us, {WINDOW_US}) AS time_window, prompt_sha256, prompt_length, "
+        "ifNull(subject, '') AS subj, "
         "min(call_id) AS call_id FROM calls WHERE prompt_sha256 IN {ids:Array(String)} "
         "AND prompt_base_call_id IS NULL AND prompt_shared_call_id IS NULL AND NOT prompt_ids_null "
         "AND length(prompt_ids_arr) = prompt_length "
         "AND lower(hex(SHA256(reinterpretAsString(prompt_ids_arr)))) = prompt_sha256 "
-        "GROUP BY time_window, prompt_sha256, prompt_length",
-        (sha for _, sha, _ in keys),
+        "GROUP BY time_window, prompt_sha256, prompt_length, subj",
+        (sha for _, sha, _, _ in keys),
     )
     wanted = set(keys)
-    found = ((r["time_window"], r["prompt_sha256"], r["prompt_length"], r["call_id"]) for r in rows)
-    return {(w, sha, n): call_id for w, sha, n, call_id in found if (w, sha, n) in wanted}
+    found = (((r["time_window"], r["prompt_sha256"], r["prompt_length"], r["subj"]), r["call_id"]) for r in rows)
+    return {key: call_id for key, call_id in found if key in wanted}
 
 
 def _query_by_ids(client: Client, sql: str, ids: Iterable[str]) -> list[Row]:

@@ -69,11 +69,19 @@ def forget_settings() -> ForgetSettings:
     return get_settings().forget
 
 
-def _key_store(settings: Settings) -> KafkaKeyStore:
+@contextmanager
+def _key_store(settings: Settings) -> Iterator[KafkaKeyStore]:
+    """The process's key store (its cache forgets at once), else one of this call's own, closed after (its
+    re-reading thread stops)."""
     sealer = process_sealer()
     if sealer is not None and isinstance(sealer.keyring, KafkaKeyStore):
-        return sealer.keyring
-    return KafkaKeyStore(settings.kafka, settings.forget)
+        yield sealer.keyring
+        return
+    store = KafkaKeyStore(settings.kafka, settings.forget)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def _via_gateway(url: str, admin_key: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -109,8 +117,9 @@ def forget(settings: Settings, subjects: list[str], *, requested_by: str, reason
                 "subject": subject, "requested_by": requested_by, "reason": reason, "request_id": request_id})
             done = [answer, *answer.get("also_forgotten", [])]
         else:
-            done = forget_name(_key_store(settings), settings.kafka, settings.forget, subject,
-                               requested_by=requested_by, reason=reason, request_id=request_id)
+            with _key_store(settings) as store:
+                done = forget_name(store, settings.kafka, settings.forget, subject,
+                                   requested_by=requested_by, reason=reason, request_id=request_id)
         progress(f"forget: {subject!r}: {sum(len(e['key_ids']) for e in done)} key(s) destroyed")
         events += done
     blanked: dict[str, int] = {}
@@ -146,7 +155,8 @@ def expire(settings: Settings, *, clickhouse: bool = True, dsn: str | None = Non
     from sinks.forget import blank_expired
 
     f = settings.forget
-    expired = _key_store(settings).expire()
+    with _key_store(settings) as store:
+        expired = store.expire()
     progress(f"retention: {len(expired)} data key(s) past their retention destroyed")
     mutations = 0
     if clickhouse:

@@ -5,9 +5,11 @@ Each data key is one ``SubjectKey`` record keyed by its key id (``subject#create
 key, and the master key alone opens nothing once the data key is gone. Destroying a key is a tombstone under
 its key id; compaction then removes the key from the log for good (the topic's configs make that soon).
 
-Every process that seals or opens content holds a ``KafkaKeyStore`` (``schemas.sealing.Keyring``): it reads
-the topic from the beginning on first use and catches up again when asked for a key it has not seen. A new
-key is on Kafka (flushed, acks=all) before anything sealed under it is written, so a reader that catches up
+Every process that seals or opens content holds a ``KafkaKeyStore`` (``schemas.sealing.Keyring``): on first use
+it starts a thread of its own that reads the topic from the beginning and then re-reads it every half
+``forget.refresh_s``; a thread asking for a key answers from memory and never reads Kafka (the gateway asks on
+its event loop). A key it has not seen is waited for: it asks its thread for a re-read that begins after the
+question. A new key is on Kafka (flushed, acks=all) before anything sealed under it is written, so a re-read
 to the end of the topic sees every key any record it holds was sealed with; a key still absent then was
 destroyed (or never existed): its content is forgotten.
 """
@@ -21,6 +23,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -49,14 +52,16 @@ DEV_MASTER_KEY_WARNING = (
     + "!" * 100
 )
 _dev_key_warned = [False]
+_dev_key_warning_lock = threading.Lock()  # key stores' threads and their callers may warn at the same moment
 
 
 def warn_dev_master_key() -> None:
     """Once per process, outside the test suite (pytest sets PYTEST_CURRENT_TEST for its processes and
     theirs): the loud warning that the public development key is in use."""
-    if _dev_key_warned[0] or "PYTEST_CURRENT_TEST" in os.environ:
-        return
-    _dev_key_warned[0] = True
+    with _dev_key_warning_lock:
+        if _dev_key_warned[0] or "PYTEST_CURRENT_TEST" in os.environ:
+            return
+        _dev_key_warned[0] = True
     log.warning("%s", DEV_MASTER_KEY_WARNING)
     print(DEV_MASTER_KEY_WARNING, file=sys.stderr, flush=True)
 
@@ -81,8 +86,13 @@ class ForgetSettings(BaseModel):
     # this, and absent, is taken as destroyed without asking the broker again.
     clock_skew_s: float = 60.0
     # A process re-reads the key topic at least this often while it opens or seals content, so a key
-    # destroyed anywhere stops opening everywhere within this time (the forget command waits it out).
+    # destroyed anywhere stops opening everywhere within this time (the forget command waits it out). The
+    # key store's own thread re-reads it every half of this, so a re-read that takes a while still fits.
     refresh_s: float = 1.0
+    # When the key store's thread has not read the key topic for this long (the broker is unreachable, or a
+    # re-read hangs), opening content waits for a fresh re-read and fails if none comes, rather than go on
+    # opening with keys that may have been destroyed meanwhile. Sealing goes on (it opens nothing).
+    stale_limit_s: float = 30.0
 
     def master(self) -> bytes:
         raw = bytes.fromhex(self.master_key.get_secret_value())
@@ -134,8 +144,68 @@ class _Minting:
         return self._made
 
 
+class _Rereads:
+    """What a key store's re-reading thread shares with the threads that wait for a re-read (under ``cond``)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.asked = 0  # re-reads asked for, numbered
+        self.served = 0  # the newest number a finished re-read began after
+        self.error: BaseException | None = None  # the last re-read's failure; None when it succeeded
+        self.read_once = False
+        self.caught_up_at_us = 0  # when the last successful re-read began
+        self.count = 0
+
+
+def _reread(ref: weakref.ref[KafkaKeyStore], state: _Rereads, stop: threading.Event, period_s: float) -> None:
+    """A key store's thread: re-read its topic every ``period_s``, and at once when a thread asks; until
+    ``stop``, or until nobody holds the store any more."""
+    consumer: Consumer | None = None
+    next_offset, next_at = 0, 0.0
+    try:
+        while True:
+            with state.cond:
+                while not stop.is_set() and state.served >= state.asked and time.monotonic() < next_at:
+                    state.cond.wait(min(next_at - time.monotonic(), 1.0))
+                    if ref() is None:
+                        return
+                if stop.is_set():
+                    return
+                number = state.asked
+            store = ref()
+            if store is None:
+                return
+            began, began_us = time.monotonic(), store._now_us()
+            error: BaseException | None = None
+            try:
+                if consumer is None:
+                    consumer = store._new_consumer()
+                next_offset = store._read_to_end(consumer, next_offset)
+            except Exception as exc:  # the broker is away or slow: the waiters hear it, the thread goes on
+                error = exc
+                log.warning("key topic %s: re-read failed: %s", store.topic, exc)
+            del store
+            with state.cond:
+                state.count += 1
+                state.error = error
+                if error is None:
+                    state.read_once, state.caught_up_at_us = True, began_us
+                state.served = max(state.served, number)
+                state.cond.notify_all()
+            next_at = began + period_s
+    finally:
+        if consumer is not None:
+            consumer.close()
+        with state.cond:  # nobody waits for a re-read that will not come
+            if state.served < state.asked:
+                state.error = RuntimeError("the key store was closed")
+                state.served = state.asked
+            state.cond.notify_all()
+
+
 class KafkaKeyStore:
-    """``schemas.sealing.Keyring`` over the compacted key topic; thread-safe."""
+    """``schemas.sealing.Keyring`` over the compacted key topic; thread-safe. Its own thread (started on first
+    use, stopped by ``close``) is the only one that reads the topic: asking for a key never reads Kafka."""
 
     def __init__(self, kafka: KafkaSettings, settings: ForgetSettings, *, codec: Codec | None = None,
                  now_us: Callable[[], int] = lambda: time.time_ns() // 1000) -> None:
@@ -146,7 +216,7 @@ class KafkaKeyStore:
         self._dev_key = settings.uses_dev_master_key()
         self._codec = codec or get_codec()
         self._now_us = now_us
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the keys below; never held while Kafka is read or written
         self._keys: dict[str, bytes] = {}
         self._expires: dict[str, int | None] = {}
         self._current: dict[str, str] = {}  # subject -> its newest key id
@@ -155,16 +225,22 @@ class KafkaKeyStore:
         # subject -> when this process last saw one of its keys destroyed (unix us): content it opened
         # before then must not be used any more (the trainer checks before every step).
         self.destroyed_at: dict[str, int] = {}
-        self._consumer: Consumer | None = None
         self._producer: Producer | None = None
-        self._next_offset = 0
-        self._caught_up_at_us = 0  # when the last catch-up began
-        self.catch_ups = 0
+        # The re-reading thread (it holds the store only weakly: a store nobody holds stops its thread).
+        self._rereads = _Rereads()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._pid = 0
+
+    @property
+    def catch_ups(self) -> int:
+        """How many times this store has read the key topic to its end."""
+        return self._rereads.count
 
     # ---- Keyring ----------------------------------------------------------------------------------
     def sealing_key(self, subject: str) -> tuple[str, bytes]:
+        self._ready()
         with self._lock:
-            self._refresh_if_stale()
             usable = self._usable(subject)
             if usable is not None:
                 return usable
@@ -190,66 +266,133 @@ class KafkaKeyStore:
         """Whether ``sealing_key(subject)`` can answer from memory, without making a key (which waits for
         the broker): callers on an event loop make the key in a thread first (``producers.gateway``)."""
         with self._lock:
-            return self._usable(subject) is not None
+            return self._rereads.read_once and self._usable(subject) is not None
 
     def opening_key(self, key_id: str) -> bytes | None:
+        self._ready()
+        if self._now_us() - self._rereads.caught_up_at_us > self.settings.stale_limit_s * 1e6:
+            self._await_read()  # the thread has not read the topic for too long: no key opens on old news
         with self._lock:
-            self._refresh_if_stale()
             key = self._keys.get(key_id)
             if key is not None or key_id in self._destroyed:
                 return key
             skew_us = int(self.settings.clock_skew_s * 1e6)
-            if self._consumer is not None and key_created_us(key_id) < self._caught_up_at_us - skew_us:
-                return None  # absent at a catch-up long after it was made: destroyed (compacted away)
-            self._catch_up()
+            if key_created_us(key_id) < self._rereads.caught_up_at_us - skew_us:
+                return None  # absent at a re-read long after it was made: destroyed (compacted away)
+        self._await_read()  # made since the last re-read (by another process): the next re-read has it
+        with self._lock:
             return self._keys.get(key_id)
 
     # ---- destroying ------------------------------------------------------------------------------
     def key_ids(self, subject: str) -> list[str]:
+        self._await_read()
         with self._lock:
-            self._catch_up()
             return sorted(k for k in self._keys if subject_of_key(k) == subject)
 
     def destroy(self, subject: str) -> list[str]:
         """Tombstone every key of ``subject`` (flushed before this returns); the key ids destroyed."""
-        with self._lock:
-            gone = self.key_ids(subject)
-            self._tombstone(gone)
-            return gone
+        gone = self.key_ids(subject)
+        self._tombstone(gone)
+        return gone
 
     def expire(self) -> list[str]:
         """Tombstone every key whose retention ran out; the key ids destroyed."""
+        self._await_read()
         with self._lock:
-            self._catch_up()
             now = self._now_us()
             gone = sorted(k for k, at in self._expires.items() if at is not None and at <= now and k in self._keys)
-            self._tombstone(gone)
-            return gone
+        self._tombstone(gone)
+        return gone
 
     def forget_keys(self, key_ids: list[str]) -> None:
-        """Known destroyed (a Forgotten event names them), ahead of the tombstones' next catch-up."""
+        """Known destroyed (a Forgotten event names them), ahead of the tombstones' next re-read."""
         with self._lock:
             for key_id in key_ids:
                 self._forget_locally(key_id)
 
     def close(self) -> None:
+        """Stop the re-reading thread (it closes its consumer) and flush what was produced."""
+        with self._rereads.cond:
+            self._stop.set()
+            thread, self._thread = self._thread, None
+            self._rereads.cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(30)
         with self._lock:
-            if self._consumer is not None:
-                self._consumer.close()
-                self._consumer = None
-            if self._producer is not None:
-                self._producer.flush(10)
-                self._producer = None
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.flush(10)
 
     def refresh(self) -> None:
-        """Catch up with the key topic now (the trainer does before each step: no forgotten key trains)."""
-        with self._lock:
-            self._catch_up()
+        """Wait for a re-read of the key topic that begins after this call (the trainer waits before each
+        step: no forgotten key trains)."""
+        self._await_read()
+
+    # ---- the re-reading thread ---------------------------------------------------------------------
+    def _ready(self) -> None:
+        """The thread runs and has read the topic to its end once (a process's first use waits for that)."""
+        self._start()
+        if not self._rereads.read_once:
+            self._await_read()
+
+    def _start(self) -> None:
+        with self._rereads.cond:
+            if self._thread is not None and self._thread.is_alive() and self._pid == os.getpid():
+                return
+            if self._pid not in (0, os.getpid()):
+                self._producer = None  # a forked child: its parent's Kafka clients are not its own
+            self._pid = os.getpid()
+            self._stop = threading.Event()
+            self._thread = threading.Thread(
+                target=_reread, args=(weakref.ref(self), self._rereads, self._stop, self.settings.refresh_s / 2),
+                daemon=True, name=f"tokentrail-keys:{self.topic}")
+            self._thread.start()
+
+    def _await_read(self) -> None:
+        """Ask the thread for a re-read and wait until one that began after the asking is done."""
+        self._start()
+        state = self._rereads
+        with state.cond:
+            state.asked += 1
+            number = state.asked
+            state.cond.notify_all()
+            if not state.cond.wait_for(lambda: state.served >= number, timeout=60):
+                raise RuntimeError(f"the key topic {self.topic} was not read in 60 s")
+            error = state.error
+        if error is not None:
+            raise RuntimeError(f"the key topic {self.topic} could not be read: {error}") from error
+
+    def _new_consumer(self) -> Consumer:
+        self._ensure_topic()
+        consumer = Consumer(consumer_config(self.kafka, f"tokentrail-keys-{uuid.uuid4().hex[:12]}",
+                                            **{"enable.partition.eof": False}))
+        consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+        return consumer
+
+    def _read_to_end(self, consumer: Consumer, next_offset: int) -> int:
+        """Fold the topic from ``next_offset`` up to its current end into the keys; the offset after it."""
+        _low, end = consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=10, cached=False)
+        deadline = time.monotonic() + 30
+        while next_offset < end:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the key topic {self.topic} could not be read to offset {end}")
+            folds = []
+            # Ask for no more than are left: consume() waits its whole timeout for as many as it asks for.
+            for msg in consumer.consume(min(500, end - next_offset), timeout=0.5):
+                error = msg.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        log.warning("key topic: %s", error)
+                    continue
+                folds.append(self._parse(msg.key(), msg.value()))
+                next_offset = msg.offset() + 1
+            with self._lock:
+                for fold in folds:
+                    if fold is not None:
+                        self._fold(*fold)
+        return next_offset
 
     # ---- plumbing --------------------------------------------------------------------------------
-    def _refresh_if_stale(self) -> None:
-        if self._consumer is None or self._now_us() - self._caught_up_at_us > self.settings.refresh_s * 1e6:
-            self._catch_up()
     def _tombstone(self, key_ids: list[str]) -> None:
         if not key_ids:
             return
@@ -259,8 +402,9 @@ class KafkaKeyStore:
             producer.produce(self.topic, key=key_id.encode(), value=None,
                              on_delivery=lambda err, _msg: errors.append(str(err)) if err else None)
         self._flush(producer, errors, "tombstones")
-        for key_id in key_ids:
-            self._forget_locally(key_id)
+        with self._lock:
+            for key_id in key_ids:
+                self._forget_locally(key_id)
 
     def _warn_if_dev_key(self) -> None:
         if self._dev_key:
@@ -284,8 +428,7 @@ class KafkaKeyStore:
         expires = None if days is None else now + int(days * 86_400e6)
         record = {"key_id": key_id, "subject": subject, "wrapped_key": wrap_key(self._master, key_id, data_key),
                   "master_key_id": self._master_id, "created_at_us": now, "expires_at_us": expires}
-        with self._lock:
-            producer = self._producer_()
+        producer = self._producer_()
         delivered = threading.Event()
         errors: list[str] = []
 
@@ -326,60 +469,47 @@ class KafkaKeyStore:
             del self._current[subject]
 
     def _producer_(self) -> Producer:
-        if self._producer is None:
-            self._ensure_topic()
-            self._producer = Producer(producer_config(self.kafka, **{"linger.ms": 0}))
-        return self._producer
+        with self._lock:
+            if self._producer is not None:
+                return self._producer
+        self._ensure_topic()  # a broker round trip: not under the lock
+        producer = Producer(producer_config(self.kafka, **{"linger.ms": 0}))
+        with self._lock:
+            if self._producer is None:
+                self._producer = producer
+            return self._producer
 
     def _ensure_topic(self) -> None:
         admin = AdminClient(admin_config(self.kafka))
         ensure_topics(admin, self.kafka, (replace(SUBJECT_KEYS, name=self.topic),))
 
-    def _catch_up(self) -> None:
-        """Read the key topic up to its current end."""
-        self.catch_ups += 1
-        started = self._now_us()
-        tp = TopicPartition(self.topic, 0)
-        if self._consumer is None:
-            self._ensure_topic()
-            self._consumer = Consumer(consumer_config(self.kafka, f"tokentrail-keys-{uuid.uuid4().hex[:12]}",
-                                                      **{"enable.partition.eof": False}))
-            self._consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
-        _low, end = self._consumer.get_watermark_offsets(tp, timeout=10, cached=False)
-        deadline = time.monotonic() + 30
-        while self._next_offset < end:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the key topic {self.topic} could not be read to offset {end}")
-            for msg in self._consumer.consume(500, timeout=0.5):
-                error = msg.error()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF:
-                        log.warning("key topic: %s", error)
-                    continue
-                self._fold(msg.key(), msg.value())
-                self._next_offset = msg.offset() + 1
-        self._caught_up_at_us = started
-
-    def _fold(self, key: bytes | None, value: bytes | None) -> None:
+    def _parse(self, key: bytes | None, value: bytes | None) -> tuple[str, bytes | None, int | None, str] | None:
+        """One record of the key topic as (key id, data key or None for a tombstone, expiry, subject); None
+        for one this process cannot use. Decoding and unwrapping happen outside the lock."""
         if key is None:
-            return
+            return None
         key_id = key.decode()
         if value is None:
-            self._forget_locally(key_id)
-            return
+            return key_id, None, None, subject_of_key(key_id)
         _, record = self._codec.decode(value, expect="SubjectKey", topic=self.topic)
         if record["master_key_id"] != self._master_id:
             log.error("data key %s is wrapped by master key %s, not this one (%s): its content stays sealed",
                       key_id, record["master_key_id"], self._master_id)
-            return
+            return None
         try:
             data_key = unwrap_key(self._master, key_id, record["wrapped_key"])
         except SealingError as exc:
             log.error("%s", exc)
-            return
+            return None
         self._warn_if_dev_key()
+        return key_id, data_key, record.get("expires_at_us"), record["subject"]
+
+    def _fold(self, key_id: str, data_key: bytes | None, expires: int | None, subject: str) -> None:
+        """Under the lock: one parsed record of the key topic into the keys."""
+        if data_key is None:
+            self._forget_locally(key_id)
+            return
         self._destroyed.discard(key_id)
-        self._keys[key_id], self._expires[key_id] = data_key, record.get("expires_at_us")
-        subject = record["subject"]
+        self._keys[key_id], self._expires[key_id] = data_key, expires
         if key_created_us(self._current.get(subject, "")) <= key_created_us(key_id):
             self._current[subject] = key_id

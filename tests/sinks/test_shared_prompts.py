@@ -172,3 +172,31 @@ def test_a_second_sink_names_the_prompt_the_first_stored_and_never_a_corrupt_one
     }
     stored = {r["call_id"]: r for r in load_records(ch, "calls", "call_id != {c:String}", {"c": firsts[0]["call_id"]})}
     assert [stored[c["call_id"]] for c in firsts[1:]] == firsts[1:]
+
+
+def test_a_row_names_only_a_call_of_its_own_subject() -> None:
+    rows = [_row("a", TASK) | {"subject": "t/alice"}, _row("b", TASK) | {"subject": "t/bob"},
+            _row("c", TASK) | {"subject": "t/bob"}, _row("d", TASK) | {"subject": None}, _row("e", TASK)]
+    SharedPrompts().assign(rows)
+    assert [r["prompt_shared_call_id"] for r in rows] == [None, None, "b", None, "d"]
+
+
+def test_forgetting_a_subject_leaves_every_other_subjects_prompt_readable(ch: Client) -> None:
+    """The same task prompt in two users' sessions (the forgetting demo's audit once failed on it: bob's call
+    named alice's prompt, which her forget blanked)."""
+    from sinks.forget import blank_subject
+
+    firsts = sorted((c for c in _group() if c["call_index"] == 0), key=lambda c: c["call_id"])
+    alice = [dict(c, subject="t/alice") for c in firsts[:2]]
+    bob = [dict(c, subject="t/bob") for c in firsts[2:]]
+    insert_grouped(ch, {"calls": [to_row("CallRecord", c)[1] for c in alice[:1] + bob[:1]]}, SampleRefs(),
+                   SharedPrompts())
+    # Another sink, with nothing in memory, stores the rest: it finds each subject's own stored copy.
+    insert_grouped(ch, {"calls": [to_row("CallRecord", c)[1] for c in alice[1:] + bob[1:]]}, SampleRefs(),
+                   SharedPrompts())
+    refs = dict(ch.query("SELECT call_id, prompt_shared_call_id FROM calls").result_rows)
+    assert refs == {alice[0]["call_id"]: None, alice[1]["call_id"]: alice[0]["call_id"],
+                    bob[0]["call_id"]: None, bob[1]["call_id"]: bob[0]["call_id"]}
+    assert blank_subject(ch, "t/alice")["calls"] == 2
+    kept = load_records(ch, "calls", "subject = {s:String}", {"s": "t/bob"}, order_by="call_id")
+    assert [c["prompt"] for c in kept] == [c["prompt"] for c in bob]
