@@ -24,7 +24,9 @@ the fraction depends on the weights' magnitudes against the step (bf16 keeps 8 b
     python -m bench.delta_fraction [--steps 5] [--lrs 2e-4,1e-6] [--dtypes bfloat16,float32] [--samples 16]
 
 Last line: one JSON object: per learning rate and dtype, the mean fractions and bytes per update and the
-7B/8B projections; ``bf16_element_fraction`` and ``bf16_tensor_fraction`` at the first learning rate.
+7B/8B projections; ``bf16_element_fraction`` and ``bf16_tensor_fraction`` at the first learning rate. Also the
+trainer's cost of the deltas: each publish timed with them (``publish_s`` per dtype) and without them
+(``publish_without_delta_s``: the same weights into a store of their own, as with ``trainer.publish_delta`` off).
 """
 
 from __future__ import annotations
@@ -91,8 +93,11 @@ def measure(model_dir: str, tokenizer: Any, lr: float, steps: int, samples: int,
     learner = Learner(model, LearnerConfig(learning_rate=lr, micro_batch_tokens=None))
     rng = np.random.default_rng(seed)
     rows: dict[str, list[dict[str, float]]] = {d: [] for d in dtypes}
+    plain_publish_s: list[float] = []  # the trainer's publish without deltas (trainer.publish_delta off)
     with tempfile.TemporaryDirectory(prefix="delta-fraction-") as tmp:
         stores = {d: PolicyStore(Path(tmp) / d) for d in dtypes}
+        plain = PolicyStore(Path(tmp) / "plain")
+        plain.publish(1, model.state_dict())
         held = {d: Mirror.of(cast_state(model.state_dict(), DTYPES[d])) for d in dtypes}
         for d in dtypes:
             stores[d].publish(1, model.state_dict(), delta=True, engine_dtype=DTYPES[d])
@@ -100,9 +105,14 @@ def measure(model_dir: str, tokenizer: Any, lr: float, steps: int, samples: int,
             batch = on_policy_samples(learner, task_samples(tokenizer, samples, seed * 1000 + step), rng)
             result = learner.step(batch)
             version = step + 2
+            began = time.perf_counter()
+            plain.publish(version, model.state_dict())
+            plain_publish_s.append(time.perf_counter() - began)
             for d in dtypes:
                 store = stores[d]
+                began = time.perf_counter()
                 store.publish(version, model.state_dict(), delta=True, engine_dtype=DTYPES[d])
+                publish_s = time.perf_counter() - began
                 group, element = read_delta(store.path(version)), read_element_delta(store.path(version))
                 assert group is not None and element is not None
                 began = time.perf_counter()
@@ -114,17 +124,19 @@ def measure(model_dir: str, tokenizer: Any, lr: float, steps: int, samples: int,
                        "changed_fraction": element.changed_elements / element.total_elements,
                        "element_bytes": element.nbytes, "full_bytes": element.full_bytes,
                        "tensor_bytes": group.delta_bytes * element.full_bytes / group.full_bytes,
-                       "apply_s": apply_s, "encodings": element.encodings}
+                       "apply_s": apply_s, "publish_s": publish_s, "encodings": element.encodings}
                 rows[d].append(row)
                 print(f"  lr {lr:g} step {step + 1} ({d}, loss {result.stats.loss:.3f}): changed "
                       f"{row['changed_fraction']:.2%} of elements; moves tensor {row['tensor_fraction']:.1%} / "
                       f"element {row['element_fraction']:.2%} of {element.full_bytes:,} B "
-                      f"({element.nbytes:,} B; {element.encodings})", flush=True)
-    figures: dict[str, Any] = {"lr": lr, "steps": steps}
+                      f"({element.nbytes:,} B; {element.encodings}); publish {publish_s * 1e3:.0f} ms with the "
+                      f"deltas, {plain_publish_s[-1] * 1e3:.0f} ms without", flush=True)
+    figures: dict[str, Any] = {"lr": lr, "steps": steps,
+                               "publish_without_delta_s": statistics.fmean(plain_publish_s)}
     for d, items in rows.items():
         mean = {k: statistics.fmean(float(r[k]) for r in items) for k in
                 ("tensor_fraction", "element_fraction", "changed_fraction", "element_bytes", "tensor_bytes",
-                 "full_bytes", "apply_s")}
+                 "full_bytes", "apply_s", "publish_s")}
         figures[d] = {**mean, "element_fraction_max": max(float(r["element_fraction"]) for r in items),
                       "per_step_element_fraction": [float(r["element_fraction"]) for r in items]}
     if "bfloat16" in rows:

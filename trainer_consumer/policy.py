@@ -62,6 +62,12 @@ class StorePublisher:
         self.delta = delta  # also publish what changed since the last version (models/policy_delta.py)
         self.engine_dtype = engine_dtype  # what the engines serve: the dtype the element delta is in
 
+    @classmethod
+    def from_settings(cls, store: PolicyStore, settings: Any) -> StorePublisher:
+        """The trainer's publisher: with the deltas ``settings`` (the ``trainer`` section) asks for, in its
+        ``engine_dtype`` (on by default: what the default ``weight_sync.transfer`` scatters)."""
+        return cls(store, settings.publish_delta, settings.engine_dtype)
+
     def publish(self, model: Any, version: int, metadata: dict[str, Any]) -> None:
         import torch
 

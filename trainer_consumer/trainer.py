@@ -375,7 +375,7 @@ def run_training(settings: TrainerStackSettings, options: TrainOptions = TrainOp
     learner = (RankLearner(policy.model, learner_cfg, group, pad_id=policy.pad_id) if group is not None
                else Learner(policy.model, learner_cfg, pad_id=policy.pad_id))
     loop = TrainingLoop(learner, stream, steps,
-                        StorePublisher(store, ts.publish_delta, ts.engine_dtype), run_id,
+                        StorePublisher.from_settings(store, ts), run_id,
                         steps_per_version=options.steps_per_version or ts.steps_per_version,
                         state=state, progress=progress, scorer=scorer, off_policy=off_policy, resumer=resumer)
     try:

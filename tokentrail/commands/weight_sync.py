@@ -10,21 +10,26 @@ import argparse
 import asyncio
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from models.policy_store import PolicyStore
 from tokentrail.errors import CliError
 from trainer_consumer.weight_sync import FleetView, WeightSync
+
+if TYPE_CHECKING:
+    from tokentrail.settings import Settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "weight-sync", help="keep vLLM servers on the trainer's latest published policy version",
         description="Follow the policy store (trainer.checkpoint_dir) and bring every vLLM server to each "
-                    "newly published version as a unit: pause (wait), reload_weights via collective_rpc, "
-                    "reset the prefix cache, label the version (GET /weight_info), resume. Servers must run "
-                    "with VLLM_SERVER_DEV_MODE=1. Prints one line per update and per failing server.")
+                    "newly published version as a unit: pause, load what changed (settings "
+                    "weight_sync.transfer: scatter, elements, delta or full), reset the prefix cache, label the "
+                    "version (GET /weight_info), resume. Servers must run with VLLM_SERVER_DEV_MODE=1. Prints one "
+                    "line per update (with how the weights came) and per failing server.")
     p.add_argument("--servers", default=None,
                    help="comma-separated vLLM base URLs (default: settings weight_sync.servers, else "
                         "gateway.upstream)")
@@ -48,26 +53,32 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError(f"no vLLM server URLs to sync ({servers}); pass --servers http://HOST:PORT,...")
     store = PolicyStore(args.checkpoint_dir or settings.trainer.checkpoint_dir)
     interval = args.interval if args.interval is not None else section.interval_s
-    return asyncio.run(_follow(servers, store, args.base_dir or settings.model.dir, interval, args.once,
-                               # in-flight updates only where the gateways record vLLM's own spans
-                               section.pause_mode if section.engine_versions else "wait", section.timeout_s))
-
-
-async def _follow(servers: list[str], store: PolicyStore, base_dir: Path, interval_s: float, once: bool,
-                  pause_mode: Any, timeout_s: float) -> int:
     began = time.monotonic()
 
     def log(line: str) -> None:
         print(f"[{time.monotonic() - began:7.1f} s] {line}", flush=True)
 
-    sync = WeightSync(servers, store, pause_mode=pause_mode, timeout_s=timeout_s, log=log, base_dir=base_dir)
+    sync = fleet_sync(settings, servers, store, args.base_dir or settings.model.dir, log)
+    return asyncio.run(_follow(sync, interval, args.once, log))
+
+
+def fleet_sync(settings: Settings, servers: list[str], store: PolicyStore, base_dir: Path,
+               log: Callable[[str], None]) -> WeightSync:
+    """The standalone sync of ``servers``: the settings' transfer (``WeightSyncSettings.sync_options``, as in the
+    gateway), in-flight updates only where the gateways record vLLM's own spans."""
+    section = settings.weight_sync
+    pause_mode: Any = section.pause_mode if section.engine_versions else "wait"
+    return WeightSync(servers, store, pause_mode=pause_mode, log=log, base_dir=base_dir, **section.sync_options())
+
+
+async def _follow(sync: WeightSync, interval_s: float, once: bool, log: Callable[[str], None]) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
         view = await sync.check()
-        log(f"fleet: {_describe(view)}; store latest: {store.latest_version()}")
+        log(f"fleet: {_describe(view)}; store latest: {sync.store.latest_version()}")
         if once:
             await sync.tick()
             log(f"fleet: {_describe(sync.view)}")

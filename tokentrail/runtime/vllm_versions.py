@@ -55,8 +55,9 @@ def release_servers_upstream(settings: Settings, *, store: PolicyStore | None = 
 
     # "wait", whatever weight_sync.pause_mode says: a call routed for a version must be sampled by that version,
     # so no update may land in a running call here (an in-flight update would move it to the next version)
-    options: dict[str, Any] = {"pause_mode": "wait", "timeout_s": section.timeout_s,
-                               "log": logging.getLogger("tokentrail.weight_sync").info, **sync_options}
+    # (the transfer is the settings', as for every sync: a release's loads and the trainer's updates of the others)
+    options: dict[str, Any] = {"pause_mode": "wait", "log": logging.getLogger("tokentrail.weight_sync").info,
+                               **section.sync_options(), **sync_options}
     sync = WeightSync(servers, store or PolicyStore(settings.trainer.checkpoint_dir),
                       base_dir=base_dir or settings.model.dir, held=held, **options)
     upstream: VersionedVLLMUpstream = make_upstream(settings, version_loader=SyncLoader(sync))

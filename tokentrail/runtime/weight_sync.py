@@ -12,8 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from models.policy_store import PolicyStore
 from producers.upstreams.vllm import VLLMUpstream
 from producers.upstreams.weight_gate import GatedUpstream
@@ -83,6 +81,5 @@ def gateway_upstream(settings: Settings) -> Any:
     upstream = VLLMUpstream.from_settings(settings.gateway,
                                           token_endpoint="generate" if section.engine_versions else "completions")
     return gate_upstream(upstream, PolicyStore(settings.trainer.checkpoint_dir), base_dir=settings.model.dir,
-                         interval_s=section.interval_s, pause_mode=section.pause_mode, timeout_s=section.timeout_s,
-                         transfer=section.transfer, engine_dtype=getattr(torch, section.engine_dtype),
-                         log=logging.getLogger("tokentrail.weight_sync").info)
+                         interval_s=section.interval_s, pause_mode=section.pause_mode,
+                         log=logging.getLogger("tokentrail.weight_sync").info, **section.sync_options())

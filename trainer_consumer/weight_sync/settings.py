@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -47,3 +47,13 @@ class WeightSyncSettings(BaseModel):
     # through this sync's admin path; the sync keeps only the servers the release does not hold on the newest.
     # Needs --enable-scale-out (each call's version is vLLM's report) and VLLM_SERVER_DEV_MODE=1.
     release_servers: bool = False
+
+    def sync_options(self) -> dict[str, Any]:
+        """What these settings decide of a ``WeightSync`` (its keyword arguments): the transfer, the dtype its
+        element deltas are checked in, the per-request time-out. Every sync the shell builds (the gateway's, the
+        standalone ``tokentrail weight-sync``, the release router's) takes them from here, so none moves weights
+        another way than the settings say. The pause mode is each caller's: it depends on what records versions."""
+        import torch
+
+        return {"transfer": self.transfer, "engine_dtype": getattr(torch, self.engine_dtype),
+                "timeout_s": self.timeout_s}

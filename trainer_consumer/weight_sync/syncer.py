@@ -203,8 +203,12 @@ class WeightSync:
                                 {u: s.bytes_reloaded for u, s in steps.items() if s.load == "elements"},
                                 {u: s.scattered for u, s in steps.items() if s.load == "scatter"})
             self.reports.append(report)
+            # how each server's weights came (scatter / delta / elements / full): the evidence that the transfer
+            # the settings name is the one that carries the updates
+            loads = ", ".join(sorted({load for load in report.loads.values() if load}))
             self._log(f"weight sync to version {version}: {len(report.updated)}/{len(urls)} servers in "
-                      f"{report.total_s:.2f} s" + (f"; FAILED {report.failed}" if report.failed else ""))
+                      f"{report.total_s:.2f} s" + (f"; loads: {loads}" if loads else "")
+                      + (f"; FAILED {report.failed}" if report.failed else ""))
             return report
 
     async def load_one(self, url: str, version: int) -> ServerState:

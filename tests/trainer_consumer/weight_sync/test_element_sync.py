@@ -144,3 +144,24 @@ def test_the_trainer_publishes_element_deltas_in_the_engine_dtype(tmp_path: Path
     assert info is not None and info.dtype == "bfloat16" and info.base_version == 1
     # of 260: the bias element and the weights small or near a rounding edge (28 in all with this seed)
     assert 1 <= info.changed_elements < 64
+
+
+def test_the_trainer_publishes_element_deltas_by_default(tmp_path: Path) -> None:
+    """The default transfer (``scatter``) needs an element delta on every version after the first; the trainer's
+    default settings publish one (before, ``trainer.publish_delta`` was off and every update was a full load)."""
+    from trainer_consumer.policy import StorePublisher
+    from trainer_consumer.settings import TrainerSettings
+    from trainer_consumer.weight_sync.settings import WeightSyncSettings
+
+    settings = TrainerSettings()
+    assert settings.engine_dtype == WeightSyncSettings().engine_dtype  # the dtype the servers are synced in
+    store = PolicyStore(tmp_path / "policies")
+    publisher = StorePublisher.from_settings(store, settings)
+    model = torch.nn.Linear(8, 2)
+    publisher.publish(model, 1, {})
+    with torch.no_grad():
+        model.bias[1] = 5.0
+    publisher.publish(model, 2, {})
+    info = read_element_delta(store.path(2))
+    assert info is not None and (info.base_version, info.dtype, info.changed_elements) == (1, "float32", 1)
+
