@@ -17,7 +17,9 @@ setup: $(STAMP) $(JARS)
 # --compile-bytecode: uv, unlike pip, writes no .pyc files by default, and where PYTHONDONTWRITEBYTECODE is set
 # (as on the 2-core machine) nothing writes them later, so every process compiled torch and transformers
 # from source again: a gateway worker's start took 11.6 CPU-s instead of 5.0 (2026-12-05), and the e2e tier
-# starts hundreds of such processes (gateways, processors, sinks, trainers, vLLM servers, faust workers).
+# starts hundreds of such processes (gateways, processors, sinks, trainers, vLLM servers, faust workers). With
+# .pyc files (2026-12-05, both runs side by side at load 22-37): reliability fault (n)'s test 592 s -> 354 s,
+# 136 -> 66 CPU-s; importing vLLM's API server (.venv-vllm, deploy/vllm/install.sh) 22.1 -> 11.6 CPU-s.
 $(STAMP): pyproject.toml deploy/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-cache-dir 'uv==$(UV_VERSION)'
@@ -83,7 +85,8 @@ test: setup setup-harnesses setup-trl bytecode
 # file; chDB, spools and state dirs are per process or per test; model builds lock and rename). Measured on the
 # shared 2-core machine (the wall time follows the load other runs put on it): serial 8 min 46 s at load ~2;
 # two workers, 2026-12-05: 4 min 33 s for 1,192 tests at load ~2-3 (296 CPU-s), 8 min 31 s and 11 min 39 s at
-# load 6-27 with other engineers' vLLM servers beside it.
+# load 6-27 with other engineers' vLLM servers beside it; 17 min 11 s for 1,192 tests (all passed) at load 5-33
+# (422 CPU-s, the run got 40 % of a core pair).
 test-quick: setup bytecode
 	$(BIN)/pytest -m "not e2e" -n 2
 
