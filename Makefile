@@ -14,10 +14,17 @@ setup: $(STAMP) $(JARS)
 
 # uv installs from one cache that it hard-links into the venv (no second copy of torch, as pip's
 # wheel cache keeps) and that .venv-vllm shares; deploy/constraints.txt pins the torch both use.
+# --compile-bytecode: uv, unlike pip, writes no .pyc files by default, and where PYTHONDONTWRITEBYTECODE is set
+# (as on the 2-core machine) nothing writes them later, so every process compiled torch and transformers
+# from source again: a gateway worker's start took 11.6 CPU-s instead of 5.0 (2026-12-05), and the e2e tier
+# starts hundreds of such processes (gateways, processors, sinks, trainers, vLLM servers, faust workers). With
+# .pyc files (2026-12-05, both runs side by side at load 22-37): reliability fault (n)'s test 592 s -> 354 s,
+# 136 -> 66 CPU-s; importing vLLM's API server (.venv-vllm, deploy/vllm/install.sh) 22.1 -> 11.6 CPU-s.
 $(STAMP): pyproject.toml deploy/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-cache-dir 'uv==$(UV_VERSION)'
-	UV_SYSTEM_CERTS=1 $(BIN)/uv pip install --python $(BIN)/python -c deploy/constraints.txt -e '.[torch,dev]'
+	UV_SYSTEM_CERTS=1 $(BIN)/uv pip install --python $(BIN)/python --compile-bytecode -c deploy/constraints.txt \
+		-e '.[torch,dev]'
 	touch $(STAMP)
 
 $(JARS): deploy/kafka/pom.xml
@@ -49,8 +56,8 @@ setup-trl: .venv-trl/.installed
 .venv-trl/.installed: deploy/trl-requirements.txt deploy/constraints.txt
 	$(PYTHON) -m venv .venv-trl
 	.venv-trl/bin/pip install --quiet --disable-pip-version-check --no-cache-dir 'uv==$(UV_VERSION)'
-	UV_SYSTEM_CERTS=1 .venv-trl/bin/uv pip install --python .venv-trl/bin/python -c deploy/constraints.txt \
-		-r deploy/trl-requirements.txt
+	UV_SYSTEM_CERTS=1 .venv-trl/bin/uv pip install --python .venv-trl/bin/python --compile-bytecode \
+		-c deploy/constraints.txt -r deploy/trl-requirements.txt
 	touch $@
 
 # Sets everything up, then runs the main job: Kafka, embedded ClickHouse, gateway on the embedded
@@ -58,12 +65,18 @@ setup-trl: .venv-trl/.installed
 demo: setup
 	$(BIN)/tokentrail demo
 
-# The whole suite, as CI runs it (45 min 36 s of pytest in the last CI run, with the demo loop test at 4 minutes
-# of workload; budget 45, target under 40). On the shared 2-core machine, 2026-12-05: all 1,333 tests of the
-# merged tree before its last branch 47 min 0 s at load 2-12 with other runs beside it; pyproject's addopts print
-# the 30 slowest tests at the end (--durations=30).
-test: setup setup-harnesses setup-trl
-	$(BIN)/pytest
+# The whole suite, as CI runs it, in two pytest runs: the unit and integration tiers on two pytest-xdist workers
+# (the quick tier below), then the e2e tier serially, since its time-outs are sized for one test at a time (e2e
+# under parallel load is what failed CI before). Both runs always go, each prints its 30 slowest tests
+# (pyproject's addopts: --durations=30), and the target fails if either fails. The last CI run with everything
+# serial: 45 min 36 s of pytest (budget 45), of which the non-e2e tier ~9 min; on two workers it takes ~4.5 min.
+test: setup setup-harnesses setup-trl bytecode
+	@echo "== make test 1/2: the unit and integration tiers, two workers: pytest -m 'not e2e' -n 2"; \
+	$(BIN)/pytest -m "not e2e" -n 2; quick=$$?; \
+	echo "== make test 2/2: the e2e tier, one test at a time: pytest -m e2e"; \
+	$(BIN)/pytest -m e2e; e2e=$$?; \
+	echo "make test: pytest -m 'not e2e' -n 2 exited $$quick, pytest -m e2e exited $$e2e"; \
+	[ $$quick -eq 0 ] && [ $$e2e -eq 0 ]
 
 # The inner loop: every test but the e2e tier (demos, live vLLM, reliability faults, harness binaries,
 # multi-process gateways, faust worker processes; README "Tests"), so it needs no harnesses or .venv-vllm.
@@ -72,10 +85,20 @@ test: setup setup-harnesses setup-trl
 # file; chDB, spools and state dirs are per process or per test; model builds lock and rename). Measured on the
 # shared 2-core machine (the wall time follows the load other runs put on it): serial 8 min 46 s at load ~2;
 # two workers, 2026-12-05: 4 min 33 s for 1,192 tests at load ~2-3 (296 CPU-s), 8 min 31 s and 11 min 39 s at
-# load 6-27 with other engineers' vLLM servers beside it.
-# `make test` stays serial: the e2e tier's time-outs are sized for one test at a time.
-test-quick: setup
+# load 6-27 with other engineers' vLLM servers beside it. Branch i-time, 2026-12-05, 1,192 passed
+# each time: 17 min 11 s at load 5-33 (422 CPU-s, before the module splits), 34 min 36 s at load 19-82 (467 CPU-s), and with bytecode
+# (make bytecode, site-packages compiled) 5 min 28 s at load 6-10 (347 CPU-s).
+test-quick: setup bytecode
 	$(BIN)/pytest -m "not e2e" -n 2
+
+# The project's own modules as .pyc files (in __pycache__, ignored by git) before the tests start their
+# processes: under PYTHONDONTWRITEBYTECODE nothing else writes them (see $(STAMP) above); seconds, and a no-op
+# for modules compiled since their last change.
+PACKAGES := bench conformance demo models processors producers reliability schemas sinks testkit tokentrail \
+            trainer_consumer tests
+.PHONY: bytecode
+bytecode: setup
+	$(BIN)/python -m compileall -q -j 0 $(PACKAGES)
 
 lint: setup
 	$(BIN)/ruff check .

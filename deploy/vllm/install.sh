@@ -89,7 +89,9 @@ if [ "$INSTALLER" = uv ]; then
     "${PIP[@]}" install --progress-bar off --quiet "uv==$UV_VERSION"
     # The system certificate store (it holds this network's CA, as pip's PIP_CERT bundle does).
     export UV_SYSTEM_CERTS="${UV_SYSTEM_CERTS:-1}"
-    INSTALL=("$VENV/bin/uv" pip install --python "$VENV/bin/python")
+    # .pyc files now, as pip writes them: uv writes none, and under PYTHONDONTWRITEBYTECODE every vLLM server
+    # start would compile vllm, torch and transformers from source again (see the Makefile's setup).
+    INSTALL=("$VENV/bin/uv" pip install --python "$VENV/bin/python" --compile-bytecode)
     UNINSTALL=("$VENV/bin/uv" pip uninstall --python "$VENV/bin/python")
 else
     INSTALL=("${PIP[@]}" install --progress-bar off)

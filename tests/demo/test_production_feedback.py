@@ -7,15 +7,8 @@ import random
 
 import pytest
 
-from demo.production import (
-    KINDS,
-    demo_baseline_config,
-    demo_feedback_config,
-    edit_distance,
-    feedback_fields,
-    plan_feedback,
-    unknown_response_id,
-)
+from demo.production import demo_baseline_config, demo_feedback_config
+from demo.production_users import KINDS, edit_distance, feedback_fields, plan_feedback, unknown_response_id
 from processors.baselines.config import BaselineConfig
 from processors.baselines.windows import KeyBaselines, Member
 from processors.feedback.config import FeedbackRewardConfig

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from processors.assembler import AttemptBuffer, RolloutAssembly, check_call_tokens, expire, try_complete
+from processors.assembler import RolloutAssembly, check_call_tokens, expire, try_complete
+from processors.attempt_buffer import AttemptBuffer
 from processors.call_tokens import rollout_call_tokens
 from processors.errors import CallTokensError, ConflictingEvent, InvalidEvent, RolloutTooLarge
 from schemas.builders import chat_response, make_call, make_env, make_finished, make_started
