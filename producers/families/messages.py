@@ -7,7 +7,16 @@ gateway renders what vLLM (serving the same template) renders:
   ``thinking`` to templates that read that name (gpt-oss's: vLLM hands gpt-oss's reasoning to harmony as
   the analysis message, which the template renders from ``thinking``);
 - tool-call ``arguments`` given as JSON text are parsed into objects (the templates re-serialize them
-  with ``tojson``, or iterate them as Qwen3-Coder's does); text that is not a JSON object is left as is.
+  with ``tojson``, or iterate them as Qwen3-Coder's does); text that is not a JSON object is left as is;
+- a system message's text that starts with Claude Code's ``x-anthropic-billing-header`` loses that first
+  line (vLLM 0.32: ``renderers/chat_utils.py`` ``_strip_claude_code_billing_header``, on every system
+  message of every chat-template family): the line carries a hash that changes on every request, so vLLM
+  keeps it out of the prompt (and its prefix cache); the gateway keeps it out of the prompt and the splice.
+  vLLM's /v1/messages drops the whole block before that (``AnthropicServingMessages``), as the gateway's
+  Anthropic adapter does with ``is_billing_header``.
+
+Tools are prepared where the protocols declare them (``producers.gateway.chat.function_tool``: ``strict``
+kept, as vLLM keeps it).
 """
 
 from __future__ import annotations
@@ -15,6 +24,34 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def is_billing_header(text: Any) -> bool:
+    """Whether a system text is Claude Code's attribution line, by vLLM's test (its start)."""
+    return isinstance(text, str) and text.startswith(BILLING_HEADER)
+
+
+def _without_billing_line(content: Any) -> Any:
+    """A system message's content less the billing header's line, as vLLM strips it: in each text (a string,
+    or a text part) that starts with the header, the text after its first newline; nothing left, the part
+    goes."""
+    if isinstance(content, str):
+        return content.partition("\n")[2] if is_billing_header(content) else content
+    if not isinstance(content, list):
+        return content
+    out = []
+    for part in content:
+        text = part if isinstance(part, str) else part.get("text") if isinstance(part, Mapping) and \
+            part.get("type") == "text" else None
+        if not is_billing_header(text):
+            out.append(part)
+            continue
+        rest = str(text).partition("\n")[2]
+        if rest:
+            out.append(rest if isinstance(part, str) else {**part, "text": rest})
+    return out
 
 
 def _content_text(content: Any) -> Any:
@@ -47,7 +84,10 @@ def template_messages(messages: Sequence[Mapping[str, Any]], *, thinking_key: bo
     out: list[dict[str, Any]] = []
     for message in messages:
         prepared = dict(message)
-        prepared["content"] = _content_text(message.get("content"))
+        content = message.get("content")
+        if message.get("role") == "system":
+            content = _without_billing_line(content)
+        prepared["content"] = _content_text(content)
         if message.get("role") == "assistant":
             reasoning = message.get("reasoning", message.get("reasoning_content"))
             if reasoning is not None:

@@ -1,6 +1,8 @@
 """Anthropic Messages <-> the internal chat form.
 
-System text blocks are joined with blank lines (their ``cache_control`` only matters to a cache);
+System text blocks are joined with blank lines (their ``cache_control`` only matters to a cache), less
+Claude Code's ``x-anthropic-billing-header`` block, which vLLM's /v1/messages drops too (its per-request hash
+would otherwise be in every prompt: ``producers.families.messages``);
 ``tool_result`` blocks become tool messages, ``tool_use`` blocks tool calls, ``thinking`` blocks the
 assistant's reasoning. Streams use the named events message_start, content_block_start/delta/stop
 (text_delta, thinking_delta, signature_delta, input_json_delta), message_delta, message_stop, ping.
@@ -13,11 +15,13 @@ from typing import Any
 
 import orjson
 
+from producers.families.messages import is_billing_header
 from producers.gateway.chat import (
     CallOutcome,
     InternalCall,
     Message,
     SamplingSpec,
+    function_tool,
     resolve_max_tokens,
     stop_list,
 )
@@ -49,8 +53,9 @@ def _system_text(system: str | list[TextBlock] | None) -> str | None:
     if system is None:
         return None
     if isinstance(system, str):
-        return system
-    return SYSTEM_JOINER.join(block.text for block in system)
+        return system  # a billing line here loses its first line later, as in vLLM (families.messages)
+    texts = [block.text for block in system if not is_billing_header(block.text)]
+    return SYSTEM_JOINER.join(texts) if texts or not system else None  # the header alone: no system message
 
 
 def _unsupported(block: OtherBlock, where: str) -> GatewayError:
@@ -128,10 +133,11 @@ def _assistant_message(content: str | list[Any], where: str) -> Message:
     return message
 
 
-def _system_message(content: str | list[Any], where: str) -> Message:
-    """A system message inside ``messages``: its text blocks, joined as the top-level system's are."""
+def _system_message(content: str | list[Any], where: str) -> list[Message]:
+    """A system message inside ``messages``: its text blocks, joined as the top-level system's are; none
+    where Claude Code's billing header was all it said (vLLM's ``_extract_system_text``)."""
     if isinstance(content, str):
-        return {"role": "system", "content": content}
+        return [] if is_billing_header(content) else [{"role": "system", "content": content}]
     texts = []
     for i, block in enumerate(content):
         if isinstance(block, OtherBlock):
@@ -139,8 +145,9 @@ def _system_message(content: str | list[Any], where: str) -> Message:
         if not isinstance(block, TextBlock):
             raise bad_request(f"a system message cannot carry a {block.type} block",
                               param=f"{where}.content.{i}.type")
-        texts.append(block.text)
-    return {"role": "system", "content": SYSTEM_JOINER.join(texts)}
+        if not is_billing_header(block.text):
+            texts.append(block.text)
+    return [{"role": "system", "content": SYSTEM_JOINER.join(texts)}] if texts else []
 
 
 def conversation(req: CountTokensRequest) -> tuple[list[Message], list[dict[str, Any]] | None]:
@@ -153,7 +160,7 @@ def conversation(req: CountTokensRequest) -> tuple[list[Message], list[dict[str,
         if msg.role == "user":
             messages.extend(_user_messages(msg.content, where))
         elif msg.role == "system":
-            messages.append(_system_message(msg.content, where))
+            messages.extend(_system_message(msg.content, where))
         else:
             messages.append(_assistant_message(msg.content, where))
     tools = None
@@ -163,12 +170,8 @@ def conversation(req: CountTokensRequest) -> tuple[list[Message], list[dict[str,
             if tool.type not in (None, "custom"):
                 raise bad_request(f"server tool {tool.type!r} is not supported; only client tools are",
                                   param=f"tools.{i}.type")
-            # OpenAI's key order (name, description, parameters): templates serialise tools as they are.
-            function: dict[str, Any] = {"name": tool.name}
-            if tool.description:
-                function["description"] = tool.description
-            function["parameters"] = tool.input_schema or {"type": "object", "properties": {}}
-            tools.append({"type": "function", "function": function})
+            tools.append(function_tool(tool.name, tool.description or None,
+                                       tool.input_schema or {"type": "object", "properties": {}}, tool.strict))
     return messages, tools
 
 

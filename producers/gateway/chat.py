@@ -84,6 +84,25 @@ class CallOutcome:
         return len(self.prompt_ids), len(self.output_ids)
 
 
+def function_tool(name: str, description: str | None, parameters: dict[str, Any] | None,
+                  strict: bool | None = None) -> Tool:
+    """A declared function in the chat form, as vLLM hands it to a chat template whichever protocol declared
+    it (``ChatCompletionToolsParam.model_dump()``: vLLM's /v1/chat/completions, /v1/responses and
+    /v1/messages all build that model): ``name``, ``description``, ``parameters``, then ``strict`` where the
+    client set it (Pi, Codex: ``false``). Templates that print the whole function print ``strict`` too
+    (Qwen3-Coder's extra keys, Qwen3's ``tojson``), so keeping it is what makes the gateway's prompt vLLM's
+    for the same request. Key order is vLLM's: templates serialise tools as they are. (An absent description
+    or parameters is left out; vLLM passes ``None``, which a template prints as ``None``/``null``.)"""
+    function: dict[str, Any] = {"name": name}
+    if description is not None:
+        function["description"] = description
+    if parameters is not None:
+        function["parameters"] = parameters
+    if strict is not None:
+        function["strict"] = strict
+    return {"type": "function", "function": function}
+
+
 def tool_call_id(prefix: str, call_id: str, index: int) -> str:
     """Deterministic tool-call ids, so a re-built response is identical."""
     return f"{prefix}{event_id('tool_call', call_id, index)[:24]}"

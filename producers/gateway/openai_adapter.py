@@ -15,6 +15,7 @@ from producers.gateway.chat import (
     InternalCall,
     Message,
     SamplingSpec,
+    function_tool,
     resolve_max_tokens,
     stop_list,
 )
@@ -95,9 +96,8 @@ def chat_to_internal(req: ChatCompletionRequest, max_tokens_limit: int) -> Inter
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     tools = None
     if req.tools and req.tool_choice != "none":
-        tools = [{"type": "function", "function": {k: v for k, v in {
-            "name": t.function.name, "description": t.function.description,
-            "parameters": t.function.parameters}.items() if v is not None}} for t in req.tools]
+        tools = [function_tool(t.function.name, t.function.description, t.function.parameters, t.function.strict)
+                 for t in req.tools]
     return InternalCall(
         protocol=CHAT_PROTOCOL, model=req.model, stream=req.stream,
         sampling=_sampling(req, requested, max_tokens_limit),

@@ -2,7 +2,7 @@
 
 Chat templates know one kind of tool, a function with JSON arguments; the Responses API has more:
 
-- ``function``: as is.
+- ``function``: as is (``strict`` included, as vLLM hands it to the template: ``chat.function_tool``).
 - ``namespace`` (a named group of tools, Codex's ``multi_agent_v1``): each tool in it is rendered as a
   function named ``<namespace>.<name>``; a call of that name goes back as an item with ``name`` and
   ``namespace`` apart, and a call item sent with a ``namespace`` renders under the joined name again, so
@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from producers.gateway.chat import Tool, ToolCallOut
+from producers.gateway.chat import Tool, ToolCallOut, function_tool
 from producers.gateway.errors import bad_request
 from producers.gateway.models_responses import CustomTool, FunctionTool, NamespaceTool
 
@@ -65,25 +65,19 @@ def _format_text(fmt: dict[str, Any] | None) -> str:
     return f"Free-form text input in this format: {json.dumps(fmt, sort_keys=True)}"
 
 
-def _function(name: str, description: str | None, parameters: dict[str, Any] | None) -> Tool:
-    # The chat form's key order (name, description, parameters): templates serialise tools as they are.
-    return {"type": "function", "function": {k: v for k, v in (
-        ("name", name), ("description", description), ("parameters", parameters)) if v is not None}}
-
-
 def _add(tools: ToolSet, tool: Any, namespace: str | None, where: str) -> None:
     name = rendered_name(tool.name, namespace)
     if name in tools.targets:
         raise bad_request(f"tool name {name!r} is declared twice", param=f"{where}.name")
     tools.by_bare_name[tool.name] = None if tool.name in tools.by_bare_name else name
     if isinstance(tool, FunctionTool):
-        tools.functions.append(_function(name, tool.description, tool.parameters))
+        tools.functions.append(function_tool(name, tool.description, tool.parameters, tool.strict))
         tools.targets[name] = ToolTarget("function", tool.name, namespace)
         return
     parameters = {"type": "object", "properties": {CUSTOM_INPUT: {"type": "string",
                                                                   "description": _format_text(tool.format)}},
                   "required": [CUSTOM_INPUT], "additionalProperties": False}
-    tools.functions.append(_function(name, tool.description, parameters))
+    tools.functions.append(function_tool(name, tool.description, parameters))
     tools.targets[name] = ToolTarget("custom", tool.name, namespace)
     if tool.format and tool.format.get("type", "text") != "text":
         tools.unenforced_formats.append(name)
