@@ -2,7 +2,8 @@
 extract what the corpus scripted, and so does the gateway's parser of the family; a broken tool-call block is
 answered as vLLM answers it; a Qwen3 output with no ``</think>`` is reasoning (vLLM's qwen3 parser starts in its
 reasoning state) for both. In the same batch, vLLM's chat render (item 4a's judge for Qwen3-Coder, which
-renderers has no renderer of) gives the gateway's prompt ids for every Qwen3-Coder corpus request. One
+renderers has no renderer of) gives the gateway's prompt ids for every Qwen3-Coder corpus request, and for a body
+as a harness sends it (``strict`` tools, Claude Code's billing header line: vLLM's request preparation). One
 subprocess for all (vLLM's import costs tens of seconds)."""
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from conformance.formats import FORMATS
 from conformance.judge import normal_parse, parse_difference
 from conformance.vllm_parsers import ParseJob, judge_with_vllm
 from conformance.vllm_render import RenderJob
+from producers.gateway import openai_adapter
+from producers.gateway.body import validate
 from producers.gateway.family_text_side import FamilyTextSide
+from producers.gateway.models_openai import ChatCompletionRequest
 from tokentrail.commands.conformance_drive import intended
 
 pytestmark = pytest.mark.slow
@@ -30,6 +34,26 @@ BROKEN = {"qwen3": '<think>\nRun it.\n</think>\n\n'
           "qwen3/no-think call": 'Run them.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n'
                                  "</tool_call>",
           "qwen3/unclosed think": "<think>\nStill thinking about"}
+
+
+# An OpenAI chat body as Pi sends it (tools with "strict": false) whose system text starts with Claude Code's
+# billing header line: vLLM renders the body as sent, the gateway its conversion (chat_to_internal); vLLM keeps
+# `strict` (Qwen3-Coder's template prints it) and drops the header's line (chat_utils), and so must the gateway.
+AS_SENT = {"model": "m", "messages": [
+    {"role": "system", "content": "x-anthropic-billing-header: cc_version=2.1.328.593; cch=5e1f2;\nYou are Pi."},
+    {"role": "user", "content": "Read a.txt"}],
+    "tools": [{"type": "function", "function": {
+        "name": "read", "description": "Read a file.", "strict": False,
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]}
+
+
+def _as_sent(family: str, model_dir: Path, text: FamilyTextSide) -> RenderJob:
+    call = openai_adapter.chat_to_internal(validate(ChatCompletionRequest, AS_SENT), 100)
+    assert call.messages is not None
+    ids = text.render_chat(call.messages, call.tools, prefix_mode="retokenize", prior=[]).prompt_ids
+    assert "<strict>False</strict>" in text.renderer.decode(ids) and "billing" not in text.renderer.decode(ids)
+    return RenderJob(f"{family}/as-sent", model_dir, FORMATS[family].vllm_tool_parser, AS_SENT["messages"],
+                     AS_SENT["tools"], [int(t) for t in ids])
 
 
 def test_vllm_and_the_gateway_parse_every_family_output_as_scripted(family_dir: Callable[[str], Path]) -> None:
@@ -57,6 +81,7 @@ def test_vllm_and_the_gateway_parse_every_family_output_as_scripted(family_dir: 
             if name.split("/")[0] == family:
                 key = name if "/" in name else f"{family}/broken"
                 jobs.append(ParseJob(key, fmt, model_dir, output, tools=list(conv.tools)))
+    renders.append(_as_sent("qwen3-coder", family_dir("qwen3-coder"), sides["qwen3-coder"]))
     env = {"TIKTOKEN_ENCODINGS_BASE": str(family_dir("gpt-oss"))}
     theirs, rendered = judge_with_vllm(jobs, renders, env=env)
     # vLLM's render path (its render server's, for /v1/chat/completions) gives the gateway's ids, token for token
