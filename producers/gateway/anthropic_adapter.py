@@ -171,7 +171,8 @@ def conversation(req: CountTokensRequest) -> tuple[list[Message], list[dict[str,
                 raise bad_request(f"server tool {tool.type!r} is not supported; only client tools are",
                                   param=f"tools.{i}.type")
             tools.append(function_tool(tool.name, tool.description or None,
-                                       tool.input_schema or {"type": "object", "properties": {}}, tool.strict))
+                                       tool.input_schema or {"type": "object", "properties": {}}, tool.strict,
+                                       tool.defer_loading))
     return messages, tools
 
 

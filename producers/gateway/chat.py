@@ -85,13 +85,14 @@ class CallOutcome:
 
 
 def function_tool(name: str, description: str | None, parameters: dict[str, Any] | None,
-                  strict: bool | None = None) -> Tool:
+                  strict: bool | None = None, defer_loading: bool | None = None) -> Tool:
     """A declared function in the chat form, as vLLM hands it to a chat template whichever protocol declared
     it (``ChatCompletionToolsParam.model_dump()``: vLLM's /v1/chat/completions, /v1/responses and
-    /v1/messages all build that model): ``name``, ``description``, ``parameters``, then ``strict`` where the
-    client set it (Pi, Codex: ``false``). Templates that print the whole function print ``strict`` too
-    (Qwen3-Coder's extra keys, Qwen3's ``tojson``), so keeping it is what makes the gateway's prompt vLLM's
-    for the same request. Key order is vLLM's: templates serialise tools as they are. (An absent description
+    /v1/messages all build that model): ``name``, ``description``, ``parameters``, then ``strict`` and
+    ``defer_loading`` where the client set them (Pi, Codex: ``"strict": false``; Claude Code: ``"defer_loading":
+    true`` on its deferred tools). Templates that print the whole function print them too (Qwen3-Coder's extra
+    keys, Qwen3's ``tojson``), so keeping them is what makes the gateway's prompt vLLM's for the same request.
+    Key order is vLLM's: templates serialise tools as they are. (An absent description
     or parameters is left out; vLLM passes ``None``, which a template prints as ``None``/``null``.)"""
     function: dict[str, Any] = {"name": name}
     if description is not None:
@@ -100,6 +101,8 @@ def function_tool(name: str, description: str | None, parameters: dict[str, Any]
         function["parameters"] = parameters
     if strict is not None:
         function["strict"] = strict
+    if defer_loading is not None:
+        function["defer_loading"] = defer_loading
     return {"type": "function", "function": function}
 
 

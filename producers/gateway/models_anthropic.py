@@ -74,7 +74,9 @@ class ToolDef(_Open):
     name: str = Field(min_length=1)
     description: str | None = None
     input_schema: dict[str, Any] | None = None
-    strict: bool | None = None  # rendered where the client set it, as vLLM's /v1/messages passes it on
+    # Rendered where the client set them, as vLLM's /v1/messages passes them on (chat.function_tool).
+    strict: bool | None = None
+    defer_loading: bool | None = None
     type: str | None = None  # absent or "custom" for client tools; server tools are refused
     cache_control: dict[str, Any] | None = None
 

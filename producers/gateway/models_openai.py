@@ -58,11 +58,13 @@ class FunctionDef(_Open):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    defer_loading: bool | None = None
 
 
 class ToolDef(_Open):
     type: Literal["function"]
     function: FunctionDef
+    defer_loading: bool | None = None  # vLLM: also the function's, where that has none
 
 
 class StreamOptions(_Open):

@@ -65,6 +65,7 @@ class FunctionTool(_Open):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    defer_loading: bool | None = None
 
 
 class CustomTool(_Open):

@@ -15,6 +15,7 @@ from producers.gateway.chat import (
     InternalCall,
     Message,
     SamplingSpec,
+    Tool,
     function_tool,
     resolve_max_tokens,
     stop_list,
@@ -25,6 +26,7 @@ from producers.gateway.models_openai import (
     ChatMessage,
     CompletionRequest,
     TextPart,
+    ToolDef,
     _SamplingFields,
 )
 from producers.gateway.sse import DONE, data_event
@@ -92,12 +94,20 @@ def _message(msg: ChatMessage, index: int) -> Message:
     return out
 
 
+def _tool(t: ToolDef) -> Tool:
+    f = t.function
+    tool = function_tool(f.name, f.description, f.parameters, f.strict,
+                         f.defer_loading if f.defer_loading is not None else t.defer_loading)
+    if t.defer_loading is not None:  # vLLM's ChatCompletionToolsParam keeps the tool-level field too
+        tool["defer_loading"] = t.defer_loading
+    return tool
+
+
 def chat_to_internal(req: ChatCompletionRequest, max_tokens_limit: int) -> InternalCall:
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     tools = None
     if req.tools and req.tool_choice != "none":
-        tools = [function_tool(t.function.name, t.function.description, t.function.parameters, t.function.strict)
-                 for t in req.tools]
+        tools = [_tool(t) for t in req.tools]
     return InternalCall(
         protocol=CHAT_PROTOCOL, model=req.model, stream=req.stream,
         sampling=_sampling(req, requested, max_tokens_limit),

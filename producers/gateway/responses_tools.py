@@ -71,7 +71,8 @@ def _add(tools: ToolSet, tool: Any, namespace: str | None, where: str) -> None:
         raise bad_request(f"tool name {name!r} is declared twice", param=f"{where}.name")
     tools.by_bare_name[tool.name] = None if tool.name in tools.by_bare_name else name
     if isinstance(tool, FunctionTool):
-        tools.functions.append(function_tool(name, tool.description, tool.parameters, tool.strict))
+        tools.functions.append(function_tool(name, tool.description, tool.parameters, tool.strict,
+                                                   tool.defer_loading))
         tools.targets[name] = ToolTarget("function", tool.name, namespace)
         return
     parameters = {"type": "object", "properties": {CUSTOM_INPUT: {"type": "string",

@@ -1,8 +1,9 @@
 """Where vLLM 0.32 prepares a request for a chat template otherwise than the client sent it, the gateway does the
 same, whichever protocol and family, so a harness gets the same prompt from tokentrail as from vLLM:
 
-- tools keep ``strict`` (vLLM's ``ChatCompletionToolsParam.model_dump()``, built by its chat, Responses and
-  Anthropic endpoints alike; Pi and Codex send ``"strict": false``, and Qwen3-Coder's template prints it);
+- tools keep ``strict`` and ``defer_loading`` (vLLM's ``ChatCompletionToolsParam.model_dump()``, built by its
+  chat, Responses and Anthropic endpoints alike; Pi and Codex send ``"strict": false``, Claude Code
+  ``"defer_loading": true`` on deferred tools, and Qwen3-Coder's template prints both);
 - Claude Code's ``x-anthropic-billing-header`` is kept out of the prompt: vLLM's /v1/messages drops a system
   block that starts with it (``AnthropicServingMessages._convert_system_message`` / ``_extract_system_text``),
   and its chat render drops the first line of any system text that starts with it
@@ -45,6 +46,22 @@ def test_tools_keep_strict_in_every_protocol_in_vllms_key_order() -> None:
         first = _functions(call.tools)[0]
         assert first == STRICT_READ and list(first) == ["name", "description", "parameters", "strict"]
     assert _functions(chat.tools)[1] == {"name": "ls", "parameters": SCHEMA}  # not set: not rendered (as vLLM)
+
+
+def test_deferred_tools_keep_defer_loading_as_vllm_passes_it_on() -> None:
+    # Claude Code marks its deferred tools; vLLM's /v1/messages passes the field on and templates print it
+    anthropic = anthropic_adapter.to_internal(validate(MessagesRequest, {
+        "model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"name": "cron", "description": "Schedule.", "input_schema": SCHEMA, "defer_loading": True}]}), 100)
+    assert anthropic.tools == [{"type": "function", "function": {
+        "name": "cron", "description": "Schedule.", "parameters": SCHEMA, "defer_loading": True}}]
+    # OpenAI chat: a tool-level flag is also the function's (vLLM's ChatCompletionToolsParam), and kept on the tool
+    chat = openai_adapter.chat_to_internal(validate(ChatCompletionRequest, {
+        "model": "m", "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": "ls", "parameters": SCHEMA}, "defer_loading": True}]}),
+        100)
+    assert chat.tools == [{"type": "function", "function": {"name": "ls", "parameters": SCHEMA, "defer_loading": True},
+                           "defer_loading": True}]
 
 
 def test_anthropic_drops_claude_codes_billing_block_as_vllms_messages_endpoint_does() -> None:
