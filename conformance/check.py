@@ -44,6 +44,8 @@ class CallEvidence:
     # The request as the harness sent it where it spoke OpenAI chat ((messages, tools) of the body): what vLLM's
     # chat render is given; else None (vLLM renders ``messages``, the gateway's conversion of the request)
     chat_request: tuple[list[Message], list[dict[str, Any]] | None] | None = None
+    # The body as the harness sent it where it spoke Anthropic Messages: vLLM converts it as its /v1/messages does
+    anthropic_request: dict[str, Any] | None = None
 
 
 def parse_jobs(evidence: Sequence[CallEvidence], formats: Mapping[str, FamilyFormat],
@@ -60,7 +62,7 @@ def render_jobs(evidence: Sequence[CallEvidence], formats: Mapping[str, FamilyFo
         if formats[e.family].vllm_render:
             messages, tools = e.chat_request or (e.messages, e.tools)
             jobs.append(RenderJob(e.key, tokenizer_dirs[e.family], formats[e.family].vllm_tool_parser, messages,
-                                  tools, e.prompt_ids))
+                                  tools, e.prompt_ids, anthropic=e.anthropic_request))
     return jobs
 
 

@@ -73,7 +73,7 @@ def judge_with_vllm(jobs: Sequence[ParseJob], renders: Sequence[RenderJob], *, t
                       for j in jobs],
              "renders": [{"key": r.key, "model": str(r.model_dir), "tool_call_parser": r.tool_parser,
                           "messages": r.messages, "tools": list(r.tools or []) or None,
-                          "prompt_ids": [int(i) for i in r.prompt_ids]} for r in renders]}
+                          "prompt_ids": [int(i) for i in r.prompt_ids], "anthropic": r.anthropic} for r in renders]}
     run_env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     run_env.pop("PYTHONPATH", None)  # vLLM's environment, not ours
     done = subprocess.run([str(vllm_python()), str(WORKER)], input=json.dumps(batch), capture_output=True,

@@ -32,6 +32,9 @@ class RenderJob:
     messages: list[Message]  # OpenAI chat messages, as sent where the harness spoke OpenAI chat
     tools: list[dict[str, Any]] | None
     prompt_ids: Sequence[int]  # the gateway's, decoded by vLLM's tokenizer for the text comparison
+    # An Anthropic Messages body as the harness sent it: vLLM converts it itself (its /v1/messages conversion)
+    # and renders that; ``messages`` and ``tools`` are then unused
+    anthropic: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

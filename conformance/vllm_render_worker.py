@@ -9,8 +9,9 @@ tool-call arguments as objects), renders the model directory's chat template wit
 and tokenizes the result.
 
 ``render_batch`` takes ``[{"key", "model" (a directory), "tool_call_parser", "messages", "tools",
-"prompt_ids" (the gateway's, decoded here with vLLM's tokenizer)}]`` and gives, in order, ``{"key", "prompt_ids",
-"text", "gateway_text", "error"}``; ``vllm_worker.py`` calls it for the batch's ``renders``.
+"prompt_ids" (the gateway's, decoded here with vLLM's tokenizer), "anthropic" (an Anthropic Messages body, which
+vLLM converts as its /v1/messages does, instead of "messages" and "tools"; optional)}]`` and gives, in order,
+``{"key", "prompt_ids", "text", "gateway_text", "error"}``; ``vllm_worker.py`` calls it for the batch's ``renders``.
 """
 
 from __future__ import annotations
@@ -41,13 +42,24 @@ async def _renderer(model: str, tool_call_parser: str | None) -> Any:
     return state.online_renderer
 
 
-async def _render(renderer: Any, request: dict[str, Any]) -> list[int]:
+def _chat_request(request: dict[str, Any]) -> Any:
+    """The ``ChatCompletionRequest`` vLLM renders: an Anthropic Messages body converted by vLLM's own /v1/messages
+    conversion (``AnthropicServingMessages.to_chat_completion_request``), else the chat messages and tools."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
+    if request.get("anthropic"):
+        from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+        from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
+
+        anthropic = AnthropicMessagesRequest.model_validate({**request["anthropic"], "model": "conformance"})
+        return AnthropicServingMessages.to_chat_completion_request(anthropic)
     tools = request.get("tools") or None
-    body = {"model": "conformance", "messages": request["messages"], "tools": tools,
-            "tool_choice": "auto" if tools else "none"}
-    rendered = await renderer.render_chat(ChatCompletionRequest(**body))
+    return ChatCompletionRequest(model="conformance", messages=request["messages"], tools=tools,
+                                 tool_choice="auto" if tools else "none")
+
+
+async def _render(renderer: Any, request: dict[str, Any]) -> list[int]:
+    rendered = await renderer.render_chat(_chat_request(request))
     if not isinstance(rendered, tuple):  # an ErrorResponse
         raise ValueError(f"vLLM refuses the request: {rendered.model_dump_json()[:400]}")
     _, inputs = rendered

@@ -1,8 +1,11 @@
 """Anthropic Messages <-> the internal chat form.
 
-System text blocks are joined with blank lines (their ``cache_control`` only matters to a cache), less
-Claude Code's ``x-anthropic-billing-header`` block, which vLLM's /v1/messages drops too (its per-request hash
-would otherwise be in every prompt: ``producers.families.messages``);
+Text is joined as vLLM 0.32's /v1/messages joins it (``AnthropicServingMessages.to_chat_completion_request``),
+so a harness gets the prompt here that it gets from vLLM: system text blocks end to end (Claude Code starts
+its later blocks with a newline; ``cache_control`` only matters to a cache), less Claude Code's
+``x-anthropic-billing-header`` block, which vLLM drops (its per-request hash would otherwise be in every prompt:
+``producers.families.messages``); the text blocks of a user or assistant turn, and of a tool result, with one
+newline (vLLM keeps them as parts, which its chat render joins so); empty text blocks are skipped;
 ``tool_result`` blocks become tool messages, ``tool_use`` blocks tool calls, ``thinking`` blocks the
 assistant's reasoning. Streams use the named events message_start, content_block_start/delta/stop
 (text_delta, thinking_delta, signature_delta, input_json_delta), message_delta, message_stop, ping.
@@ -43,8 +46,8 @@ from schemas.tokens import TokenIds
 PROTOCOL = "anthropic.messages"
 ADAPTER_VERSION = "anthropic/1"
 TOOL_CALL_PREFIX = "toolu_"
-SYSTEM_JOINER = "\n\n"
-USER_TEXT_JOINER = "\n\n"
+SYSTEM_JOINER = ""
+TEXT_JOINER = "\n"
 
 
 # ------------------------------------------------------------------------------------------- requests
@@ -54,7 +57,7 @@ def _system_text(system: str | list[TextBlock] | None) -> str | None:
         return None
     if isinstance(system, str):
         return system  # a billing line here loses its first line later, as in vLLM (families.messages)
-    texts = [block.text for block in system if not is_billing_header(block.text)]
+    texts = [block.text for block in system if block.text and not is_billing_header(block.text)]
     return SYSTEM_JOINER.join(texts) if texts or not system else None  # the header alone: no system message
 
 
@@ -73,7 +76,7 @@ def _tool_result_text(block: ToolResultBlock, where: str) -> str:
         if not isinstance(part, TextBlock):
             raise _unsupported(part, f"{where}.content.{i}")
         texts.append(part.text)
-    return USER_TEXT_JOINER.join(texts)
+    return TEXT_JOINER.join(texts)
 
 
 def _user_messages(content: str | list[Any], where: str) -> list[Message]:
@@ -84,13 +87,14 @@ def _user_messages(content: str | list[Any], where: str) -> list[Message]:
 
     def flush() -> None:
         if texts:
-            out.append({"role": "user", "content": USER_TEXT_JOINER.join(texts)})
+            out.append({"role": "user", "content": TEXT_JOINER.join(texts)})
             texts.clear()
 
     for i, block in enumerate(content):
         here = f"{where}.content.{i}"
         if isinstance(block, TextBlock):
-            texts.append(block.text)
+            if block.text:
+                texts.append(block.text)
         elif isinstance(block, ToolResultBlock):
             flush()
             out.append({"role": "tool", "tool_call_id": block.tool_use_id,
@@ -112,7 +116,8 @@ def _assistant_message(content: str | list[Any], where: str) -> Message:
     for i, block in enumerate(content):
         here = f"{where}.content.{i}"
         if isinstance(block, TextBlock):
-            texts.append(block.text)
+            if block.text:
+                texts.append(block.text)
         elif isinstance(block, ThinkingBlock):
             reasoning.append(block.thinking)
         elif isinstance(block, RedactedThinkingBlock):
@@ -125,7 +130,7 @@ def _assistant_message(content: str | list[Any], where: str) -> Message:
             raise _unsupported(block, here)
         else:
             raise bad_request(f"an assistant message cannot carry a {block.type} block", param=f"{here}.type")
-    message: Message = {"role": "assistant", "content": "".join(texts)}
+    message: Message = {"role": "assistant", "content": TEXT_JOINER.join(texts)}
     if reasoning:
         message["reasoning_content"] = "".join(reasoning)
     if calls:
@@ -145,7 +150,7 @@ def _system_message(content: str | list[Any], where: str) -> list[Message]:
         if not isinstance(block, TextBlock):
             raise bad_request(f"a system message cannot carry a {block.type} block",
                               param=f"{where}.content.{i}.type")
-        if not is_billing_header(block.text):
+        if block.text and not is_billing_header(block.text):
             texts.append(block.text)
     return [{"role": "system", "content": SYSTEM_JOINER.join(texts)}] if texts else []
 

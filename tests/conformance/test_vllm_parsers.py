@@ -3,11 +3,13 @@ extract what the corpus scripted, and so does the gateway's parser of the family
 answered as vLLM answers it; a Qwen3 output with no ``</think>`` is reasoning (vLLM's qwen3 parser starts in its
 reasoning state) for both. In the same batch, vLLM's chat render (item 4a's judge for Qwen3-Coder, which
 renderers has no renderer of) gives the gateway's prompt ids for every Qwen3-Coder corpus request, and for a body
-as a harness sends it (``strict`` tools, Claude Code's billing header line: vLLM's request preparation). One
-subprocess for all (vLLM's import costs tens of seconds)."""
+as a harness sends it (``strict`` tools, Claude Code's billing header line: vLLM's request preparation) and for a
+captured Claude Code request converted by vLLM's own /v1/messages conversion. One subprocess for all (vLLM's
+import costs tens of seconds)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,13 +20,16 @@ from conformance.formats import FORMATS
 from conformance.judge import normal_parse, parse_difference
 from conformance.vllm_parsers import ParseJob, judge_with_vllm
 from conformance.vllm_render import RenderJob
-from producers.gateway import openai_adapter
+from producers.gateway import anthropic_adapter, openai_adapter
 from producers.gateway.body import validate
 from producers.gateway.family_text_side import FamilyTextSide
+from producers.gateway.models_anthropic import MessagesRequest
 from producers.gateway.models_openai import ChatCompletionRequest
 from tokentrail.commands.conformance_drive import intended
 
 pytestmark = pytest.mark.slow
+
+CAPTURED = Path(__file__).parents[1] / "harnesses" / "captured" / "claude-tool.jsonl"
 
 BROKEN = {"qwen3": '<think>\nRun it.\n</think>\n\n'
                    '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"\n</tool_call>',
@@ -56,6 +61,16 @@ def _as_sent(family: str, model_dir: Path, text: FamilyTextSide) -> RenderJob:
                      AS_SENT["tools"], [int(t) for t in ids])
 
 
+def _claude_code(family: str, model_dir: Path, text: FamilyTextSide) -> RenderJob:
+    """A captured Claude Code request (billing header block, deferred tools, several system and text blocks):
+    vLLM converts the body with its own /v1/messages conversion, the gateway with its Anthropic adapter."""
+    body = json.loads(CAPTURED.read_text().splitlines()[0])["body"]
+    messages, tools = anthropic_adapter.conversation(validate(MessagesRequest, body))
+    ids = text.render_chat(messages, tools, prefix_mode="retokenize", prior=[]).prompt_ids
+    return RenderJob(f"{family}/claude-code", model_dir, FORMATS[family].vllm_tool_parser, [], None,
+                     [int(t) for t in ids], anthropic=body)
+
+
 def test_vllm_and_the_gateway_parse_every_family_output_as_scripted(family_dir: Callable[[str], Path]) -> None:
     jobs, expected, ours, sides = [], {}, {}, {}
     renders: list[RenderJob] = []
@@ -81,7 +96,8 @@ def test_vllm_and_the_gateway_parse_every_family_output_as_scripted(family_dir: 
             if name.split("/")[0] == family:
                 key = name if "/" in name else f"{family}/broken"
                 jobs.append(ParseJob(key, fmt, model_dir, output, tools=list(conv.tools)))
-    renders.append(_as_sent("qwen3-coder", family_dir("qwen3-coder"), sides["qwen3-coder"]))
+    renders += [_as_sent("qwen3-coder", family_dir("qwen3-coder"), sides["qwen3-coder"]),
+                _claude_code("qwen3-coder", family_dir("qwen3-coder"), sides["qwen3-coder"])]
     env = {"TIKTOKEN_ENCODINGS_BASE": str(family_dir("gpt-oss"))}
     theirs, rendered = judge_with_vllm(jobs, renders, env=env)
     # vLLM's render path (its render server's, for /v1/chat/completions) gives the gateway's ids, token for token

@@ -88,7 +88,8 @@ def evidence(family: str, calls: Sequence[dict[str, Any]], text: Any,
             rerender_ids=[int(i) for i in rerender.prompt_ids], previous=previous,
             intended=intended(outputs[index]) if outputs is not None and index < len(outputs) else None,
             chat_request=((body.get("messages") or [], body.get("tools")) if call["protocol"] == "openai.chat"
-                          else None)))
+                          else None),
+            anthropic_request=body if call["protocol"] == "anthropic.messages" else None))
         previous = (prompt.tolist(), output_ids)
     return out
 

@@ -53,7 +53,7 @@ def test_anthropic_system_blocks_tools_and_results_become_chat_messages() -> Non
     )
     call = anthropic_adapter.to_internal(req, 100)
     assert call.messages == [
-        {"role": "system", "content": "You are X.\n\nBe brief."},
+        {"role": "system", "content": "You are X.Be brief."},  # end to end, as vLLM's /v1/messages joins them
         {"role": "user", "content": "hi"},
         {
             "role": "assistant",

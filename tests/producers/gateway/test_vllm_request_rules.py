@@ -7,7 +7,9 @@ same, whichever protocol and family, so a harness gets the same prompt from toke
 - Claude Code's ``x-anthropic-billing-header`` is kept out of the prompt: vLLM's /v1/messages drops a system
   block that starts with it (``AnthropicServingMessages._convert_system_message`` / ``_extract_system_text``),
   and its chat render drops the first line of any system text that starts with it
-  (``renderers/chat_utils.py`` ``_strip_claude_code_billing_header``).
+  (``renderers/chat_utils.py`` ``_strip_claude_code_billing_header``);
+- Anthropic text blocks are joined as vLLM's /v1/messages joins them (system blocks end to end, a turn's text
+  blocks with a newline).
 
 vLLM itself renders such requests in tests/conformance/test_vllm_parsers.py (slow); these are the rules."""
 
@@ -68,19 +70,34 @@ def test_anthropic_drops_claude_codes_billing_block_as_vllms_messages_endpoint_d
     req = validate(MessagesRequest, {"model": "m", "max_tokens": 10, "system": [
         {"type": "text", "text": BILLING},
         {"type": "text", "text": "You are a Claude agent.", "cache_control": {"type": "ephemeral"}},
-        {"type": "text", "text": "Be brief."}], "messages": [
+        {"type": "text", "text": "\nBe brief."}], "messages": [
         {"role": "user", "content": "hi"},
         {"role": "system", "content": BILLING},
         {"role": "system", "content": [{"type": "text", "text": BILLING}, {"type": "text", "text": "Now: 5 pm."}]},
         {"role": "user", "content": f"{BILLING} is kept in a user turn"}]})
     assert anthropic_adapter.to_internal(req, 100).messages == [
-        {"role": "system", "content": "You are a Claude agent.\n\nBe brief."},
+        {"role": "system", "content": "You are a Claude agent.\nBe brief."},
         {"role": "user", "content": "hi"},
         {"role": "system", "content": "Now: 5 pm."},
         {"role": "user", "content": f"{BILLING} is kept in a user turn"}]
     only = validate(MessagesRequest, {"model": "m", "max_tokens": 10, "system": [{"type": "text", "text": BILLING}],
                                       "messages": [{"role": "user", "content": "hi"}]})
     assert anthropic_adapter.to_internal(only, 100).messages == [{"role": "user", "content": "hi"}]
+
+
+def test_anthropic_text_blocks_are_joined_as_vllms_messages_endpoint_joins_them() -> None:
+    # system blocks end to end; a turn's text blocks (user, assistant, a tool result's) with one newline, as vLLM's
+    # chat render joins the parts its /v1/messages keeps; empty text blocks skipped
+    req = validate(MessagesRequest, {"model": "m", "max_tokens": 10, "system": [
+        {"type": "text", "text": "A."}, {"type": "text", "text": ""}, {"type": "text", "text": "B."}], "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "<reminder/>"}, {"type": "text", "text": ""},
+                                     {"type": "text", "text": "Do it."}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "One."}, {"type": "text", "text": "Two."}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "text", "text": "out"}, {"type": "text", "text": "err"}]}]}]})
+    assert anthropic_adapter.to_internal(req, 100).messages == [
+        {"role": "system", "content": "A.B."}, {"role": "user", "content": "<reminder/>\nDo it."},
+        {"role": "assistant", "content": "One.\nTwo."}, {"role": "tool", "tool_call_id": "t1", "content": "out\nerr"}]
 
 
 def test_a_system_text_that_starts_with_the_billing_header_loses_that_line_before_the_template() -> None:
