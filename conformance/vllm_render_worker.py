@@ -51,7 +51,10 @@ def _chat_request(request: dict[str, Any]) -> Any:
         from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest
         from vllm.entrypoints.anthropic.serving import AnthropicServingMessages
 
-        anthropic = AnthropicMessagesRequest.model_validate({**request["anthropic"], "model": "conformance"})
+        # only the prompt is rendered: an output budget over the model's context (Claude Code asks 128000) is not
+        # what is judged, and vLLM would refuse it
+        anthropic = AnthropicMessagesRequest.model_validate({**request["anthropic"], "model": "conformance",
+                                                             "max_tokens": 1})
         return AnthropicServingMessages.to_chat_completion_request(anthropic)
     tools = request.get("tools") or None
     return ChatCompletionRequest(model="conformance", messages=request["messages"], tools=tools,
