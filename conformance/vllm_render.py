@@ -4,7 +4,10 @@ The render runs in vLLM's environment (``vllm_render_worker.py``, in the same su
 parsers: ``vllm_parsers.py``): vLLM's GPU-less render path for ``/v1/chat/completions`` over the family's model
 directory. It judges a family that ``renderers`` has no renderer of (Qwen3-Coder), where the only other
 render would be the gateway's own (transformers over the same template), and adds a third implementation
-where ``renderers`` judges too.
+where ``renderers`` judges too. The request is the one the harness sent where it spoke OpenAI chat or Anthropic
+Messages (vLLM converts an Anthropic body with its own /v1/messages conversion), so vLLM's request preparation
+(tools' ``strict``, Claude Code's billing header, text-block joins) is judged too; a Responses request is the
+gateway's conversion of it.
 
 A prompt agrees with vLLM's render when its ids are vLLM's ids ("render"), or, where the gateway spliced the
 previous call's prompt ‖ sampled output (which a re-render may tokenize differently: that is what the splice
