@@ -11,9 +11,10 @@ A clean run is what the pure core derives from the same inputs: the feedback joi
 Reward, Credit and Sample events (``derive_window``). The killed run must give exactly those: no id
 missing, none unexpected, every copy of an id identical to the clean run's (a re-emitted window after a
 restart carries the same deterministic id and content, and consumers keep it once), and no member recorded
-late. The baseline watermark lag (30 s) is wider than the inputs' event-time spread, so in a clean run no
+late. The baseline watermark lag (20 s) is wider than the inputs' event-time spread, so in a clean run no
 member is late however the partitions interleave; stream time pauses while the worker is down (a
-restarted worker seeds its clocks from the event times its table entries stored).
+restarted worker seeds its clocks from the event times its table entries stored) and runs on with the wall
+clock while it is up, so the lag must also cover the time the members take through the feedback join.
 """
 
 from __future__ import annotations
@@ -57,9 +58,12 @@ FEEDBACK = {"name": "reliability-baseline-kills", "wait_s": {k: 1 for k in ("BIN
                                                                               "TASK_OUTCOME", "TEXT")},
             "watermark_lag_s": 12, "match_wait_s": 120, "closed_retention_s": 600, "combine": "mean"}
 # Windows of 2 s over the 6 s: three windows per key, GROUP where a key has three sessions in a window,
-# RUNNING (against the key's ewma, with a prior) where it has fewer; the lag (8 s) again wider than the spread.
+# RUNNING (against the key's ewma, with a prior) where it has fewer. The lag (20 s) is wider than the spread
+# plus the members' way through the join: stream time runs on with the wall clock between records, and with
+# 8 s a member that took more than ~2 s longer than its peers through a loaded broker came late (seen once in
+# the suite on 2026-12-05: 9 members dead-lettered window_closed after the last restart).
 BASELINE = {"name": "reliability-baseline-kills", "window": {"kind": "tumbling", "size_s": 2},
-            "min_group_size": 3, "watermark_lag_s": 8, "group": {"baseline": "leave_one_out", "scale_by_std": True},
+            "min_group_size": 3, "watermark_lag_s": 20, "group": {"baseline": "leave_one_out", "scale_by_std": True},
             "running": {"method": "ewma", "alpha": 0.3, "prior_mean": 0.5}, "clip": [-5.0, 5.0]}
 SPREAD_S = 6.0
 TEMPLATES = ('What is "{}"?', "Fix the failing test in {}.py line 7", "Summarize the ticket {}")
@@ -199,7 +203,7 @@ def baseline_worker_kills(settings: Settings, workdir: Path, progress: Progress,
         def feedback_rewards(c: Collected) -> int:
             return sum(r["reward_config_id"] == feedback_cfg.id for r in c.records["Reward"])
 
-        # Kill 1: feedback rewards are coming out; the baselines hold members, no window has closed (lag 30 s).
+        # Kill 1: feedback rewards are coming out; the baselines hold members, no window has closed (lag 20 s).
         worker = pipeline.start_worker()
         pipeline.collect(lambda c: feedback_rewards(c) > 0, timeout_s=90)
         pipeline.kill(worker)
