@@ -85,9 +85,8 @@ test: setup setup-harnesses setup-trl bytecode
 # file; chDB, spools and state dirs are per process or per test; model builds lock and rename). Measured on the
 # shared 2-core machine (the wall time follows the load other runs put on it): serial 8 min 46 s at load ~2;
 # two workers, 2026-12-05: 4 min 33 s for 1,192 tests at load ~2-3 (296 CPU-s), 8 min 31 s and 11 min 39 s at
-# load 6-27 with other engineers' vLLM servers beside it. Branch i-time, 2026-12-05, 1,192 passed
-# each time: 17 min 11 s at load 5-33 (422 CPU-s, before the module splits), 34 min 36 s at load 19-82 (467 CPU-s), and with bytecode
-# (make bytecode, site-packages compiled) 5 min 28 s at load 6-10 (347 CPU-s).
+# load 6-27 with other engineers' vLLM servers beside it. With bytecode (make bytecode, site-packages compiled):
+# 5 min 28 s at load 6-10 (347 CPU-s, 1,192 tests); the merged tree of 2026-12-05, 1,228 tests in 4 min 47 s.
 test-quick: setup bytecode
 	$(BIN)/pytest -m "not e2e" -n 2
 
