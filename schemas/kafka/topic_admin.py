@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -20,8 +20,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from schemas.kafka.config import KafkaSettings
-from schemas.topics import ALL_TOPICS, TopicSpec
+from schemas.kafka.config import KafkaSettings, admin_config
+from schemas.topics import ALL_TOPICS, CALLS, ENV, TopicSpec
 
 
 def list_topics(admin: AdminClient, timeout_s: float = 30.0) -> Any:
@@ -153,6 +153,15 @@ def ensure_topics(
 
 # The broker serves metadata and configs from a cache that follows the controller, so a topic
 # created (or changed) a moment ago may not show yet: lookups retry until their timeout.
+
+
+def ensure_gateway_topics(kafka: KafkaSettings, calls_topic: str, env_topic: str) -> EnsureReport:
+    """Every catalogue topic, with the calls and env topics under the names a gateway publishes to: a command
+    that starts a gateway of its own calls this first, since on a fresh broker (no auto-creation) the gateway
+    would spool every record and retry "Unknown topic or partition" for ever."""
+    renamed = {CALLS.name: replace(CALLS, name=calls_topic), ENV.name: replace(ENV, name=env_topic)}
+    specs = tuple(renamed.get(spec.name, spec) for spec in ALL_TOPICS)
+    return ensure_topics(AdminClient(admin_config(kafka)), kafka, specs)
 
 
 def _topic_shapes(admin: AdminClient, names: list[str], timeout_s: float) -> dict[str, tuple[int, int]]:

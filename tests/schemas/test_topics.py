@@ -78,6 +78,24 @@ def test_client_configs_keep_security_settings_and_raise_sizes(tokentrail_settin
     assert consumer["receive.message.max.bytes"] > consumer["fetch.max.bytes"]
 
 
+def test_ensure_gateway_topics_creates_the_gateways_own_names(
+    kafka_admin: AdminClient, tokentrail_settings: Settings
+) -> None:
+    """What `conformance` and `harnesses check` run before their own gateway: on a fresh broker it would
+    otherwise spool every record for ever ("Unknown topic or partition")."""
+    calls, env = (f"test-gw-{uuid.uuid4().hex[:8]}.{name}" for name in ("calls", "env"))
+    try:
+        report = topic_admin.ensure_gateway_topics(tokentrail_settings.kafka, calls, env)
+        assert {calls, env} <= set(report.created) and report.ok
+        present = kafka_admin.list_topics(timeout=10).topics
+        assert len(present[calls].partitions) == topics.CALLS.partition_count(tokentrail_settings.kafka)
+        assert _configs(kafka_admin, env)["cleanup.policy"] == topics.ENV.config(tokentrail_settings.kafka)[
+            "cleanup.policy"]
+    finally:
+        for future in kafka_admin.delete_topics([calls, env]).values():
+            future.result()
+
+
 def test_ensure_creates_all_then_is_idempotent(
     kafka_admin: AdminClient, tokentrail_settings: Settings
 ) -> None:

@@ -136,6 +136,7 @@ def _cmd(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
     from conformance.vllm_parsers import judge_with_vllm
+    from schemas.kafka.topic_admin import ensure_gateway_topics
     from schemas.topics import CALLS_TOPIC, ENV_TOPIC
     from tokentrail.commands.conformance_drive import evidence, recorded_calls, run_corpus
     from tokentrail.commands.harnesses import HARNESSES, _records, _rollout_status, _run
@@ -147,6 +148,7 @@ def _cmd(args: argparse.Namespace) -> int:
         print(f"unknown families/harnesses: {', '.join(unknown)}")
         return 2
     topics = {"calls_topic": args.calls_topic or CALLS_TOPIC, "env_topic": args.env_topic or ENV_TOPIC}
+    ensure_gateway_topics(settings.kafka, **topics)
     pending: list[tuple[Cell, list[CallEvidence], list[dict[str, Any]], FamilyRun]] = []
     started = time.monotonic()
     with ExitStack() as stack:

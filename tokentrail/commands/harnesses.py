@@ -270,9 +270,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
         else:
             from models.reference.build import build_model
             from models.reference.spec import HARNESS_SPEC
+            from schemas.kafka.topic_admin import ensure_gateway_topics
             from testkit.gateway import running_embedded_gateway
 
             model_dir = build_model(settings.model.harness_dir, spec=HARNESS_SPEC, progress=print)
+            ensure_gateway_topics(settings.kafka, **topics)  # its own gateway: the topics must exist (fresh broker)
             served = settings.model_copy(update={"model": settings.model.model_copy(
                 update={"spec": "harness", "dir": model_dir, "name": model})})
             spool = stack.enter_context(tempfile.TemporaryDirectory(prefix="tokentrail-check-spool-"))
