@@ -350,7 +350,7 @@ class Gateway:
         """The attempt the call names (path, headers, minted key), None when it names none (identity.py)."""
         return resolve_named(request.path_params, request.headers, self.ctx.registry,
                              require_auth=self.options.require_auth, admin_key=self.options.admin_key,
-                             tenants=self.ctx.tenants)
+                             tenants=self.ctx.tenants, ref_of=self.session_refs.ref)
 
     async def _organic(self, request: Request, raw: dict[str, Any], protocol: Protocol) -> CallIdentity | None:
         """The organic session's attempt (started if it has none), None when off or there is no key."""
@@ -374,13 +374,15 @@ class Gateway:
             return found
         return Tenants.scope(tenant, found[0]), found[1]  # a tenant's sessions live in its own namespace
 
-    @staticmethod
-    def _session_id(request: Request, key: str) -> str | None:
-        """The harness session id a tenant's call is recorded with is in its tenant's namespace too, so the
-        feedback join's SESSION targets (CallRecord.session_id) reach only that tenant's calls (feedback_api.py)."""
+    def _session_id(self, request: Request, key: str) -> str | None:
+        """The harness session id as the call records it: its keyed ref (session_refs.py). A tenant's is in its
+        tenant's namespace too, so the feedback join's SESSION targets (CallRecord.session_id) reach only that
+        tenant's calls (feedback_api.py)."""
         session = session_id_of(request.headers)
+        if session is None:
+            return None
         tenant = Tenants.tenant_of_session(key)
-        return session if session is None or tenant is None else Tenants.scope(tenant, session)
+        return self.session_refs.ref(session if tenant is None else Tenants.scope(tenant, session))
 
     def _unnamed(self, request: Request, raw: dict[str, Any], protocol: Protocol) -> CallIdentity:
         """A call that names no attempt and starts none: its session's live organic attempt if there is one
@@ -389,7 +391,8 @@ class Gateway:
         state = self.sessions.current(found[0]) if found is not None and self.sessions is not None else None
         if state is not None:
             return CallIdentity(state, "session", self._session_id(request, found[0] if found else ""))
-        return resolve_unattributed(request.headers, self.ctx.registry, unattributed=self.options.unattributed)
+        return resolve_unattributed(request.headers, self.ctx.registry, unattributed=self.options.unattributed,
+                                    ref_of=self.session_refs.ref)
 
     def _prepare(self, request: Request, identity: CallIdentity, call: InternalCall, raw: dict[str, Any],
                  received: int, started: float, adapter_version: str, tool_prefix: str) -> PreparedCall:

@@ -10,11 +10,14 @@ feedback needs it, as starting rollouts does, or a tenant key (tenants.py).
 A tenant's feedback names only its own targets, else 403 ``wrong_tenant`` (feedback drives rewards and release
 decisions, so one tenant must not move another's): a rollout of its sessions' windows (the id carries its
 tenant's keyed tag: checked the same on every gateway process and after a restart), a session of its own
-namespace (``session_id`` is taken as the tenant's, ``tenant:<name>:<id>``, as its calls record it), or a call
+namespace (``session_id`` is taken as the tenant's, ``tenant:<name>:<id>``), or a call
 or response of its windows: a tenant's call is answered with response ids that carry its call ref
 (``chatcmpl-<call id>.<tag>``, the tag keyed on its tenant: checked the same on every process and after a
 restart); a bare call id only where it was served (remembered; elsewhere refused: give the response id or
 name its rollout). Callers without a key (keys off) may not name a tenant's rollout, session or call.
+
+A ``session_id`` target is published as its keyed ref (``SessionRefs.session_target``), the form calls record a
+harness session id in (a user id may stand there); a ref read from the records is taken as it is.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from producers.gateway.context import GatewayContext
 from producers.gateway.errors import GatewayError, bad_request
 from producers.gateway.identity import is_admin, presented_key
 from producers.gateway.records import now_us, redact
-from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs, is_tenant_window
+from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs, is_stored_ref, is_tenant_window
 from producers.gateway.tenants import Tenants
 from schemas.feedback import FeedbackError, FeedbackValue, build_feedback, call_ref_of_response, split_call_ref
 from schemas.topics import FEEDBACK_TOPIC
@@ -181,11 +184,11 @@ class FeedbackApi:
                                 "response id, or name its rollout)"
                                 if tenant is not None else "this target belongs to a tenant")
 
-    def _subject(self, body: FeedbackBody, record: dict[str, Any]) -> str | None:
+    def _subject(self, body: FeedbackBody, record: dict[str, Any], session: str | None) -> str | None:
         if body.subject is not None:  # a name, as POST /v1/rollouts takes it: stored as its pseudonym
             return self.ctx.subjects.stored(body.subject)
-        if record["target_kind"] == "SESSION":  # an organic session's key is its subject (sessions.py)
-            return self.ctx.subjects.stored(str(record["target_id"]))
+        if session is not None:  # an organic session's key is its subject (sessions.py); a ref names nobody
+            return None if is_stored_ref(session) else self.ctx.subjects.stored(session)
         if record["target_kind"] == "ROLLOUT":
             try:
                 return self.ctx.registry.start_info(record["target_id"]).get("subject")
@@ -201,8 +204,11 @@ class FeedbackApi:
                                                                                 model=FeedbackBody))
             if self.ctx.tenants:  # tenants configured: each target is checked for whose it is
                 self._scope_session(body, tenant, admin)
+            session = body.target.session_id
+            if session is not None:  # matched against calls' session_id, which is its keyed ref (session_refs.py)
+                body.target.session_id = self.refs.session_target(session)
             record = feedback_record(body, now_us())
-            record["subject"] = self._subject(body, record)
+            record["subject"] = self._subject(body, record, session)
             if self.ctx.tenants:
                 self._check_target(tenant, admin, record)
             key = record["target_id"]

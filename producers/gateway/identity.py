@@ -15,7 +15,7 @@ Keys are compared as UTF-8 bytes in constant time, so a key that is not ASCII is
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,17 +110,29 @@ def check_any_key(headers: Mapping[str, str], registry: AttemptRegistry, *, requ
 
 
 def resolve_call(path_params: Mapping[str, str], headers: Mapping[str, str], registry: AttemptRegistry, *,
-                 unattributed: str, require_auth: bool, admin_key: str) -> CallIdentity:
+                 unattributed: str, require_auth: bool, admin_key: str,
+                 ref_of: Callable[[str], str] | None = None) -> CallIdentity:
     """The attempt a call belongs to; raises GatewayError (404/409/401/400) when it cannot be served."""
-    named = resolve_named(path_params, headers, registry, require_auth=require_auth, admin_key=admin_key)
-    return named if named is not None else resolve_unattributed(headers, registry, unattributed=unattributed)
+    named = resolve_named(path_params, headers, registry, require_auth=require_auth, admin_key=admin_key,
+                          ref_of=ref_of)
+    return named if named is not None else resolve_unattributed(headers, registry, unattributed=unattributed,
+                                                                ref_of=ref_of)
+
+
+def stored_session_id(headers: Mapping[str, str], ref_of: Callable[[str], str] | None) -> str | None:
+    """The harness session id as a call records it: its keyed ref (``SessionRefs.ref``, session_refs.py), never
+    the id itself, which may be a user id (``x-session-id``). ``ref_of`` None (unit tests of routing alone)
+    keeps the id."""
+    session = session_id_of(headers)
+    return session if session is None or ref_of is None else ref_of(session)
 
 
 def resolve_named(path_params: Mapping[str, str], headers: Mapping[str, str], registry: AttemptRegistry, *,
-                  require_auth: bool, admin_key: str, tenants: Any = None) -> CallIdentity | None:
+                  require_auth: bool, admin_key: str, tenants: Any = None,
+                  ref_of: Callable[[str], str] | None = None) -> CallIdentity | None:
     """The attempt the call names (path, headers or minted key), checked; None when it names none (and
     is allowed to: keys off, or the admin key). Organic sessions (sessions.py) take over from there."""
-    session = session_id_of(headers)
+    session = stored_session_id(headers, ref_of)
     key = presented_key(headers)
     if "rollout_id" in path_params:
         state = registry.get_active(path_params["rollout_id"], path_params["attempt_id"])
@@ -147,9 +159,10 @@ def resolve_named(path_params: Mapping[str, str], headers: Mapping[str, str], re
 
 
 def resolve_unattributed(headers: Mapping[str, str], registry: AttemptRegistry, *,
-                         unattributed: str) -> CallIdentity:
-    """A call that names no attempt: the replica's per-session pseudo-attempt, or refused (400)."""
-    session = session_id_of(headers)
+                         unattributed: str, ref_of: Callable[[str], str] | None = None) -> CallIdentity:
+    """A call that names no attempt: the replica's per-session pseudo-attempt, or refused (400). Its attempt id
+    carries the session's ref, as its records do."""
+    session = stored_session_id(headers, ref_of)
     if unattributed == "refuse":
         raise GatewayError(400, "no rollout identity: use the /rollouts/{rollout_id}/attempts/{attempt_id} "
                            "path prefix, the X-Rollout-Id header or a rollout API key",

@@ -2,9 +2,10 @@
 
 A session key is often guessable (a user id, a harness session id), so a plain hash of it in a stored record
 lets anyone holding the records confirm a guess. Every value derived from a key (the ``session_ref`` of an
-``AttemptStarted``, the key part and window part of a window's rollout id, the route tag the processes of
-``--processes N`` share) is an HMAC-SHA256 under ``gateway.session_ref_key``, the operator's secret
-(``TOKENTRAIL_GATEWAY__SESSION_REF_KEY``), each use under its own label so one value says nothing of another.
+``AttemptStarted``, a call record's ``session_id`` and a SESSION feedback target, the key part and window part
+of a window's rollout id, the route tag the processes of ``--processes N`` share) is an HMAC-SHA256 under
+``gateway.session_ref_key``, the operator's secret (``TOKENTRAIL_GATEWAY__SESSION_REF_KEY``), each use under
+its own label so one value says nothing of another.
 
 Every gateway process and replica that serves the same sessions needs the same key: the key part routes a
 session's calls to the process that owns its window. Rotating the key changes every value from then on; what
@@ -27,12 +28,18 @@ from schemas.feedback import CALL_REF_SEP, split_call_ref
 DEV_SESSION_REF_KEY = "tokentrail-DEV-ONLY-session-ref-key-set-TOKENTRAIL_GATEWAY__SESSION_REF_KEY"
 REF_PREFIX = "hmac:"
 REF_HEX = 32
+_STORED_REF = re.compile(r"(tenant:[^:]+:)?hmac:[0-9a-f]{32}")
 _TENANT_WINDOW = re.compile(r"(session-[0-9a-f]{16}-[0-9a-f]{16})-([0-9a-f]{16})")
 
 
 def is_tenant_window(rollout_id: str) -> bool:
     """Whether the id has the shape of a tenant's window (whosever): callers without a key may not name one."""
     return _TENANT_WINDOW.fullmatch(rollout_id) is not None
+
+
+def is_stored_ref(value: str) -> bool:
+    """Whether ``value`` has the shape of a stored ref (``SessionRefs.ref``), a tenant's scoped ref included."""
+    return _STORED_REF.fullmatch(value) is not None
 
 
 class SessionRefs:
@@ -58,6 +65,11 @@ class SessionRefs:
         ref = REF_PREFIX + self._hex("ref", key)[:REF_HEX]
         tenant = Tenants.tenant_of_session(key)
         return ref if tenant is None else Tenants.scope(tenant, ref)
+
+    def session_target(self, session_id: str) -> str:
+        """A feedback target's session id as calls record it: the ref of the id a harness sent, or the ref
+        itself where the poster gives one read from the records (a call's ``session_id`` is always a ref)."""
+        return session_id if is_stored_ref(session_id) else self.ref(session_id)
 
     def key_part(self, key: str) -> str:
         """What every rollout id of the key's windows starts with (``session-`` + 16 hex). A tenant's scoped

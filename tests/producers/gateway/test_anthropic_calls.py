@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from models.reference.task import LOOKUP_TOOL, TASK_SYSTEM_PROMPT, task_question
+from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs
 from producers.sdk import Rollout
 from tokentrail.settings import Settings
 
@@ -136,7 +137,7 @@ def test_tool_use_conversation_is_recorded_token_exact(
     assert prefix_holds(calls, prompts, 0), "the tool_use block re-entered as the exact sampled ids"
     for call in calls:
         assert call["protocol"] == "anthropic.messages" and call["streamed"] is stream
-        assert call["session_id"] == "session-42"
+        assert call["session_id"] == SessionRefs(DEV_SESSION_REF_KEY).ref("session-42")  # keyed, never the id
         request = orjson.loads(call["request_json"])
         credentials = {k: v for k, v in request["headers"].items() if k in ("authorization", "x-api-key")}
         assert credentials and set(credentials.values()) == {"[redacted]"}

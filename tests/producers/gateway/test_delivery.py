@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from models.reference.task import LOOKUP_TOOL, task_messages
+from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs
 from producers.sdk import Rollout
 from producers.upstreams.base import ChatGenerateRequest, GenerateRequest, GenerateResult, TokenChunk, UpstreamError
 from producers.upstreams.embedded.engine import EmbeddedEngine
@@ -177,8 +178,10 @@ def test_unattributed_calls_stop_strings_health_and_metrics(
         health = httpx.get(f"{gw.url}/health").json()
         metrics = httpx.get(f"{gw.url}/metrics").text
     ((_, call),) = read_records(tokentrail_settings, topics["calls_topic"], 1)
-    assert call["rollout_id"] == "unattributed" and call["session_id"] == "pi-7"
-    assert call["attempt_id"].endswith("/pi-7") and call["status"] == "OK"
+    # The harness session id is recorded as its keyed ref (a user id may stand there), in the attempt id too.
+    pi_7 = SessionRefs(DEV_SESSION_REF_KEY).ref("pi-7")
+    assert call["rollout_id"] == "unattributed" and call["session_id"] == pi_7 and pi_7.startswith("hmac:")
+    assert call["attempt_id"].endswith(f"/{pi_7}") and "pi-7" not in call["attempt_id"] and call["status"] == "OK"
     output_ids, _ = output_of(call)
     full_text = text_side.decode(output_ids.tolist())
     assert "\n" in full_text and reply.choices[0].message.content == full_text[: full_text.index("\n")]

@@ -8,8 +8,10 @@ import time
 import uuid
 
 import httpx
+import openai
 import pytest
 
+from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs
 from producers.sdk import Rollout, RolloutError, send_feedback
 from schemas.topics import FEEDBACK_TOPIC
 from tokentrail.settings import Settings
@@ -77,3 +79,28 @@ def test_bad_feedback_is_refused_and_good_feedback_reaches_kafka(
     assert review["details_json"] == '{"lines_kept":30,"reviewer":{"github_token":"[redacted]"}}'
 
     assert review["source_feedback_id"] == "review-1" and review["event_time_us"] < review["created_at_us"]
+
+
+def test_session_feedback_names_the_keyed_ref_its_calls_record(
+        start_gateway, topics: dict[str, str], tokentrail_settings: Settings) -> None:
+    """A harness session id may be a user id: calls record its keyed ref, and feedback naming the session (by
+    the id, or by the ref read from the records) is published under that same ref, so the join still finds the
+    session's calls while neither record carries the id (issue 29, finding 10)."""
+    user, source = f"jane-{uuid.uuid4().hex[:6]}@example.com", f"test-{uuid.uuid4().hex[:8]}"
+    ref = SessionRefs(DEV_SESSION_REF_KEY).ref(user)
+    with start_gateway() as gw:
+        client = openai.OpenAI(base_url=gw.openai_base_url, api_key="anything", default_headers={"X-Session-Id": user})
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        posted = [httpx.post(f"{gw.url}/v1/feedback", timeout=30, json={
+            "target": {"session_id": target}, "kind": "binary", "binary": True, "source": source})
+            for target in (user, ref)]
+    assert [p.status_code for p in posted] == [201, 201], [p.text for p in posted]
+    [(_, call)] = read_records(tokentrail_settings, topics["calls_topic"], 1, where={"session_id": ref})
+    assert user not in call["attempt_id"] and ref.startswith("hmac:")
+    stored = {r["event_id"]: r for _, r in read_records(tokentrail_settings, FEEDBACK_TOPIC, 2,
+                                                         where={"source": source})}
+    by_id, by_ref = (stored[p.json()["event_id"]] for p in posted)
+    assert [(r["target_kind"], r["target_id"]) for r in (by_id, by_ref)] == [("SESSION", ref)] * 2
+    assert "subj:" in by_id["subject"] and by_ref["subject"] is None  # a ref names nobody to forget
+    # The request as sent is content (encrypted under its subject's key where it has one, docs/forgetting.md).
+    assert not [r for r in (call, by_id, by_ref) if user in repr({k: v for k, v in r.items() if k != "request_json"})]

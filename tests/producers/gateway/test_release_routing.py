@@ -28,6 +28,7 @@ from processors.release.plan import load_plan
 from processors.stream.release_controller import publish_decision
 from producers.delivery import CallPublisher
 from producers.gateway.release_routed import assignment
+from producers.gateway.session_refs import DEV_SESSION_REF_KEY, SessionRefs
 from producers.gateway.text_side import ModelTextSide
 from producers.gateway.wiring import build_app
 from producers.sdk import Rollout
@@ -142,27 +143,28 @@ def test_sessions_follow_start_ramp_and_rollback(tokentrail_settings: Settings, 
     assert rollback_seen_s < 5.0  # docs/release.md: one poll (0.2 s) when idle, under 5 s on a loaded machine
     records = [r for _name, r in read_records(settings, topics["calls_topic"],
                                               3 * len(SESSIONS) + 2 * len(HARNESS_SESSIONS) + 2)]
-    evaluation = [r for r in records if r["session_id"] == EVAL_SESSION]
+    stored = SessionRefs(DEV_SESSION_REF_KEY).ref  # calls record a harness session id as its keyed ref
+    evaluation = [r for r in records if r["session_id"] == stored(EVAL_SESSION)]
     assert [(r["versions"]["policy_version"], r["release"]["arm"], r["release"]["pin_label"]) for r in evaluation] \
         == [(1, "pinned", EVAL_LABEL)] * 2
     by_harness: dict[str, list[int]] = {}
     for r in records:
-        if r["rollout_id"] == "unattributed" and r["session_id"] != EVAL_SESSION:
+        if r["rollout_id"] == "unattributed" and r["session_id"] != stored(EVAL_SESSION):
             by_harness.setdefault(r["session_id"], []).append(r["versions"]["policy_version"])
-    assert by_harness == {h: [route(f"session:{h}", release_id=state.release_id, serving_version=0,
+    assert by_harness == {stored(h): [route(f"session:{stored(h)}", release_id=state.release_id, serving_version=0,
                                     candidate_version=1, candidate_fraction=0.7)] * 2 for h in HARNESS_SESSIONS}
     # Each record's release arm is what the decision log says for its session at the decision it names.
     traffic_at = [TrafficLog.fold(published[: i + 1]).tracks[model] for i in range(len(published))]
     for r in records:
         key = r["rollout_id"] if r["rollout_id"] != "unattributed" else f"session:{r['session_id']}"
         release = r["release"]
-        label = EVAL_LABEL if r["session_id"] == EVAL_SESSION else None
+        label = EVAL_LABEL if r["session_id"] == stored(EVAL_SESSION) else None
         version, expected_release = assignment(traffic_at[release["decision_sequence"]], key, label)
         assert release == expected_release.as_record() and r["versions"]["policy_version"] == version
     assert {(r["call_index"], r["release"]["decision_sequence"]) for r in records
             if r["rollout_id"] != "unattributed"} == {(0, 0), (1, 1), (2, 3)}  # 2: the pin
     assert {r["release"]["arm"] for r in records
-            if r["call_index"] == 1 and r["session_id"] != EVAL_SESSION} == {"serving", "candidate"}
+            if r["call_index"] == 1 and r["session_id"] != stored(EVAL_SESSION)} == {"serving", "candidate"}
     records = [r for r in records if r["rollout_id"] != "unattributed"]
     served = {(r["rollout_id"], r["call_index"]): r["versions"]["policy_version"] for r in records}
     assert all(r["error"] is None for r in records)

@@ -25,6 +25,7 @@ from .helpers import read_records
 MODEL = "tokentrail-tiny"
 ADMIN = "admin-key-for-tenancy"
 KEYS = (("acme", "sk-acme-tenant"), ("blue", "sk-blue-tenant"))
+REFS = SessionRefs(DEV_SESSION_REF_KEY)  # what the test gateways key session refs with (the default)
 
 
 def _client(gw: Any, key: str, session: str) -> openai.OpenAI:
@@ -72,7 +73,7 @@ def test_tenant_keys_work_with_the_admin_key_and_keep_sessions_and_feedback_to_t
         # Each tenant's calls carry its session id in its own namespace (what SESSION feedback joins by).
         rollouts = {r["call_id"]: r["rollout_id"] for tenant, count in (("acme", 2), ("blue", 1)) for _, r in
                     read_records(tokentrail_settings, topics["calls_topic"], count,
-                                 where={"session_id": Tenants.scope(tenant, "s1")})}
+                                 where={"session_id": REFS.ref(Tenants.scope(tenant, "s1"))})}
         acme_rollout = rollouts[_cid(first[0])]
         assert rollouts[_cid(first[1])] == acme_rollout != rollouts[_cid(blue_call)]
         assert all(split_call_ref(ref)[1] for ref in (*first, blue_call))  # tenants' responses carry a tag
@@ -88,7 +89,10 @@ def test_tenant_keys_work_with_the_admin_key_and_keep_sessions_and_feedback_to_t
                _feedback(gw, acme, "s1", "session_id"), _feedback(gw, blue, "s1", "session_id")]
         assert good.status_code == 201 and [r.status_code for r in own] == [201] * 4, [r.text for r in own]
         assert _feedback(gw, acme, _cid(first[0]), "call_id").status_code == 201  # a bare id, where it was served
-        assert [r.json()["target_id"] for r in own[2:]] == [Tenants.scope("acme", "s1"), Tenants.scope("blue", "s1")]
+        # ... each published as the keyed ref its calls record (the session id itself is nowhere stored).
+        targets = [r.json()["target_id"] for r in own[2:]]
+        assert targets == [REFS.ref(Tenants.scope("acme", "s1")), REFS.ref(Tenants.scope("blue", "s1"))]
+        assert targets[0].startswith("tenant:acme:hmac:") and "s1" not in targets[0]
         # Blue ends "s1": its own window; acme's is still open and takes acme's next call.
         blue_end = _end(gw, blue, "s1")
         assert blue_end.status_code == 200 and blue_end.json()["rollout_id"] == rollouts[_cid(blue_call)]
@@ -147,7 +151,7 @@ def test_a_tenant_key_and_its_scope() -> None:
     # Routed by the key its calls carry: a scoped key's windows start with the unscoped key's part (one owner
     # with --processes N), yet two tenants' windows of one session id are different rollouts.
     assert Tenants.unscoped(scoped) == "s1" and Tenants.unscoped("s1") == "s1"
-    refs = SessionRefs(DEV_SESSION_REF_KEY)
+    refs = REFS
     assert refs.key_part(scoped) == refs.key_part("s1")
     assert refs.rollout_id_for(scoped, 1) != refs.rollout_id_for(Tenants.scope("blue", "s1"), 1) \
         != refs.rollout_id_for("s1", 1)
