@@ -231,18 +231,14 @@ class AttemptBuffer:
             out.append("finish")
             return out  # without the finish the expected counts are unknown
         assert self.call_count is not None and self.event_count is not None
-        absent_calls = [i for i in range(self.call_count) if i not in self.call_event_ids]
-        if absent_calls:
-            out.append(f"calls {_ranges(absent_calls)} of {self.call_count}")
-        extra_calls = sorted(i for i in self.call_event_ids if i >= self.call_count)
-        if extra_calls:
-            out.append(f"unexpected calls {_ranges(extra_calls)} beyond call_count {self.call_count}")
-        absent_env = [i for i in range(self.event_count) if i not in self.env_event_ids]
-        if absent_env:
-            out.append(f"env events {_ranges(absent_env)} of {self.event_count}")
-        extra_env = sorted(i for i in self.env_event_ids if i >= self.event_count)
-        if extra_env:
-            out.append(f"unexpected env events {_ranges(extra_env)} beyond event_count {self.event_count}")
+        for label, seen, count, count_name in (("calls", self.call_event_ids, self.call_count, "call_count"),
+                                               ("env events", self.env_event_ids, self.event_count, "event_count")):
+            absent = [i for i in range(count) if i not in seen]
+            if absent:
+                out.append(f"{label} {_ranges(absent)} of {count}")
+            extra = sorted(i for i in seen if i >= count)
+            if extra:
+                out.append(f"unexpected {label} {_ranges(extra)} beyond {count_name} {count}")
         return out
 
     def is_complete(self) -> bool:
