@@ -55,11 +55,15 @@ def parse_jobs(evidence: Sequence[CallEvidence], formats: Mapping[str, FamilyFor
 
 
 def render_jobs(evidence: Sequence[CallEvidence], formats: Mapping[str, FamilyFormat],
-                tokenizer_dirs: Mapping[str, Path]) -> list[RenderJob]:
-    """vLLM's chat render of every call of a family whose format asks for it (``FamilyFormat.vllm_render``)."""
+                tokenizer_dirs: Mapping[str, Path],
+                renderers: Mapping[str, IndependentRenderer | None] | None = None) -> list[RenderJob]:
+    """vLLM's chat render of every call of a family whose format asks for it (``FamilyFormat.vllm_render``), and
+    of each call its family's ``renderers`` renderer refuses (Codex's two system messages on Llama 3), so that
+    such a call is still judged by an implementation we did not write."""
     jobs = []
     for e in evidence:
-        if formats[e.family].vllm_render:
+        renderer = (renderers or {}).get(e.family)
+        if formats[e.family].vllm_render or (renderer is not None and renderer.refusal(e.messages, e.tools)):
             messages, tools = e.chat_request or (e.messages, e.tools)
             jobs.append(RenderJob(e.key, tokenizer_dirs[e.family], formats[e.family].vllm_tool_parser, messages,
                                   tools, e.prompt_ids, anthropic=e.anthropic_request))
@@ -70,7 +74,8 @@ def judge_calls(evidence: Sequence[CallEvidence], renderer: IndependentRenderer 
                 vllm: Mapping[str, VllmParse],
                 vllm_renders: Mapping[str, VllmRender] | None = None) -> tuple[Tally, list[bool | None]]:
     """The tally, and per call whether an independent renderer reproduced its prompt (None: none judged it):
-    ``renderers``' where the family has one, else vLLM's chat render where it was asked for."""
+    ``renderers``' where the family has one and renders the request, else vLLM's chat render where it was
+    asked for (``render_jobs``)."""
     tally = Tally()
     reproduced: list[bool | None] = []
     for e in evidence:
@@ -89,6 +94,9 @@ def judge_calls(evidence: Sequence[CallEvidence], renderer: IndependentRenderer 
             elif verdict.how == "variant":
                 tally.render_format_variants += 1
                 tally.details.append(f"{e.family} {e.key}: judges disagree, {verdict.detail}")
+            elif verdict.how == "refused" and by_vllm is not None:  # judged by vLLM's render instead
+                reproduced[-1] = by_vllm
+                tally.details.append(f"{e.family} {e.key}: judged by vLLM's render alone, {verdict.detail}")
             elif verdict.how == "refused":
                 tally.render_unjudged += 1
                 tally.details.append(f"{e.family} {e.key}: not judged, {verdict.detail}")

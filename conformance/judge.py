@@ -114,6 +114,14 @@ class IndependentRenderer:
         bridged = self.renderer.bridge_to_next_turn(list(prompt), list(output), new, tools=_tools(tools))
         return None if bridged is None else self._unfilled(bridged.token_ids)
 
+    def refusal(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None) -> str | None:
+        """Why renderers will not render the request (``judge`` says "refused"), None when it renders it."""
+        try:
+            self.render(messages, tools)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
     def judge(self, prompt: Sequence[int], messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None,
               previous: tuple[Sequence[int], Sequence[int]] | None) -> RenderVerdict:
         prompt = list(prompt)

@@ -5,7 +5,12 @@ mismatch; a request vLLM refuses is not judged. (vLLM itself on the Qwen3-Coder 
 
 from __future__ import annotations
 
-from conformance.check import CallEvidence, judge_calls
+import dataclasses
+from pathlib import Path
+
+from conformance.check import CallEvidence, judge_calls, render_jobs
+from conformance.formats import FORMATS
+from conformance.judge import RenderVerdict
 from conformance.vllm_render import VllmRender, render_verdict
 
 # previous prompt [1, 2], sampled output [3, 4]: vLLM re-tokenizes the output as [34]
@@ -47,3 +52,27 @@ def test_where_renderers_has_no_renderer_vllms_render_decides_token_exactness_an
     assert (tally.vllm_render_compared, tally.vllm_render_agree_full, tally.vllm_render_agree_bridge,
             tally.vllm_render_mismatches, tally.render_unjudged) == (3, 1, 1, 1, 1)
     assert [d for d in tally.details if "vLLM render mismatch" in d] and tally.render_mismatches == 0
+
+
+class _RefusingRenderer:
+    """renderers' Llama 3 on Codex's request (two system messages): it will not render, so it cannot judge."""
+
+    def refusal(self, messages: object, tools: object) -> str:
+        return "tools_in_user_message=True requires the first non-system message to be 'user'"
+
+    def judge(self, *args: object) -> RenderVerdict:
+        return RenderVerdict(False, "refused", f"renderers' llama-3 refuses the request: {self.refusal(*args[1:3])}")
+
+
+def test_a_call_renderers_refuses_goes_to_vllms_render_and_is_judged_there() -> None:
+    calls = [dataclasses.replace(_evidence(f"c/{i}", [1, 2]), family="llama3") for i in range(2)]
+    jobs = render_jobs(calls, FORMATS, {"llama3": Path("/m")}, {"llama3": _RefusingRenderer()})
+    assert [j.key for j in jobs] == ["c/0", "c/1"]  # llama3 asks for no vLLM render of its own
+    assert render_jobs(calls, FORMATS, {"llama3": Path("/m")}) == []
+    renders = {"c/0": VllmRender([1, 2], "a", "a", None), "c/1": VllmRender([1, 3], "a", "b", None)}
+    tally, reproduced = judge_calls(calls, _RefusingRenderer(), {}, renders)
+    assert reproduced == [True, False] and tally.render_unjudged == 0
+    assert (tally.vllm_render_compared, tally.vllm_render_mismatches) == (2, 1)
+    # without vLLM's render (--no-vllm) the call stays unjudged, as before
+    tally, reproduced = judge_calls(calls[:1], _RefusingRenderer(), {}, {})
+    assert reproduced == [None] and tally.render_unjudged == 1

@@ -174,8 +174,9 @@ def _cmd(args: argparse.Namespace) -> int:
                 print(f"{family}: {name}, {len(calls)} calls{', ' + failure if failure else ''}", flush=True)
         every = [e for _, found, _, _ in pending for e in found]
         dirs = {r.family: r.model_dir for _, _, _, r in pending}
+        renderers = {r.family: r.renderer for _, _, _, r in pending}
         vllm, vllm_renders = ({}, {}) if args.no_vllm else judge_with_vllm(
-            parse_jobs(every, FORMATS, dirs), render_jobs(every, FORMATS, dirs), env=_harmony_env(pending))
+            parse_jobs(every, FORMATS, dirs), render_jobs(every, FORMATS, dirs, renderers), env=_harmony_env(pending))
         cells = []
         for cell, found, calls, run in pending:
             tally, reproduced = judge_calls(found, run.renderer, vllm, vllm_renders)
