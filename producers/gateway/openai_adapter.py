@@ -69,8 +69,11 @@ def _text_of(content: Any, where: str) -> str:
         if not isinstance(part, TextPart):
             raise bad_request(f"content part type {part.type!r} is not supported by this model (text only)",
                               param=f"{where}.content.{i}.type")
-        parts.append(part.text)
-    return "".join(parts)
+        if part.text:
+            parts.append(part.text)
+    # Joined with newlines, empty parts skipped, as vLLM 0.32's chat render joins a message's text parts for a
+    # string-content template (renderers/chat_utils.py): the same request, the same prompt as from vLLM.
+    return "\n".join(parts)
 
 
 def _message(msg: ChatMessage, index: int) -> Message:

@@ -46,7 +46,9 @@ BROKEN = {"qwen3": '<think>\nRun it.\n</think>\n\n'
 # `strict` (Qwen3-Coder's template prints it) and drops the header's line (chat_utils), and so must the gateway.
 AS_SENT = {"model": "m", "messages": [
     {"role": "system", "content": "x-anthropic-billing-header: cc_version=2.1.328.593; cch=5e1f2;\nYou are Pi."},
-    {"role": "user", "content": "Read a.txt"}],
+    # text parts: vLLM's chat render joins them with a newline and skips empty ones, and so must the gateway
+    {"role": "user", "content": [{"type": "text", "text": "Read a.txt"}, {"type": "text", "text": ""},
+                                 {"type": "text", "text": "then stop."}]}],
     "tools": [{"type": "function", "function": {
         "name": "read", "description": "Read a file.", "strict": False,
         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]}

@@ -9,7 +9,8 @@ same, whichever protocol and family, so a harness gets the same prompt from toke
   and its chat render drops the first line of any system text that starts with it
   (``renderers/chat_utils.py`` ``_strip_claude_code_billing_header``);
 - Anthropic text blocks are joined as vLLM's /v1/messages joins them (system blocks end to end, a turn's text
-  blocks with a newline).
+  blocks with a newline), and OpenAI chat text parts as vLLM's chat render joins them (a newline, empty parts
+  skipped).
 
 vLLM itself renders such requests in tests/conformance/test_vllm_parsers.py (slow); these are the rules."""
 
@@ -98,6 +99,17 @@ def test_anthropic_text_blocks_are_joined_as_vllms_messages_endpoint_joins_them(
     assert anthropic_adapter.to_internal(req, 100).messages == [
         {"role": "system", "content": "A.B."}, {"role": "user", "content": "<reminder/>\nDo it."},
         {"role": "assistant", "content": "One.\nTwo."}, {"role": "tool", "tool_call_id": "t1", "content": "out\nerr"}]
+
+
+def test_openai_chat_text_parts_are_joined_as_vllms_chat_render_joins_them() -> None:
+    # one newline between parts, empty parts skipped (vLLM's string content format); before: "" ("AB", "HiThere")
+    req = validate(ChatCompletionRequest, {"model": "m", "messages": [
+        {"role": "system", "content": [{"type": "text", "text": "A."}, {"type": "text", "text": "B."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": ""},
+                                     {"type": "text", "text": "There"}]},
+        {"role": "user", "content": [{"type": "text", "text": "one part"}]}]})
+    assert [m["content"] for m in openai_adapter.chat_to_internal(req, 100).messages] == [
+        "A.\nB.", "Hi\nThere", "one part"]
 
 
 def test_a_system_text_that_starts_with_the_billing_header_loses_that_line_before_the_template() -> None:
