@@ -18,7 +18,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ConfigResource, NewTopic
 
 from reliability.faults import Driver, GatewayProcess, Progress, free_port
@@ -67,8 +69,11 @@ def acks_all_held(run: ClusterFaultRun, size: int = 3, min_isr: int = 2) -> bool
             and len(during.isr) >= min_isr and len(after.isr) == size and run.min_isr_config == str(min_isr))
 
 
-def _wait_for(check: Callable[[], PartitionState | None], timeout_s: float) -> PartitionState | None:
-    """Poll ``check`` until it returns a state (the last one seen is returned either way)."""
+T = TypeVar("T")
+
+
+def _wait_for(check: Callable[[], T | None], timeout_s: float) -> T | None:
+    """Poll ``check`` until it returns something (None when it never did within ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         state = check()
@@ -118,6 +123,26 @@ def _start_cluster(cluster: LocalCluster, progress: Progress) -> None:
            for t in TOPICS]
     for future in cluster.admin().create_topics(new, operation_timeout=30).values():
         future.result(timeout=60)
+    # A created topic reaches each broker's metadata a moment later: until then a broker asked about it answers
+    # UNKNOWN_TOPIC_OR_PART (seen on a quiet machine, where the gateway came up within that moment).
+    for topic in TOPICS:
+        if _wait_for(lambda t=topic: _fully_replicated(cluster, t), 60) is None:
+            raise TimeoutError(f"{topic}: not led and fully in sync on the new cluster within 60 s")
+
+
+def _fully_replicated(cluster: LocalCluster, topic: str) -> PartitionState | None:
+    state = cluster.partition(topic, timeout_s=3)
+    return state if state is not None and len(state.isr) == cluster.size else None
+
+
+def _topic_configs(cluster: LocalCluster, resource: ConfigResource) -> dict[str, Any] | None:
+    """The topic's configs, None while the broker asked does not know the topic yet (retried by the caller)."""
+    try:
+        return cluster.admin().describe_configs([resource])[resource].result(timeout=30)
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise
 
 
 def _kill_leader_and_count(cluster: LocalCluster, gateway: GatewayProcess, model: str, sizes: ClusterSizes,
@@ -125,7 +150,9 @@ def _kill_leader_and_count(cluster: LocalCluster, gateway: GatewayProcess, model
     calls = TOPICS[0]
     run = ClusterFaultRun(FaultResult(NAME, "", 0, 0, False))
     resource = ConfigResource(ConfigResource.Type.TOPIC, calls)
-    configs = cluster.admin().describe_configs([resource])[resource].result(timeout=30)
+    configs = _wait_for(lambda: _topic_configs(cluster, resource), 60)
+    if configs is None:
+        raise TimeoutError(f"{calls}: no broker described its configs within 60 s")
     run.min_isr_config = configs["min.insync.replicas"].value
     driver = Driver(gateway.url, model, sizes.calls_per_rollout, "g")
     driver.run_n(sizes.rollouts_before)

@@ -1,10 +1,16 @@
 """vLLM (CPU) loads a model family's directory as built here (models/families: qwen3's real vocabulary and
 chat template, a tiny random-weight Qwen3) and renders a chat request to exactly the prompt ids the
 gateway's family text side renders: vLLM's own /v1/chat/completions (``return_token_ids``) is the judge.
-Served with the family's reference parsers (hermes tool calls, qwen3 reasoning)."""
+Served with the family's reference parsers (hermes tool calls, qwen3 reasoning).
+
+The same server then takes the trainer's weight updates as the family's architecture lays them out in vLLM
+(Qwen3: q/k norms per head beside the fused qkv_proj and gate_up_proj): an element delta scattered in place
+answers exactly as a full load of the same version (scatter_check.py), so online training of the family moves
+only what changed."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,6 +20,7 @@ import pytest
 from testkit.gateway import free_port
 from tests.producers.families.family_models import family_dir, family_text_side
 
+from .scatter_check import scatter_then_full
 from .vllm_server import start_vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -33,11 +40,13 @@ CONVERSATION: list[dict[str, Any]] = [
 ]
 
 
-def test_vllm_serves_a_family_dir_and_renders_the_gateways_prompt(vllm_installed: None) -> None:
+def test_vllm_serves_a_family_dir_renders_the_gateways_prompt_and_takes_scattered_updates(
+        vllm_installed: None, tmp_path: Path) -> None:
     model_dir = family_dir("qwen3")
     text = family_text_side("qwen3")
     server = start_vllm(model_dir, free_port(), model_name="qwen3", logprobs_mode="processed_logprobs",
                         serve_options=["--quick-start"], startup_timeout_s=900,
+                        env={"VLLM_SERVER_DEV_MODE": "1"},  # the weight-update endpoints, for the scatter check
                         vllm_args=["--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                                    "--reasoning-parser", "qwen3"])
     try:
@@ -49,5 +58,10 @@ def test_vllm_serves_a_family_dir_and_renders_the_gateways_prompt(vllm_installed
             vllm_ids = reply.json()["prompt_token_ids"]
             ours = text.render_chat(messages, [LOOKUP], prefix_mode="retokenize", prior=[])
             assert np.asarray(ours.prompt_ids).tolist() == vllm_ids
+        check = scatter_then_full(server, model_dir, tmp_path)
+        print(f"qwen3 scatter: {check.delta_bytes} of {check.full_bytes} B, worker {check.worker}; "
+              f"scatter vs full load: max logprob gap {check.gap:.2e}")
+        assert check.gap <= 1e-5 and check.moved
+        assert check.delta_bytes < 0.15 * check.full_bytes
     finally:
         server.stop()
