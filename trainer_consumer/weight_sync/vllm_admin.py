@@ -28,8 +28,14 @@ class VLLMAdmin:
         self._timeout_s = timeout_s
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        # vLLM answers a failed /collective_rpc (a reload or worker method that raised) with a 500 and then closes
+        # the connection (uvicorn: "Exception in ASGI application"); a pooled connection would carry the sync's
+        # next request into that close (ReadError on /reset_prefix_cache after a MoE model's refused scatter
+        # prepare, 2026-12-05). Those calls are rare, one connection each.
+        headers = {"Connection": "close"} if path == "/collective_rpc" else None
         try:
-            response = await self._client.request(method, self.url + path, json=body, timeout=self._timeout_s)
+            response = await self._client.request(method, self.url + path, json=body, headers=headers,
+                                                  timeout=self._timeout_s)
         except httpx.HTTPError as exc:
             raise AdminError(self.url, path, f"{type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:

@@ -70,15 +70,20 @@ class ScatterCheck:
     moved: bool  # the version changed the model's answers
 
 
-def scatter_then_full(server: VLLMServer, model_dir: Path, tmp_path: Path, *, share: float = 0.03) -> ScatterCheck:
+def scatter_then_full(server: VLLMServer, model_dir: Path, tmp_path: Path, *, share: float = 0.03,
+                      scatters: bool = True) -> ScatterCheck:
     """Versions 1 (perturbed, full) and 2 (``share`` of the elements moved) published with deltas; version 2 synced
-    by scatter and then by a full load, answers taken after each. The server is restored to the base after."""
+    with the ``scatter`` transfer and then by a full load, answers taken after each. The server is restored to the
+    base after. ``scatters`` False: a model the scatter cannot map (a MoE's fused experts), whose sync must still
+    succeed, by its group delta."""
     store = PolicyStore(tmp_path / "store")
     v1 = perturbed(load_file(str(model_dir / "model.safetensors")), seed=31)
     v2 = sparse_step(v1, seed=32, share=share)
     store.publish(1, v1, delta=True)
     store.publish(2, v2, delta=True)
     info = read_element_delta(store.path(2))
+    # a small tensor (a per-head norm of 64 elements) may come through a 3% step unchanged: it is not in the delta
+    changed = sum(not torch.equal(v1[name], v2[name]) for name in v2)
     assert info is not None and info.base_version == 1
     url = server.url
     logs: list[str] = []
@@ -91,15 +96,19 @@ def scatter_then_full(server: VLLMServer, model_dir: Path, tmp_path: Path, *, sh
         async with httpx.AsyncClient() as client:
             try:
                 report = await scatter.sync_to(1)  # nothing to diff against: full, then the workers prepare
-                assert report.ok and report.loads == {url: "full (published without a delta)"}, report
-                assert not [line for line in logs if "cannot scatter" in line], logs
+                assert report.ok and report.loads == {url: "full (published without a delta)"}, (report, logs)
+                refused = [line for line in logs if "cannot scatter" in line]
+                assert bool(refused) is not scatters, logs
                 found["before"] = await answers(client, server)
                 report = await scatter.sync_to(2)
-                assert report.ok and report.loads == {url: "scatter"}, (report, logs)
-                assert report.bytes_moved == {url: info.nbytes}  # the delta file, nothing else
-                worker.update(report.scattered[url][0])
-                assert worker["bytes_read"] == info.nbytes and worker["elements"] == info.changed_elements
-                assert worker["tensors"] == len(v2), worker
+                if not scatters:  # the prepare was refused (a 500 from vLLM) and the sync went on without it
+                    assert report.ok and report.loads == {url: "delta"}, (report, logs)
+                else:
+                    assert report.ok and report.loads == {url: "scatter"}, (report, logs)
+                    assert report.bytes_moved == {url: info.nbytes}  # the delta file, nothing else
+                    worker.update(report.scattered[url][0])
+                    assert worker["bytes_read"] == info.nbytes and worker["elements"] == info.changed_elements
+                    assert worker["tensors"] == changed, (changed, worker)  # every tensor the step moved
                 found["scattered"] = await answers(client, server)
                 report = await full.sync_to(2)  # the same server, loaded with the full checkpoint of version 2
                 assert report.ok and report.loads == {url: "full"}

@@ -6,7 +6,10 @@ Served with the family's reference parsers (hermes tool calls, qwen3 reasoning).
 The same server then takes the trainer's weight updates as the family's architecture lays them out in vLLM
 (Qwen3: q/k norms per head beside the fused qkv_proj and gate_up_proj): an element delta scattered in place
 answers exactly as a full load of the same version (scatter_check.py), so online training of the family moves
-only what changed."""
+only what changed. A MoE family (qwen3-coder: vLLM fuses its experts, which the scatter does not map) still syncs
+with the default transfer: the refused scatter leaves the sync to the group delta. Before 2026-12-05 every sync
+of such a model failed (vLLM closes the connection after a failed /collective_rpc, and the sync's next request
+met the close) and the server was labelled incomplete."""
 
 from __future__ import annotations
 
@@ -65,3 +68,17 @@ def test_vllm_serves_a_family_dir_renders_the_gateways_prompt_and_takes_scattere
         assert check.delta_bytes < 0.15 * check.full_bytes
     finally:
         server.stop()
+
+
+def test_a_moe_family_that_the_scatter_cannot_map_still_syncs_by_its_group_delta(vllm_installed: None,
+                                                                                  tmp_path: Path) -> None:
+    model_dir = family_dir("qwen3-coder")
+    server = start_vllm(model_dir, free_port(), model_name="qwen3-coder", logprobs_mode="processed_logprobs",
+                        serve_options=["--quick-start"], startup_timeout_s=900, env={"VLLM_SERVER_DEV_MODE": "1"},
+                        vllm_args=[])
+    try:
+        check = scatter_then_full(server, model_dir, tmp_path, scatters=False)
+    finally:
+        server.stop()
+    print(f"qwen3-coder: group delta; vs full load: max logprob gap {check.gap:.2e}")
+    assert check.gap <= 1e-5 and check.moved
