@@ -86,7 +86,8 @@ test: setup setup-harnesses setup-trl bytecode
 # shared 2-core machine (the wall time follows the load other runs put on it): serial 8 min 46 s at load ~2;
 # two workers, 2026-12-05: 4 min 33 s for 1,192 tests at load ~2-3 (296 CPU-s), 8 min 31 s and 11 min 39 s at
 # load 6-27 with other engineers' vLLM servers beside it. With bytecode (make bytecode, site-packages compiled):
-# 5 min 28 s at load 6-10 (347 CPU-s, 1,192 tests); the merged tree of 2026-12-05, 1,228 tests in 4 min 47 s.
+# 5 min 28 s at load 6-10 (347 CPU-s, 1,192 tests); the merged tree of 2026-12-05, 1,228 tests in 4 min 47 s;
+# a fresh machine with nothing else on it (2026-12-05 evening): 1,232 tests in 4 min 46 s, make test 33 min 40 s.
 test-quick: setup bytecode
 	$(BIN)/pytest -m "not e2e" -n 2
 
