@@ -47,7 +47,7 @@ from models.policy_delta import load_element_delta, read_delta, read_element_del
 from models.policy_store import PolicyStore, PolicyStoreError, load_weights_dir
 from trainer_consumer.weight_sync.fleet import FleetView, ServerState, ServerStatus, initial_view, judge, parse_label
 from trainer_consumer.weight_sync.vllm_admin import AdminError, PauseMode, VLLMAdmin
-from trainer_consumer.weight_sync.vllm_scatter import PREPARE, SCATTER
+from trainer_consumer.weight_sync.vllm_scatter import PREPARE, RELOAD_CHECK, SCATTER
 
 Transfer = Literal["scatter", "elements", "delta", "full"]
 MIRRORS_KEPT = 2  # versions whose weights the sync keeps in memory, as the engines hold them (element deltas)
@@ -142,6 +142,7 @@ class WeightSync:
         # server -> the version its workers' scatter copy holds (prepared after a full load, moved by scatters)
         self._scatter_ready: dict[str, int] = {}
         self._cannot_scatter: set[str] = set()  # servers whose workers refused to prepare (logged once)
+        self._reload_refusals: dict[str, str] = {}  # per server: why it cannot be reloaded in place ("" it can)
         self.hooks: SyncHooks = hooks or NoHooks()
         self._log = log or (lambda line: None)
         self._client = client or httpx.AsyncClient()
@@ -245,6 +246,11 @@ class WeightSync:
 
     async def _pause_and_load(self, step: _Step, version: int, weights_dir: str) -> None:
         admin = self._admins[step.url]
+        refusal = await self._reload_refusal(step.url, admin)
+        if refusal:  # keep the weights it serves, correctly labelled, rather than load wrong ones
+            step.resumed, step.error = True, refusal
+            step.state = ServerState(step.url, step.state.version, ServerStatus.FAILED, refusal)
+            return
         step.paused_s = time.monotonic()
         try:
             await admin.pause(self.pause_mode)
@@ -389,6 +395,23 @@ class WeightSync:
         self._scatter_ready[step.url] = version
         step.load, step.bytes_moved = "scatter", info.nbytes
         return "", True
+
+    async def _reload_refusal(self, url: str, admin: VLLMAdmin) -> str:
+        """Why ``url`` cannot take a version in place ("" when it can), asked of its workers once (the extension's
+        ``tokentrail_reload_check``). A server without the extension is taken as able: nothing says otherwise."""
+        if url not in self._reload_refusals:
+            try:
+                answers = await admin.worker_call(RELOAD_CHECK)
+            except AdminError as exc:
+                if exc.status is None:  # not answered (down, restarting): ask again next time
+                    return ""
+                answers = []  # answered, without the method
+            refusals = [str(a.get("reason") or "in-place reload refused") for a in answers
+                        if isinstance(a, dict) and a.get("in_place") is False]
+            self._reload_refusals[url] = refusals[0] if refusals else ""
+            if refusals:
+                self._log(f"weight sync: {url} is not updated in place: {refusals[0]}")
+        return self._reload_refusals[url]
 
     async def _prepare_scatter(self, step: _Step, admin: VLLMAdmin, version: int, weights_dir: str) -> None:
         """After a load other than a scatter: the workers read the checkpoint and keep what the next scatter needs

@@ -10,7 +10,10 @@ weight sync (``syncer.WeightSync``, transfer ``scatter``) calls:
   keeps what ``engine_weights.EngineWeights`` needs (the tensor digests, and on a CPU build the unpacked twins of
   the weights its kernels packed away);
 * ``tokentrail_scatter(version_dir)``: reads only the version's element delta (``elements/``, checked against
-  its sha256) and writes its values in place, checked against the published digests.
+  its sha256) and writes its values in place, checked against the published digests;
+* ``tokentrail_reload_check()``, before the first update of a server: whether an in-place reload gives the model
+  the weights it loads (not so for a MoE model on vLLM 0.32's CPU build: its experts are prepacked once, at the
+  first load, and a reload writes plain values into the prepacked buffers).
 
 Both answer a JSON object. Any failure raises, which vLLM answers with HTTP 500: the sync then loads the full
 checkpoint. One worker per model only (tensor and pipeline parallel size 1): a shard's rows are not mapped.
@@ -27,10 +30,26 @@ from models.element_delta import DeltaMismatch
 EXTENSION = "trainer_consumer.weight_sync.vllm_scatter.ScatterExtension"
 PREPARE = "tokentrail_scatter_prepare"
 SCATTER = "tokentrail_scatter"
+RELOAD_CHECK = "tokentrail_reload_check"
 
 
 class ScatterExtension:
     """Methods vLLM adds to its worker class (``self`` is the worker: ``model_runner``, ``vllm_config``)."""
+
+    def tokentrail_reload_check(self) -> dict[str, Any]:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+        prepacked = []
+        for name, module in self.model_runner.get_model().named_modules():  # type: ignore[attr-defined]
+            kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+            experts = getattr(kernel, "fused_experts", None)
+            if isinstance(experts, CPUUnquantizedExperts) and not getattr(experts, "_use_zentorch", False):
+                prepacked.append(name)
+        if not prepacked:
+            return {"in_place": True, "reason": ""}
+        return {"in_place": False, "reason": (
+            f"vLLM's CPU MoE kernel prepacks the experts of {len(prepacked)} layers (e.g. {prepacked[0]}) once, at the "
+            "first load; an in-place reload would leave them wrong (vLLM 0.32): restart the server on the version")}
 
     def tokentrail_scatter_prepare(self, weights_path: str) -> dict[str, Any]:
         from safetensors.torch import load_file

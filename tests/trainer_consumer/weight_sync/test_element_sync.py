@@ -32,8 +32,9 @@ class ReadingServer(StandInServer):
         self.refuse_staged = False
 
     def answer(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/collective_rpc":
-            directory = Path(json.loads(request.content)["kwargs"]["weights_path"])
+        body = json.loads(request.content) if request.content else {}
+        if request.url.path == "/collective_rpc" and body.get("method") == "reload_weights":
+            directory = Path(body["kwargs"]["weights_path"])
             if self.refuse_staged and directory.name.startswith(".elements-"):
                 return httpx.Response(500, json={"error": {"message": "shape mismatch"}})
             self.read = {}

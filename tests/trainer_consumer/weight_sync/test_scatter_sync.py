@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from models.policy_delta import ELEMENTS_DIR, ELEMENTS_WEIGHTS, read_element_delta
 from models.policy_store import PolicyStore
 from trainer_consumer.weight_sync import WeightSync
-from trainer_consumer.weight_sync.vllm_scatter import PREPARE, SCATTER, ScatterExtension
+from trainer_consumer.weight_sync.vllm_scatter import PREPARE, RELOAD_CHECK, SCATTER, ScatterExtension
 
 from .test_engine_weights import checkpoint, engine, outputs, sparse
 from .test_syncer_fleet import StandInServer
@@ -36,10 +36,11 @@ class Worker(ScatterExtension):
 class ScatterServer(StandInServer):
     """Loads each reload into its stand-in engine and runs the extension's methods as vLLM's RPC would."""
 
-    def __init__(self, extension: bool = True) -> None:
+    def __init__(self, extension: bool = True, reload_check: dict[str, object] | None = None) -> None:
         super().__init__()
         self.worker = Worker()
         self.extension = extension
+        self.reload_check = reload_check  # what the workers answer RELOAD_CHECK (None: the stand-in has no vLLM)
         self.calls: list[str] = []
 
     def answer(self, request: httpx.Request) -> httpx.Response:
@@ -51,6 +52,8 @@ class ScatterServer(StandInServer):
             path = Path(body["kwargs"]["weights_path"]) / "model.safetensors"
             self.worker.model = engine(load_file(str(path)))
             return super().answer(request)
+        if body["method"] == RELOAD_CHECK and self.reload_check is not None:
+            return httpx.Response(200, json={"results": [self.reload_check]})
         if not self.extension or body["method"] not in (PREPARE, SCATTER):
             return httpx.Response(500, json={"error": {"message": f"'Worker' has no attribute {body['method']!r}"}})
         try:
@@ -75,7 +78,8 @@ def test_a_scatter_moves_only_the_delta_and_any_mismatch_is_a_full_load(tmp_path
             store.publish(1, v1, delta=True)
             report = await sync.tick()
             assert report is not None and report.loads == {"http://a": "full (published without a delta)"}
-            assert server.calls == ["reload_weights", PREPARE]  # prepared from the checkpoint just loaded
+            # asked once whether it reloads in place (the stand-in cannot say: taken as able), then loaded and prepared
+            assert server.calls == [RELOAD_CHECK, "reload_weights", PREPARE]
 
             store.publish(2, v2, delta=True)
             server.calls.clear()
@@ -133,3 +137,29 @@ def test_a_server_without_the_extension_loads_the_group_delta(tmp_path: Path) ->
             await sync.close()
 
     asyncio.run(scenario())
+
+
+def test_a_server_that_cannot_reload_in_place_keeps_its_weights_and_is_reported(tmp_path: Path) -> None:
+    """vLLM's CPU build with a MoE model answers RELOAD_CHECK with a refusal (its experts are prepacked once): the sync
+    neither pauses nor loads it, reports it FAILED with the reason, and asks only once."""
+    refusal = "vLLM's CPU MoE kernel prepacks the experts of 2 layers once, at the first load"
+    server = ScatterServer(reload_check={"in_place": False, "reason": refusal})
+    store = PolicyStore(tmp_path / "policies")
+    logs: list[str] = []
+
+    async def scenario() -> None:
+        sync = WeightSync(["http://a"], store, base_dir=tmp_path / "base", transfer="scatter", log=logs.append,
+                          client=httpx.AsyncClient(transport=httpx.MockTransport(server.answer)))
+        try:
+            store.publish(1, checkpoint(1), delta=True)
+            for _ in range(2):
+                report = await sync.sync_to(1)
+                assert not report.ok and report.failed == {"http://a": refusal}, report
+        finally:
+            await sync.close()
+
+    asyncio.run(scenario())
+    assert server.calls == [RELOAD_CHECK]  # asked once; never reloaded
+    assert server.label == "default" and server.loaded is None and not server.paused
+    assert [line for line in logs if "is not updated in place" in line] == [
+        f"weight sync: http://a is not updated in place: {refusal}"]

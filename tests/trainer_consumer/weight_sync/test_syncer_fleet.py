@@ -46,6 +46,8 @@ class StandInServer:
             self.paused = False
             return httpx.Response(200, json={"status": "resumed"})
         if path == "/collective_rpc":
+            if body.get("method") != "reload_weights":  # as vLLM answers a method its workers do not have
+                return httpx.Response(500, json={"error": {"message": f"'Worker' has no attribute {body['method']!r}"}})
             if self.fail_reload:
                 return httpx.Response(500, json={"error": {"message": "reload failed"}})
             self.loaded = body["kwargs"]["weights_path"]

@@ -70,12 +70,9 @@ class ScatterCheck:
     moved: bool  # the version changed the model's answers
 
 
-def scatter_then_full(server: VLLMServer, model_dir: Path, tmp_path: Path, *, share: float = 0.03,
-                      scatters: bool = True) -> ScatterCheck:
+def scatter_then_full(server: VLLMServer, model_dir: Path, tmp_path: Path, *, share: float = 0.03) -> ScatterCheck:
     """Versions 1 (perturbed, full) and 2 (``share`` of the elements moved) published with deltas; version 2 synced
-    with the ``scatter`` transfer and then by a full load, answers taken after each. The server is restored to the
-    base after. ``scatters`` False: a model the scatter cannot map (a MoE's fused experts), whose sync must still
-    succeed, by its group delta."""
+    by scatter and then by a full load, answers taken after each. The server is restored to the base after."""
     store = PolicyStore(tmp_path / "store")
     v1 = perturbed(load_file(str(model_dir / "model.safetensors")), seed=31)
     v2 = sparse_step(v1, seed=32, share=share)
@@ -97,18 +94,14 @@ def scatter_then_full(server: VLLMServer, model_dir: Path, tmp_path: Path, *, sh
             try:
                 report = await scatter.sync_to(1)  # nothing to diff against: full, then the workers prepare
                 assert report.ok and report.loads == {url: "full (published without a delta)"}, (report, logs)
-                refused = [line for line in logs if "cannot scatter" in line]
-                assert bool(refused) is not scatters, logs
+                assert not [line for line in logs if "cannot scatter" in line], logs
                 found["before"] = await answers(client, server)
                 report = await scatter.sync_to(2)
-                if not scatters:  # the prepare was refused (a 500 from vLLM) and the sync went on without it
-                    assert report.ok and report.loads == {url: "delta"}, (report, logs)
-                else:
-                    assert report.ok and report.loads == {url: "scatter"}, (report, logs)
-                    assert report.bytes_moved == {url: info.nbytes}  # the delta file, nothing else
-                    worker.update(report.scattered[url][0])
-                    assert worker["bytes_read"] == info.nbytes and worker["elements"] == info.changed_elements
-                    assert worker["tensors"] == changed, (changed, worker)  # every tensor the step moved
+                assert report.ok and report.loads == {url: "scatter"}, (report, logs)
+                assert report.bytes_moved == {url: info.nbytes}  # the delta file, nothing else
+                worker.update(report.scattered[url][0])
+                assert worker["bytes_read"] == info.nbytes and worker["elements"] == info.changed_elements
+                assert worker["tensors"] == changed, (changed, worker)  # every tensor the step moved
                 found["scattered"] = await answers(client, server)
                 report = await full.sync_to(2)  # the same server, loaded with the full checkpoint of version 2
                 assert report.ok and report.loads == {url: "full"}

@@ -6,29 +6,32 @@ Served with the family's reference parsers (hermes tool calls, qwen3 reasoning).
 The same server then takes the trainer's weight updates as the family's architecture lays them out in vLLM
 (Qwen3: q/k norms per head beside the fused qkv_proj and gate_up_proj): an element delta scattered in place
 answers exactly as a full load of the same version (scatter_check.py), so online training of the family moves
-only what changed. A MoE family (qwen3-coder: vLLM fuses its experts, which the scatter does not map) still syncs
-with the default transfer: the refused scatter leaves the sync to the group delta. Before 2026-12-05 every sync
-of such a model failed (vLLM closes the connection after a failed /collective_rpc, and the sync's next request
-met the close) and the server was labelled incomplete.
+only what changed.
 
-What the MoE test proves is the sync's protocol, not the served weights: vLLM 0.32's CPU build prepacks a MoE
-layer's experts at the first load only, and an in-place reload then leaves them wrong (a server reloaded with a
-version answers otherwise than one started on it; for the dense families the two agree). Its delta and full
-loads agree with each other because both reload in place. docs/weight-sync.md, "On the model families"."""
+A MoE family on this CPU build is not updated in place: vLLM 0.32's CPU MoE kernel prepacks the experts once, at the
+first load, and a reload would write plain values into the prepacked buffers (a qwen3-coder server reloaded with a
+version answered otherwise than one started on it; for the dense families the two agree). The workers say so
+(``tokentrail_reload_check``) and the sync keeps the server's weights and label, reporting it FAILED with the
+reason, rather than label wrong weights with the new version."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+from safetensors.torch import load_file
 
+from models.policy_store import PolicyStore
 from testkit.gateway import free_port
 from tests.producers.families.family_models import family_dir, family_text_side
+from trainer_consumer.weight_sync import WeightSync
 
-from .scatter_check import scatter_then_full
+from .scatter_check import answers, max_gap, scatter_then_full
+from .test_weight_sync_live import perturbed
 from .vllm_server import start_vllm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -75,15 +78,30 @@ def test_vllm_serves_a_family_dir_renders_the_gateways_prompt_and_takes_scattere
         server.stop()
 
 
-def test_a_moe_family_that_the_scatter_cannot_map_still_syncs_by_its_group_delta(vllm_installed: None,
-                                                                                  tmp_path: Path) -> None:
+def test_a_moe_family_on_the_cpu_build_is_not_reloaded_in_place_and_keeps_its_weights(vllm_installed: None,
+                                                                                      tmp_path: Path) -> None:
     model_dir = family_dir("qwen3-coder")
     server = start_vllm(model_dir, free_port(), model_name="qwen3-coder", logprobs_mode="processed_logprobs",
                         serve_options=["--quick-start"], startup_timeout_s=900, env={"VLLM_SERVER_DEV_MODE": "1"},
                         vllm_args=[])
+    store = PolicyStore(tmp_path / "store")
+    store.publish(1, perturbed(load_file(str(model_dir / "model.safetensors")), seed=31), delta=True)
+    logs: list[str] = []
+
+    async def scenario() -> tuple[Any, Any, Any, str]:
+        sync = WeightSync([server.url], store, base_dir=model_dir, transfer="scatter", log=logs.append)
+        async with httpx.AsyncClient() as client:
+            try:
+                before = await answers(client, server)
+                report = await sync.sync_to(1)
+                after = await answers(client, server)
+                return report, before, after, await sync.version_of(server.url)
+            finally:
+                await sync.close()
+
     try:
-        check = scatter_then_full(server, model_dir, tmp_path, scatters=False)
+        report, before, after, label = asyncio.run(scenario())
     finally:
         server.stop()
-    print(f"qwen3-coder: group delta; vs full load: max logprob gap {check.gap:.2e}")
-    assert check.gap <= 1e-5 and check.moved  # the two in-place loads agree (see the module's docstring)
+    assert not report.ok and "prepacks the experts" in report.failed[server.url], (report, logs)
+    assert max_gap(before, after) == 0.0 and label == 0  # its weights and its label as they were
