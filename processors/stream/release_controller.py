@@ -156,10 +156,17 @@ def run_controller(
         assignment = [TopicPartition(topics.decisions, p, read.ends.get(p, OFFSET_BEGINNING))
                       for p in _partitions(consumer, topics.decisions, kafka, timeout_s)]
         for topic in (topics.calls, topics.rewards):
-            parts = [TopicPartition(topic, p, since_ms if since_ms is not None else OFFSET_END)
-                     for p in _partitions(consumer, topic, kafka, timeout_s)]
-            # Re-read from the release's start: the first offset at or after that time (none: the end).
-            assignment += consumer.offsets_for_times(parts, timeout=timeout_s) if since_ms is not None else parts
+            partitions = _partitions(consumer, topic, kafka, timeout_s)
+            # Each partition's end before the time lookup. "None at or after the start" (and no release) must start
+            # there, not at the logical end: that is resolved only once fetching begins, past whatever arrived in
+            # between (a release's first calls, missed: the release guard's test, 2026-12-05).
+            ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+                    for p in partitions}
+            parts = [TopicPartition(topic, p, since_ms if since_ms is not None else OFFSET_END) for p in partitions]
+            # Re-read from the release's start: the first offset at or after that time (none: the end, as it was).
+            found = consumer.offsets_for_times(parts, timeout=timeout_s) if since_ms is not None else parts
+            assignment += [tp if tp.offset >= 0 else TopicPartition(topic, tp.partition, ends[tp.partition])
+                           for tp in found]
         # What the topics hold now: the idle countdown starts only once all of it is read.
         behind = {(tp.topic, tp.partition): end for tp in assignment if tp.offset >= 0
                   and (end := consumer.get_watermark_offsets(tp, timeout=timeout_s)[1]) > tp.offset}
