@@ -9,6 +9,7 @@ import asyncio
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import torch
@@ -63,6 +64,11 @@ class ScatterServer(StandInServer):
         return httpx.Response(200, json={"results": [result]})
 
 
+def _scatter_sync(server: ScatterServer, store: PolicyStore, tmp_path: Path, logs: list[str]) -> WeightSync:
+    return WeightSync(["http://a"], store, base_dir=tmp_path / "base", transfer="scatter", log=logs.append,
+                      client=httpx.AsyncClient(transport=httpx.MockTransport(server.answer)))
+
+
 def test_a_scatter_moves_only_the_delta_and_any_mismatch_is_a_full_load(tmp_path: Path) -> None:
     server = ScatterServer()
     store = PolicyStore(tmp_path / "policies")
@@ -72,8 +78,7 @@ def test_a_scatter_moves_only_the_delta_and_any_mismatch_is_a_full_load(tmp_path
     logs: list[str] = []
 
     async def scenario() -> None:
-        sync = WeightSync(["http://a"], store, base_dir=tmp_path / "base", transfer="scatter", log=logs.append,
-                          client=httpx.AsyncClient(transport=httpx.MockTransport(server.answer)))
+        sync = _scatter_sync(server, store, tmp_path, logs)
         try:
             store.publish(1, v1, delta=True)
             report = await sync.tick()
@@ -121,8 +126,7 @@ def test_a_server_without_the_extension_loads_the_group_delta(tmp_path: Path) ->
     logs: list[str] = []
 
     async def scenario() -> None:
-        sync = WeightSync(["http://a"], store, base_dir=tmp_path / "base", transfer="scatter", log=logs.append,
-                          client=httpx.AsyncClient(transport=httpx.MockTransport(server.answer)))
+        sync = _scatter_sync(server, store, tmp_path, logs)
         try:
             store.publish(1, checkpoint(1), delta=True)
             await sync.tick()
@@ -144,21 +148,19 @@ def test_a_server_that_cannot_reload_in_place_keeps_its_weights_and_is_reported(
     neither pauses nor loads it, reports it FAILED with the reason, and asks only once."""
     refusal = "vLLM's CPU MoE kernel prepacks the experts of 2 layers once, at the first load"
     server = ScatterServer(reload_check={"in_place": False, "reason": refusal})
-    store = PolicyStore(tmp_path / "policies")
     logs: list[str] = []
+    store = PolicyStore(tmp_path / "policies")
+    store.publish(1, checkpoint(1), delta=True)
 
-    async def scenario() -> None:
-        sync = WeightSync(["http://a"], store, base_dir=tmp_path / "base", transfer="scatter", log=logs.append,
-                          client=httpx.AsyncClient(transport=httpx.MockTransport(server.answer)))
+    async def twice() -> list[Any]:
+        sync = _scatter_sync(server, store, tmp_path, logs)
         try:
-            store.publish(1, checkpoint(1), delta=True)
-            for _ in range(2):
-                report = await sync.sync_to(1)
-                assert not report.ok and report.failed == {"http://a": refusal}, report
+            return [await sync.sync_to(1) for _ in range(2)]
         finally:
             await sync.close()
 
-    asyncio.run(scenario())
+    for report in asyncio.run(twice()):
+        assert not report.ok and report.failed == {"http://a": refusal}, report
     assert server.calls == [RELOAD_CHECK]  # asked once; never reloaded
     assert server.label == "default" and server.loaded is None and not server.paused
     assert [line for line in logs if "is not updated in place" in line] == [
