@@ -178,11 +178,7 @@ def _kill_leader_and_count(cluster: LocalCluster, gateway: GatewayProcess, model
     if victim is not None:
         cluster.start_node(victim, wait_s=180)
 
-    def regrown() -> PartitionState | None:
-        state = cluster.partition(calls, timeout_s=3)
-        return state if state is not None and len(state.isr) == cluster.size else None
-
-    run.after = _wait_for(regrown, 180)
+    run.after = _wait_for(lambda: _fully_replicated(cluster, calls), 180)
     progress(f"fault g: broker {victim} restarted; ISR {list(run.after.isr) if run.after else 'not full again'}; "
              f"{answered_while_down} rollouts answered while it was down")
     target = driver.done + sizes.rollouts_after

@@ -88,7 +88,7 @@ def test_a_moe_family_on_the_cpu_build_is_not_reloaded_in_place_and_keeps_its_we
     store.publish(1, perturbed(load_file(str(model_dir / "model.safetensors")), seed=31), delta=True)
     logs: list[str] = []
 
-    async def scenario() -> tuple[Any, Any, Any, str]:
+    async def scenario() -> tuple[Any, Any, Any, int | None]:
         sync = WeightSync([server.url], store, base_dir=model_dir, transfer="scatter", log=logs.append)
         async with httpx.AsyncClient() as client:
             try:
